@@ -1,0 +1,31 @@
+# Redline — the two commands a user needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Extra pip arguments, e.g. a constraints file (CI pins a CPU build of torch).
+PIP_CONSTRAINTS ?=
+MODEL ?= starter
+
+.PHONY: run test lint-imports clean-venv screenshots
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+# Reinstall whenever the project's metadata changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install $(PIP_CONSTRAINTS) -e '.[test]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/redline --model $(MODEL)
+
+lint-imports: $(VENV)/.installed
+	$(BIN)/lint-imports
+
+test: $(VENV)/.installed
+	$(BIN)/lint-imports
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,49 @@
+"""`redline` command line: with no subcommand it opens the desktop app.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)``;
+the module sets ``func`` on its parser to the function that runs it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app import __version__
+from app import cli_chat, cli_models
+
+SUBCOMMANDS = [cli_chat, cli_models]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="redline",
+        description="Redline: chat with local LLMs, and see, measured, why it is fast. "
+                    "With no subcommand, opens the desktop app.")
+    parser.add_argument("--version", action="version", version=f"redline {__version__}")
+    parser.add_argument("--model", help="open the app with this model loading (same forms as `redline chat`)")
+    sub = parser.add_subparsers(title="subcommands", dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        return open_gui(args)
+    return int(args.func(args) or 0)
+
+
+def open_gui(args) -> int:
+    try:
+        from app.gui import run_gui
+    except ImportError:
+        print("The desktop window is not built yet. Chat in the terminal with:\n"
+              f"  redline chat --model {args.model or 'starter'}", file=sys.stderr)
+        return cli_chat.run_interactive_default(args.model or "starter")
+    return run_gui(model=args.model)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

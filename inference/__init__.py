@@ -1,0 +1,1 @@
+"""Redline's engine: model sources, loading, decoding, metrics. Free of Qt by contract."""

@@ -1,0 +1,77 @@
+"""Messages → prompt token ids through the model's own chat template.
+
+A model without a chat template gets a plain documented fallback:
+``System: …`` / ``User: …`` / ``Assistant: …`` lines, ending with
+``Assistant:``. A conversation longer than the context drops the oldest turns
+(never the system prompt) and says how many were dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import UnsupportedConfiguration
+
+FALLBACK_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+
+
+@dataclass
+class ChatPrompt:
+    input_ids: list[int]
+    dropped_messages: int
+    used_template: bool
+    truncated_last: bool = False
+
+
+def _render(tokenizer, messages: Sequence[dict]) -> tuple[list[int], bool]:
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)
+        return list(out["input_ids"]), True
+    text = "".join(f"{FALLBACK_ROLES.get(m['role'], m['role'].title())}: {m['content']}\n" for m in messages)
+    text += "Assistant:"
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return list(ids), False
+
+
+def build_prompt(tokenizer, messages: Sequence[dict], context: int, reserve_new_tokens: int) -> ChatPrompt:
+    """Render ``messages`` to ids that leave ``reserve_new_tokens`` free within ``context``."""
+    if not messages:
+        raise UnsupportedConfiguration("There is no message to answer.", "Type a message first.")
+    budget = context - max(1, reserve_new_tokens)
+    if budget <= 0:
+        raise UnsupportedConfiguration(
+            f"Max new tokens ({reserve_new_tokens}) fills the whole context ({context}).",
+            "Lower max new tokens or raise the context length.")
+    system = [m for m in messages if m["role"] == "system"][:1]
+    turns = [m for m in messages if m["role"] != "system"]
+    dropped = 0
+    while True:
+        ids, templ = _render(tokenizer, system + turns)
+        if len(ids) <= budget:
+            return ChatPrompt(ids, dropped, templ)
+        if len(turns) > 1:
+            turns = turns[1:]
+            dropped += 1
+            # Keep the conversation starting with a user turn, as templates expect.
+            while len(turns) > 1 and turns[0]["role"] != "user":
+                turns = turns[1:]
+                dropped += 1
+            continue
+        break
+    # A single message is longer than the context: keep its end, which holds the question.
+    last = dict(turns[-1])
+    content_ids = tokenizer(last["content"], add_special_tokens=False)["input_ids"]
+    overhead = len(ids) - len(content_ids)
+    keep = budget - overhead
+    if keep <= 0:
+        raise UnsupportedConfiguration(
+            f"The system prompt alone does not fit the context of {context} tokens.",
+            "Shorten the system prompt or raise the context length.")
+    last["content"] = tokenizer.decode(content_ids[-keep:], skip_special_tokens=True)
+    ids, templ = _render(tokenizer, system + [last])
+    while len(ids) > budget and keep > 1:  # re-tokenising can shift the count slightly
+        keep -= max(1, len(ids) - budget)
+        last["content"] = tokenizer.decode(content_ids[-keep:], skip_special_tokens=True)
+        ids, templ = _render(tokenizer, system + [last])
+    return ChatPrompt(ids, dropped, templ, truncated_last=True)

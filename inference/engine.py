@@ -1,0 +1,110 @@
+"""The long-lived engine: owns the target model (and draft) and runs every generation.
+
+Qt-free and synchronous: the GUI runs one Engine on a worker thread and talks
+to it through queued signals; the CLI and the speed lab call it directly.
+Cancellation is a flag that the decode loop and the loader check.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional, Sequence
+
+from .chat import build_prompt
+from .decode import DecodeOptions, EventFn, SamplingSettings, check_draft, generate
+from .errors import IncompatibleDraft, RedlineError
+from .events import GenerationResult
+from .hardware import default_device
+from .loader import LoadedModel, free_memory, load_model
+from .precision import PrecisionSpec
+from .progress import ProgressFn, noop_progress
+from .sources import resolve
+
+
+def default_precision(device: str) -> str:
+    """bf16 where the hardware has it (half the bytes of fp32), else fp16 on GPUs."""
+    if device.startswith("cuda"):
+        import torch
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16"
+
+
+class Engine:
+    def __init__(self, device: Optional[str] = None):
+        self.device = device or default_device()
+        self.target: Optional[LoadedModel] = None
+        self.draft: Optional[LoadedModel] = None
+        self._cancel = threading.Event()
+
+    # -- control -------------------------------------------------------------
+    def cancel(self) -> None:
+        """Safe to call from any thread."""
+        self._cancel.set()
+
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    # -- models --------------------------------------------------------------
+    def load(self, model: str, precision: PrecisionSpec, progress: ProgressFn = noop_progress,
+             trust_remote_code: bool = False, allow_pickle: bool = False) -> LoadedModel:
+        self._cancel.clear()
+        source = resolve(model)
+        self.unload()
+        self.target = load_model(source, precision, self.device, progress, self.cancelled,
+                                 trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        return self.target
+
+    def load_draft(self, model: str, precision: PrecisionSpec, progress: ProgressFn = noop_progress) -> LoadedModel:
+        self._cancel.clear()
+        if self.target is None:
+            raise IncompatibleDraft("Load the target model before its draft.")
+        self.unload_draft()
+        draft = load_model(resolve(model), precision, self.device, progress, self.cancelled)
+        try:
+            check_draft(self.target, draft)
+        except IncompatibleDraft:
+            del draft
+            free_memory(self.device)
+            raise
+        self.draft = draft
+        return draft
+
+    def unload_draft(self) -> None:
+        if self.draft is not None:
+            self.draft = None
+            free_memory(self.device)
+
+    def unload(self) -> None:
+        self.unload_draft()
+        if self.target is not None:
+            self.target = None
+            free_memory(self.device)
+
+    # -- generation ----------------------------------------------------------
+    def _require_target(self) -> LoadedModel:
+        if self.target is None:
+            raise RedlineError("No model is loaded.", "Load a model first.")
+        return self.target
+
+    def generate_ids(self, input_ids: Sequence[int], sampling: SamplingSettings, options: DecodeOptions,
+                     on_event: Optional[EventFn] = None, context: Optional[int] = None) -> GenerationResult:
+        target = self._require_target()
+        self._cancel.clear()
+        return generate(target, input_ids, sampling, options, self.draft, on_event, self.cancelled, context)
+
+    def chat(self, messages: Sequence[dict], sampling: SamplingSettings, options: DecodeOptions,
+             on_event: Optional[EventFn] = None, context: Optional[int] = None) -> GenerationResult:
+        target = self._require_target()
+        context = min(context or target.context_limit, target.context_limit)
+        prompt = build_prompt(target.tokenizer, messages, context, sampling.max_new_tokens)
+        self._cancel.clear()
+        result = generate(target, prompt.input_ids, sampling, options, self.draft, on_event, self.cancelled,
+                          context)
+        result.dropped_messages = prompt.dropped_messages
+        if prompt.dropped_messages:
+            result.notes.append(f"{prompt.dropped_messages} earlier message(s) did not fit the context of "
+                                f"{context} tokens and were left out of the prompt.")
+        if prompt.truncated_last:
+            result.notes.append("The last message was longer than the context; only its end was sent.")
+        if not prompt.used_template:
+            result.notes.append("This model has no chat template; a plain 'User:/Assistant:' format was used.")
+        return result

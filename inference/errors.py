@@ -1,0 +1,44 @@
+"""Errors the engine raises on purpose. Each carries a one-line fix for the user."""
+
+
+class RedlineError(Exception):
+    """An expected failure with a message a user can act on.
+
+    ``str(err)`` is the full sentence: what happened, then what to change.
+    """
+
+    def __init__(self, message: str, hint: str = ""):
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{message} {hint}".strip())
+
+
+class ModelSourceError(RedlineError):
+    """The model argument does not name anything we can load."""
+
+
+class ModelLoadError(RedlineError):
+    """The model was found but could not be loaded (broken folder, bad weights)."""
+
+
+class UnsupportedConfiguration(RedlineError):
+    """This precision/strategy/device combination cannot run on this machine."""
+
+
+class IncompatibleDraft(RedlineError):
+    """The draft model cannot be paired with the target model."""
+
+
+class OutOfMemory(RedlineError):
+    """Ran out of device or host memory; the hint names the setting to lower."""
+
+
+class Cancelled(RedlineError):
+    """The user cancelled a load or fetch."""
+
+    def __init__(self, message: str = "Cancelled.", hint: str = ""):
+        super().__init__(message, hint)
+
+
+class StarterUnavailable(RedlineError):
+    """The starter model could not be fetched (offline with nothing cached)."""

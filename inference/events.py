@@ -1,0 +1,64 @@
+"""What a generation reports while it runs and when it ends."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Union
+
+FINISH_REASONS = ("eos", "length", "stop", "cancelled", "error")
+
+
+@dataclass
+class TokenEvent:
+    index: int  # position among the new tokens, from 0
+    token_id: int
+    text: str  # text delta; all deltas join to the final text exactly
+    time_s: float  # seconds since the generation started
+    from_draft: bool = False  # proposed by the draft (or prompt lookup) and accepted
+
+
+@dataclass
+class StatsEvent:
+    new_tokens: int
+    elapsed_s: float
+    tokens_per_s_1s: float  # rolling over the last second
+    ttft_ms: Optional[float]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    new_tokens: int
+    finish_reason: str
+    strategy: str
+    precision: str
+    ttft_ms: Optional[float] = None
+    per_token_ms: list[float] = field(default_factory=list)
+    p50_ms: Optional[float] = None
+    p95_ms: Optional[float] = None
+    tokens_per_s: Optional[float] = None  # decode: tokens after the first over their time
+    total_s: float = 0.0
+    draft_proposed: Optional[int] = None
+    draft_accepted: Optional[int] = None
+    acceptance_rate: Optional[float] = None
+    mean_accepted_length: Optional[float] = None
+    from_draft: list[bool] = field(default_factory=list)
+    peak_memory_bytes: Optional[int] = None
+    peak_allocated_bytes: Optional[int] = None
+    peak_reserved_bytes: Optional[int] = None
+    device: str = "cpu"
+    error: Optional[str] = None
+    dropped_messages: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class FinishedEvent:
+    result: GenerationResult
+
+
+Event = Union[TokenEvent, StatsEvent, FinishedEvent]

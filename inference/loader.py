@@ -1,0 +1,181 @@
+"""Load a model and its tokenizer at a chosen precision, with progress, cancel and measured memory."""
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import Cancelled, ModelLoadError, OutOfMemory, RedlineError, UnsupportedConfiguration
+from .hardware import default_device
+from .memory import PeakMemory, process_rss
+from .precision import PrecisionSpec, check_supported, from_pretrained_kwargs
+from .progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
+from .sources import ModelSource
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    source: ModelSource
+    precision: PrecisionSpec
+    device: str
+    folder: Path
+    load_seconds: float
+    memory_bytes: int  # measured: device allocated on CUDA, RSS growth on CPU
+    peak_memory_bytes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def context_limit(self) -> int:
+        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        return int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+
+
+def is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, (RuntimeError, MemoryError)) and (
+        "out of memory" in text or "can't allocate memory" in text or isinstance(exc, MemoryError))
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.empty_cache()
+
+
+def read_config(folder: Path) -> dict:
+    """Read config.json with errors that name the file and the problem."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing.", "A transformers model folder needs config.json.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
+                             "Restore the file from the model's original download.") from exc
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{path} is not a text file.", "Restore it from the original download.") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} does not hold a JSON object.", "Restore it from the original download.")
+    if "model_type" not in data:
+        raise ModelLoadError(f"{path} has no 'model_type' field, so the architecture is unknown.",
+                             "Restore the file from the model's original download.")
+    return data
+
+
+def check_weights(folder: Path, allow_pickle: bool = False) -> None:
+    if any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in list(folder.glob("*.bin")) + list(folder.glob("*.pt")))
+    if pickles:
+        if allow_pickle:
+            return
+        raise ModelLoadError(
+            f"{folder} holds only pickle-based weights ({', '.join(pickles[:3])}), which can run code when loaded.",
+            "Convert the model to safetensors, or opt in for this model with --allow-pickle "
+            "(loaded with weights_only=True).")
+    raise ModelLoadError(f"{folder} has no weight files (*.safetensors).",
+                         "The download may be incomplete; fetch the model again.")
+
+
+def load_config(folder: Path, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    data = read_config(folder)
+    if "auto_map" in data and not trust_remote_code:
+        raise UnsupportedConfiguration(
+            f"{folder.name} needs custom Python code shipped with the model ({', '.join(data['auto_map'])}), "
+            "which Redline does not run by default.",
+            "If you trust its author, opt in for this model with --trust-remote-code.")
+    try:
+        return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError) as exc:
+        raise ModelLoadError(
+            f"{folder / 'config.json'}: model_type {data.get('model_type')!r} is not an architecture this "
+            f"version of transformers knows ({exc}).",
+            "Upgrade transformers, or choose a model of a supported architecture.") from exc
+
+
+def load_tokenizer(folder: Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ModelLoadError(f"Could not load the tokenizer in {folder} ({type(exc).__name__}: {exc}).",
+                             "The folder needs tokenizer.json or tokenizer.model and tokenizer_config.json.") from exc
+    return tok
+
+
+def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[str] = None,
+               progress: ProgressFn = noop_progress, should_cancel: Optional[CancelFn] = None,
+               trust_remote_code: bool = False, allow_pickle: bool = False) -> LoadedModel:
+    """Load ``source`` at ``precision``. Raises a RedlineError subclass with a fix on failure."""
+    from transformers import AutoModelForCausalLM
+
+    device = device or default_device()
+    notes = []
+    warning = check_supported(precision, device)
+    if warning:
+        notes.append(warning)
+    started = time.perf_counter()
+
+    def fetch_progress(fraction: float, phase: str) -> None:
+        progress(0.3 * fraction, phase)
+
+    folder = source.prepare(fetch_progress, should_cancel)
+    check_cancel(should_cancel)
+    progress(0.3, "Reading config")
+    load_config(folder, trust_remote_code)
+    check_weights(folder, allow_pickle)
+    tokenizer = load_tokenizer(folder, trust_remote_code)
+    check_cancel(should_cancel)
+    kwargs = from_pretrained_kwargs(precision, device)
+    rss_before = process_rss()
+    model = None
+    try:
+        with PeakMemory(device) as peak:
+            with transformers_progress(progress, 0.35, 0.95, "Loading weights", should_cancel):
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(folder), trust_remote_code=trust_remote_code,
+                    use_safetensors=None if allow_pickle else True, **kwargs)
+        model.eval()
+    except Cancelled:
+        del model
+        free_memory(device)
+        raise
+    except RedlineError:
+        raise
+    except Exception as exc:
+        del model
+        free_memory(device)
+        if is_oom(exc):
+            raise OutOfMemory(
+                f"Out of memory while loading {source.name} in {precision.name}.",
+                "Choose a smaller precision (int8 or nf4), close other programs using the GPU, "
+                "or pick a smaller model.") from exc
+        raise ModelLoadError(
+            f"Could not load the weights of {source.name} ({type(exc).__name__}: {exc}).",
+            "The weight files may be truncated or corrupt; download the model again.") from exc
+    if device.startswith("cuda"):
+        import torch
+        memory = int(torch.cuda.memory_allocated())
+    else:
+        memory = max(0, process_rss() - rss_before)
+    progress(1.0, "Loaded")
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source, precision=precision, device=device,
+                       folder=folder, load_seconds=time.perf_counter() - started, memory_bytes=memory,
+                       peak_memory_bytes=peak.peak_bytes, notes=notes)

@@ -1,0 +1,134 @@
+"""Precisions Redline can load a model in, and how each maps onto transformers.
+
+fp32/fp16/bf16 are plain dtypes. int8 is bitsandbytes LLM.int8 (outlier
+threshold exposed). nf4/fp4 are bitsandbytes 4-bit (compute dtype and double
+quantisation exposed). Mixed precision keeps named modules unquantised
+(bitsandbytes ``llm_int8_skip_modules``, which also applies to 4-bit).
+"""
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from .errors import UnsupportedConfiguration
+
+# bitsandbytes warns on every int8 matmul that fp32 inputs are cast; once is plenty.
+warnings.filterwarnings("ignore", message=r"MatMul8bitLt: inputs will be cast")
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4")
+QUANTISED = ("int8", "nf4", "fp4")
+DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    name: str = "bf16"
+    compute_dtype: str = "bf16"  # 4-bit only: dtype the matmuls run in
+    double_quant: bool = True  # 4-bit only: quantise the quantisation constants too
+    int8_threshold: float = 6.0  # int8 only: outlier threshold (LLM.int8 default)
+    skip_modules: tuple[str, ...] = field(default_factory=tuple)  # mixed precision
+
+    def __post_init__(self):
+        if self.name not in PRECISIONS:
+            raise UnsupportedConfiguration(
+                f"Unknown precision {self.name!r}.", f"Choose one of: {', '.join(PRECISIONS)}.")
+        if self.compute_dtype not in DTYPE_NAMES:
+            raise UnsupportedConfiguration(
+                f"Unknown compute dtype {self.compute_dtype!r}.", "Choose fp32, fp16 or bf16.")
+
+    @property
+    def quantised(self) -> bool:
+        return self.name in QUANTISED
+
+    def label(self) -> str:
+        text = self.name
+        if self.skip_modules:
+            text += " (keeps " + ",".join(self.skip_modules) + ")"
+        return text
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["skip_modules"] = list(self.skip_modules)
+        return d
+
+
+def parse_precision(text: str, **overrides) -> PrecisionSpec:
+    """Parse ``nf4``, ``int8``, ``nf4+keep=lm_head,embed_tokens`` and the like."""
+    name, _, rest = text.strip().lower().partition("+")
+    kwargs = dict(overrides)
+    if rest:
+        for part in rest.split("+"):
+            key, _, value = part.partition("=")
+            if key in ("keep", "skip"):
+                kwargs["skip_modules"] = tuple(v for v in value.split(",") if v)
+            elif key == "compute":
+                kwargs["compute_dtype"] = value
+            elif key == "dq":
+                kwargs["double_quant"] = value not in ("0", "false", "no", "off")
+            elif key == "threshold":
+                kwargs["int8_threshold"] = float(value)
+            else:
+                raise UnsupportedConfiguration(f"Unknown precision option {key!r} in {text!r}.",
+                                               "Known: keep=, compute=, dq=, threshold=.")
+    return PrecisionSpec(name=name, **kwargs)
+
+
+def torch_dtype(name: str):
+    import torch
+    return getattr(torch, DTYPE_NAMES[name])
+
+
+def bitsandbytes_available() -> bool:
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def check_supported(spec: PrecisionSpec, device: str) -> Optional[str]:
+    """Raise UnsupportedConfiguration if this machine cannot run ``spec``; return a warning or None."""
+    import torch
+
+    if spec.quantised:
+        if not bitsandbytes_available():
+            raise UnsupportedConfiguration(
+                f"{spec.name} needs bitsandbytes, which is not installed.",
+                "Install it with `pip install bitsandbytes`, or choose fp16/bf16/fp32.")
+        try:
+            import bitsandbytes  # noqa: F401
+        except Exception as exc:
+            raise UnsupportedConfiguration(
+                f"bitsandbytes is installed but does not load on this machine ({exc}).",
+                "Choose fp16, bf16 or fp32, or reinstall bitsandbytes for your CUDA version.") from exc
+    if device.startswith("cuda"):
+        if spec.name == "bf16" or (spec.quantised and spec.compute_dtype == "bf16"):
+            if not torch.cuda.is_bf16_supported():
+                raise UnsupportedConfiguration(
+                    "This GPU does not support bf16.", "Choose fp16 (or a 4-bit precision with compute=fp16).")
+        return None
+    if spec.name == "fp16":
+        return "fp16 runs slowly on most CPUs; bf16 or fp32 is usually faster there."
+    return None
+
+
+def from_pretrained_kwargs(spec: PrecisionSpec, device: str) -> dict:
+    """Keyword arguments for ``AutoModelForCausalLM.from_pretrained``."""
+    import torch
+
+    if not spec.quantised:
+        return {"dtype": torch_dtype(spec.name), "device_map": device}
+    from transformers import BitsAndBytesConfig
+
+    skip = list(spec.skip_modules) or None
+    if spec.name == "int8":
+        q = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=spec.int8_threshold,
+                               llm_int8_skip_modules=skip)
+        # Non-quantised parts (norms, embeddings) stay in half precision on a GPU, as
+        # bitsandbytes expects; on CPU half-precision element-wise ops are slow, so fp32.
+        dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    else:
+        q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=spec.name,
+                               bnb_4bit_compute_dtype=torch_dtype(spec.compute_dtype),
+                               bnb_4bit_use_double_quant=spec.double_quant,
+                               llm_int8_skip_modules=skip)
+        dtype = torch_dtype(spec.compute_dtype)
+    return {"quantization_config": q, "dtype": dtype, "device_map": device}

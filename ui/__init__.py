@@ -1,0 +1,1 @@
+"""Redline Qt widgets. Handed the objects it needs; never imports app."""
