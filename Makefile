@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_CONSTRAINTS ?=
 MODEL ?= starter
 
-.PHONY: run test lint-imports clean-venv screenshots
+.PHONY: run test lint-imports clean-venv screenshots install-desktop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,3 +29,15 @@ test: $(VENV)/.installed
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Linux desktop integration for the current user: launcher, icons, AppStream metadata.
+APP_ID := io.github.redline_app.Redline
+XDG_DATA_HOME ?= $(HOME)/.local/share
+install-desktop: $(VENV)/.installed
+	mkdir -p $(XDG_DATA_HOME)/applications $(XDG_DATA_HOME)/metainfo $(XDG_DATA_HOME)/icons
+	sed "s|^Exec=redline|Exec=$(abspath $(BIN))/redline|" packaging/linux/$(APP_ID).desktop \
+		> $(XDG_DATA_HOME)/applications/$(APP_ID).desktop
+	cp packaging/linux/$(APP_ID).metainfo.xml $(XDG_DATA_HOME)/metainfo/
+	QT_QPA_PLATFORM=offscreen $(BIN)/python packaging/linux/render_icons.py $(XDG_DATA_HOME)/icons
+	update-desktop-database $(XDG_DATA_HOME)/applications 2>/dev/null || true
+	@echo "Installed $(APP_ID) for the current user; it appears in your desktop's application menu."

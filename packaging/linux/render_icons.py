@@ -1,0 +1,47 @@
+"""Render assets/icons/redline.svg into the hicolor PNG sizes desktops expect.
+
+Usage: python render_icons.py OUT_DIR  → OUT_DIR/hicolor/NxN/apps/<app id>.png (+ scalable/apps/*.svg)
+"""
+import os
+import shutil
+import sys
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+APP_ID = "io.github.redline_app.Redline"
+SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
+
+
+def render(out_dir: Path) -> list[Path]:
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QGuiApplication, QImage, QPainter
+    from PySide6.QtSvg import QSvgRenderer
+
+    from redline_assets import asset
+
+    app = QGuiApplication.instance() or QGuiApplication([])  # noqa: F841 - QPainter needs an app
+    svg = asset("icons", "redline.svg")
+    renderer = QSvgRenderer(svg.read_bytes())
+    written = []
+    for size in SIZES:
+        image = QImage(size, size, QImage.Format.Format_ARGB32)
+        image.fill(Qt.GlobalColor.transparent)
+        painter = QPainter(image)
+        renderer.render(painter)
+        painter.end()
+        target = out_dir / "hicolor" / f"{size}x{size}" / "apps" / f"{APP_ID}.png"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        image.save(str(target))
+        written.append(target)
+    scalable = out_dir / "hicolor" / "scalable" / "apps" / f"{APP_ID}.svg"
+    scalable.parent.mkdir(parents=True, exist_ok=True)
+    with svg.open("rb") as src, open(scalable, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    written.append(scalable)
+    return written
+
+
+if __name__ == "__main__":
+    for path in render(Path(sys.argv[1])):
+        print(path)
