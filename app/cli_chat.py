@@ -13,6 +13,7 @@ from inference.precision import PRECISIONS, parse_precision
 from inference.sources import ACCEPTED_FORMS
 
 from app.terminal import TerminalProgress
+from app.trust_store import TrustStore, load_with_trust
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,8 +75,8 @@ def load_engine(args, quiet: bool = False) -> Engine:
     engine = Engine()
     progress = TerminalProgress()
     precision_text = default_precision(engine.device) if args.precision == "auto" else args.precision
-    engine.load(args.model, parse_precision(precision_text), progress,
-                trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
+    load_with_trust(engine, args.model, parse_precision(precision_text), progress, store=TrustStore(),
+                    trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     progress.done()
     if args.strategy == "speculative":
         if not args.draft:

@@ -42,3 +42,19 @@ class Cancelled(RedlineError):
 
 class StarterUnavailable(RedlineError):
     """The starter model could not be fetched (offline with nothing cached)."""
+
+
+class NeedsOptIn(UnsupportedConfiguration):
+    """Loading would run or unpickle code from the model folder; the user must opt in.
+
+    ``kind`` is "remote_code" or "pickle"; ``files`` are what would run or be
+    unpickled; ``fingerprint`` identifies their current content, so an opt-in can
+    be remembered and asked again when a file changes.
+    """
+
+    def __init__(self, message: str, hint: str, kind: str, folder, files: list[str], fingerprint: str):
+        super().__init__(message, hint)
+        self.kind = kind
+        self.folder = folder
+        self.files = files
+        self.fingerprint = fingerprint

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import Cancelled, ModelLoadError, OutOfMemory, RedlineError, UnsupportedConfiguration
+from .errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError, UnsupportedConfiguration
 from .hardware import default_device
 from .memory import PeakMemory, process_rss
 from .precision import PrecisionSpec, check_supported, from_pretrained_kwargs
 from .progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
 from .sources import ModelSource
+from .trust import fingerprint, pickle_files, remote_code_files
 
 
 @dataclass
@@ -79,14 +80,16 @@ def read_config(folder: Path) -> dict:
 def check_weights(folder: Path, allow_pickle: bool = False) -> None:
     if any(folder.glob("*.safetensors")):
         return
-    pickles = sorted(p.name for p in list(folder.glob("*.bin")) + list(folder.glob("*.pt")))
+    pickles = pickle_files(folder)
     if pickles:
         if allow_pickle:
             return
-        raise ModelLoadError(
-            f"{folder} holds only pickle-based weights ({', '.join(pickles[:3])}), which can run code when loaded.",
+        raise NeedsOptIn(
+            f"{folder.name} holds only pickle-based weights ({', '.join(pickles[:3])}), which can run code when "
+            "loaded.",
             "Convert the model to safetensors, or opt in for this model with --allow-pickle "
-            "(loaded with weights_only=True).")
+            "(they are then loaded with weights_only=True).",
+            "pickle", folder, pickles, fingerprint(folder, "pickle"))
     raise ModelLoadError(f"{folder} has no weight files (*.safetensors).",
                          "The download may be incomplete; fetch the model again.")
 
@@ -96,10 +99,12 @@ def load_config(folder: Path, trust_remote_code: bool = False):
 
     data = read_config(folder)
     if "auto_map" in data and not trust_remote_code:
-        raise UnsupportedConfiguration(
-            f"{folder.name} needs custom Python code shipped with the model ({', '.join(data['auto_map'])}), "
-            "which Redline does not run by default.",
-            "If you trust its author, opt in for this model with --trust-remote-code.")
+        files = remote_code_files(folder)
+        raise NeedsOptIn(
+            f"{folder.name} needs custom Python code shipped with the model ({', '.join(files) or 'auto_map'}), "
+            "which Redline does not run unless you opt in.",
+            "If you trust its author, opt in for this model with --trust-remote-code.",
+            "remote_code", folder, files, fingerprint(folder, "remote_code"))
     try:
         return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as exc:
@@ -151,7 +156,9 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
             with transformers_progress(progress, 0.35, 0.95, "Loading weights", should_cancel):
                 model = AutoModelForCausalLM.from_pretrained(
                     str(folder), trust_remote_code=trust_remote_code,
-                    use_safetensors=None if allow_pickle else True, **kwargs)
+                    use_safetensors=None if allow_pickle else True,
+                    weights_only=True,  # even with the pickle opt-in, never unpickle arbitrary objects
+                    **kwargs)
         model.eval()
     except Cancelled:
         del model

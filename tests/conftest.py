@@ -9,6 +9,13 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests never touch the user's real settings, conversations or trust decisions. The model cache
+# (XDG_CACHE_HOME) stays shared so the starter is fetched once per machine.
+import tempfile as _tempfile
+
+_PRIVATE_HOME = _tempfile.mkdtemp(prefix="redline-tests-")
+os.environ["XDG_CONFIG_HOME"] = os.path.join(_PRIVATE_HOME, "config")
+os.environ["XDG_DATA_HOME"] = os.path.join(_PRIVATE_HOME, "data")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"

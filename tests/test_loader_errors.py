@@ -58,7 +58,8 @@ def test_pickle_weights_refused_without_opt_in(tiny_model_dir, tmp_path):
     broken = copy_model(tiny_model_dir, tmp_path / "m")
     (broken / "model.safetensors").unlink()
     (broken / "pytorch_model.bin").write_bytes(b"\x80\x04junk")
-    with pytest.raises(ModelLoadError, match="pickle"):
+    from inference.errors import NeedsOptIn
+    with pytest.raises(NeedsOptIn, match="pickle"):
         load(broken)
 
 

@@ -1,0 +1,74 @@
+"""Remembered opt-ins to run a model's own code or unpickle its weights.
+
+Keyed by the model folder and the kind of opt-in; the stored fingerprint must
+match the folder's current one (``inference.trust.fingerprint``), so a changed
+file asks again.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from inference.errors import NeedsOptIn
+
+from app.private_files import config_dir, write_private
+
+
+class TrustStore:
+    def __init__(self, path: Optional[Path] = None):
+        self.path = path or (config_dir() / "trust.json")
+        self._data = self._read()
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}  # no file yet, or unreadable: trust nothing
+
+    @staticmethod
+    def _key(folder, kind: str) -> str:
+        return f"{kind}:{Path(folder).resolve()}"
+
+    def is_trusted(self, folder, kind: str, fingerprint: str) -> bool:
+        entry = self._data.get(self._key(folder, kind))
+        return bool(entry) and entry.get("fingerprint") == fingerprint
+
+    def remember(self, folder, kind: str, fingerprint: str, files: list[str]) -> None:
+        self._data[self._key(folder, kind)] = {"fingerprint": fingerprint, "files": files,
+                                               "granted_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        write_private(self.path, json.dumps(self._data, indent=2))
+
+    def forget(self, folder, kind: str) -> None:
+        if self._data.pop(self._key(folder, kind), None) is not None:
+            write_private(self.path, json.dumps(self._data, indent=2))
+
+
+def load_with_trust(engine, model: str, precision, progress=None, *, store: TrustStore,
+                    trust_remote_code: bool = False, allow_pickle: bool = False,
+                    confirm: Optional[Callable[[NeedsOptIn], bool]] = None):
+    """Load through ``engine``, honouring remembered opt-ins and the user's explicit ones.
+
+    An explicit opt-in (a CLI flag, or ``confirm`` returning True after asking) is remembered
+    for this folder; without one, NeedsOptIn propagates with its explanation.
+    """
+    flags = {"remote_code": False, "pickle": False}
+    for _ in range(3):  # at most one retry per kind
+        try:
+            kwargs = {"trust_remote_code": flags["remote_code"], "allow_pickle": flags["pickle"]}
+            if progress is not None:
+                return engine.load(model, precision, progress, **kwargs)
+            return engine.load(model, precision, **kwargs)
+        except NeedsOptIn as exc:
+            if flags[exc.kind]:
+                raise
+            remembered = store.is_trusted(exc.folder, exc.kind, exc.fingerprint)
+            explicit = trust_remote_code if exc.kind == "remote_code" else allow_pickle
+            if not (remembered or explicit or (confirm is not None and confirm(exc))):
+                raise
+            if not remembered:
+                store.remember(exc.folder, exc.kind, exc.fingerprint, exc.files)
+            flags[exc.kind] = True
+    raise RuntimeError("unreachable")  # pragma: no cover

@@ -1,0 +1,112 @@
+"""Code from a model folder never runs without an opt-in; opt-ins are remembered per content."""
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from inference.engine import Engine
+from inference.errors import NeedsOptIn
+from inference.precision import PrecisionSpec
+
+from app.trust_store import TrustStore, load_with_trust
+
+CONFIG_PY = '''
+from transformers import LlamaConfig
+
+class ToyConfig(LlamaConfig):
+    model_type = "redline_toy"
+'''
+MODELING_PY = '''
+import os
+from transformers import LlamaForCausalLM
+from .configuration_toy import ToyConfig
+
+# Proof that this file ran: the test checks for the marker only after opting in.
+open(os.environ["REDLINE_TOY_MARKER"], "w").write("ran")
+
+class ToyForCausalLM(LlamaForCausalLM):
+    config_class = ToyConfig
+'''
+
+
+@pytest.fixture
+def custom_model(tiny_model_dir, tmp_path, monkeypatch):
+    folder = tmp_path / "toy"
+    shutil.copytree(tiny_model_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_type"] = "redline_toy"
+    cfg["architectures"] = ["ToyForCausalLM"]
+    cfg["auto_map"] = {"AutoConfig": "configuration_toy.ToyConfig",
+                       "AutoModelForCausalLM": "modeling_toy.ToyForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "configuration_toy.py").write_text(CONFIG_PY)
+    (folder / "modeling_toy.py").write_text(MODELING_PY)
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("REDLINE_TOY_MARKER", str(marker))
+    return folder, marker
+
+
+def test_custom_code_refused_then_loaded_after_opt_in_and_remembered(custom_model, tmp_path):
+    folder, marker = custom_model
+    store = TrustStore(tmp_path / "trust.json")
+    engine = Engine(device="cpu")
+    with pytest.raises(NeedsOptIn) as err:
+        load_with_trust(engine, str(folder), PrecisionSpec("fp32"), store=store)
+    assert err.value.kind == "remote_code"
+    assert err.value.files == ["configuration_toy.py", "modeling_toy.py"]
+    assert "trust-remote-code" in str(err.value)
+    assert not marker.exists()  # nothing ran
+
+    loaded = load_with_trust(engine, str(folder), PrecisionSpec("fp32"), store=store, trust_remote_code=True)
+    assert type(loaded.model).__name__ == "ToyForCausalLM" and marker.exists()
+    assert stat.S_IMODE(os.stat(store.path).st_mode) == 0o600
+
+    # remembered: loads without the flag
+    again = load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=TrustStore(store.path))
+    assert type(again.model).__name__ == "ToyForCausalLM"
+
+    # a changed file asks again
+    (folder / "modeling_toy.py").write_text(MODELING_PY + "\n# changed\n")
+    with pytest.raises(NeedsOptIn):
+        load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=TrustStore(store.path))
+
+
+def test_confirm_callback_is_asked_with_the_files(custom_model, tmp_path):
+    folder, _ = custom_model
+    asked = []
+    store = TrustStore(tmp_path / "trust.json")
+    with pytest.raises(NeedsOptIn):
+        load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=store,
+                        confirm=lambda exc: asked.append(exc.files) or False)
+    assert asked == [["configuration_toy.py", "modeling_toy.py"]]
+
+
+def test_pickle_weights_need_opt_in_and_load_weights_only(tiny_model_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_model_dir, folder)
+    state = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    store = TrustStore(tmp_path / "trust.json")
+    with pytest.raises(NeedsOptIn) as err:
+        load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=store)
+    assert err.value.kind == "pickle" and err.value.files == ["pytorch_model.bin"]
+    loaded = load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=store,
+                             allow_pickle=True)
+    assert loaded.model is not None
+
+
+def test_cli_refuses_custom_code_with_a_clear_message(custom_model):
+    folder, marker = custom_model
+    proc = subprocess.run([sys.executable, "-m", "app", "chat", "hi", "--model", str(folder)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "modeling_toy.py" in proc.stderr and "--trust-remote-code" in proc.stderr
+    assert "Traceback" not in proc.stderr and not marker.exists()
