@@ -11,6 +11,9 @@ strings and end-of-sequence handling are the library's, not ours:
 - ``speculative``: a draft model proposes tokens the target verifies. Its knobs
   live on the *draft's* generation_config (passed to generate() they are ignored).
 - ``prompt-lookup``: candidate tokens from n-grams already in the context.
+- ``fast``: Redline's own decode loop for Llama-family models (``fastpath.py``),
+  with the same sampling, stopping and streaming; other architectures fall back
+  to ``kv`` and the result says so.
 
 Timing follows gpt-fast's honesty: the clock is read after the device is
 synchronised, time to first token (prefill included) is reported apart from
@@ -32,7 +35,7 @@ from .memory import PeakMemory
 from .progress import CancelFn
 from .textstream import DeltaDecoder
 
-STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup")
+STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")
 STATS_INTERVAL_S = 0.5
 
 EventFn = Callable[[Event], None]
@@ -307,6 +310,14 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
 
     cfg = _generation_config(target, sampling, options, max_new)
     cancel = _CancelCriteria(should_cancel)
+    use_fast = options.strategy == "fast"
+    if use_fast:
+        from .fastpath import supports
+        reason = supports(model)
+        if reason:
+            use_fast = False
+            result.notes.append(f"fast path unavailable ({reason}); used kv instead")
+            result.strategy = "kv"
     decoder = DeltaDecoder(tok, sampling.stop)
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
@@ -318,9 +329,12 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
     try:
         with PeakMemory(target.device) as peak:
             with torch.inference_mode():
-                model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
-                               streamer=collector, stopping_criteria=StoppingCriteriaList([cancel]),
-                               **gen_kwargs)
+                if use_fast:
+                    _fast_loop(target, prompt, cfg, collector, cancel, max_new)
+                else:
+                    model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
+                                   streamer=collector, stopping_criteria=StoppingCriteriaList([cancel]),
+                                   **gen_kwargs)
         _sync(target.device)
         result.finish_reason = "cancelled" if cancel.cancelled else "length"
     except Exception as exc:  # the caller's conversation must survive any run-time failure
@@ -370,6 +384,58 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
     if on_event is not None:
         on_event(FinishedEvent(result))
     return result
+
+
+def _logits_processors(cfg):
+    """The same sampling transformations generate() applies, from transformers' public classes."""
+    from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                              TopKLogitsWarper, TopPLogitsWarper)
+
+    procs = LogitsProcessorList()
+    if cfg.repetition_penalty is not None and cfg.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
+    if cfg.do_sample:
+        if cfg.temperature is not None and cfg.temperature != 1.0:
+            procs.append(TemperatureLogitsWarper(cfg.temperature))
+        if cfg.top_k is not None and cfg.top_k != 0:
+            procs.append(TopKLogitsWarper(cfg.top_k))
+        if cfg.top_p is not None and cfg.top_p < 1.0:
+            procs.append(TopPLogitsWarper(cfg.top_p))
+    return procs
+
+
+def _fast_loop(target: LoadedModel, prompt: list[int], cfg, collector: "_Collector", cancel: "_CancelCriteria",
+               max_new: int) -> None:
+    """gpt-fast's shape: prefill once, then one token per step from a preallocated cache."""
+    import torch
+    from .fastpath import get_decoder
+
+    dec = get_decoder(target, len(prompt) + max_new)
+    eos = cfg.eos_token_id
+    eos_set = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    procs = _logits_processors(cfg)
+    history = torch.tensor([prompt], dtype=torch.long)
+    collector.put(history)  # generate() hands the streamer the prompt first; keep the same contract
+    logits = dec.forward(torch.tensor(prompt, dtype=torch.long, device=dec.device), 0)
+    pos = len(prompt)
+    for step in range(max_new):
+        scores = logits[None]
+        if procs:
+            scores = procs(history, scores)
+        if cfg.do_sample:
+            tok = int(torch.multinomial(torch.softmax(scores, dim=-1), 1)[0, 0])
+        else:
+            tok = int(torch.argmax(scores, dim=-1)[0])
+        collector.put(torch.tensor([tok]))
+        if procs:
+            history = torch.cat([history, torch.tensor([[tok]])], dim=1)
+        if tok in eos_set or collector.decoder.stopped_at_string or step == max_new - 1:
+            return
+        if cancel.should_cancel is not None and cancel.should_cancel():
+            cancel.cancelled = True
+            return
+        logits = dec.forward(torch.tensor([tok], dtype=torch.long, device=dec.device), pos)
+        pos += 1
 
 
 def _fill_timing(result: GenerationResult, chunks: list[tuple[float, int]]) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from .errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError, UnsupportedConfiguration
 from .hardware import default_device
 from .memory import PeakMemory, process_rss
-from .precision import PrecisionSpec, check_supported, from_pretrained_kwargs
+from .precision import WEIGHT_ONLY, PrecisionSpec, check_supported, from_pretrained_kwargs, torch_dtype
 from .progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
 from .sources import ModelSource
 from .trust import fingerprint, pickle_files, remote_code_files
@@ -159,7 +159,12 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
                     use_safetensors=None if allow_pickle else True,
                     weights_only=True,  # even with the pickle opt-in, never unpickle arbitrary objects
                     **kwargs)
-        model.eval()
+            model.eval()
+            if precision.name in WEIGHT_ONLY:
+                progress(0.96, "Quantising weights")
+                from .weight_only import quantize_model
+                quantize_model(model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype))
+                gc.collect()
     except Cancelled:
         del model
         free_memory(device)

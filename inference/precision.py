@@ -4,6 +4,8 @@ fp32/fp16/bf16 are plain dtypes. int8 is bitsandbytes LLM.int8 (outlier
 threshold exposed). nf4/fp4 are bitsandbytes 4-bit (compute dtype and double
 quantisation exposed). Mixed precision keeps named modules unquantised
 (bitsandbytes ``llm_int8_skip_modules``, which also applies to 4-bit).
+q8/q4 are weight-only int8/int4 on torch's packed kernels: built for speed at
+batch 1 (bitsandbytes is the memory-saving option; its kernels are slow there).
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from .errors import UnsupportedConfiguration
 # bitsandbytes warns on every int8 matmul that fp32 inputs are cast; once is plenty.
 warnings.filterwarnings("ignore", message=r"MatMul8bitLt: inputs will be cast")
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4")
-QUANTISED = ("int8", "nf4", "fp4")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "q8", "q4")
+QUANTISED = ("int8", "nf4", "fp4")  # bitsandbytes
+WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/weight_only.py)
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -99,8 +102,10 @@ def check_supported(spec: PrecisionSpec, device: str) -> Optional[str]:
             raise UnsupportedConfiguration(
                 f"bitsandbytes is installed but does not load on this machine ({exc}).",
                 "Choose fp16, bf16 or fp32, or reinstall bitsandbytes for your CUDA version.") from exc
+    if spec.name == "q4" and spec.compute_dtype != "bf16":
+        raise UnsupportedConfiguration("q4 computes in bf16 only (torch's int4 kernels).", "Use q4 or q4+compute=bf16.")
     if device.startswith("cuda"):
-        if spec.name == "bf16" or (spec.quantised and spec.compute_dtype == "bf16"):
+        if spec.name == "bf16" or ((spec.quantised or spec.name in WEIGHT_ONLY) and spec.compute_dtype == "bf16"):
             if not torch.cuda.is_bf16_supported():
                 raise UnsupportedConfiguration(
                     "This GPU does not support bf16.", "Choose fp16 (or a 4-bit precision with compute=fp16).")
@@ -114,6 +119,9 @@ def from_pretrained_kwargs(spec: PrecisionSpec, device: str) -> dict:
     """Keyword arguments for ``AutoModelForCausalLM.from_pretrained``."""
     import torch
 
+    if spec.name in WEIGHT_ONLY:
+        # Loaded in the compute dtype, then quantised layer by layer (loader.py).
+        return {"dtype": torch_dtype(spec.compute_dtype), "device_map": device}
     if not spec.quantised:
         return {"dtype": torch_dtype(spec.name), "device_map": device}
     from transformers import BitsAndBytesConfig

@@ -1,0 +1,122 @@
+"""Weight-only int8 and int4 linear layers on torch's packed kernels (CPU and CUDA).
+
+At batch 1 a decode step reads every weight once, so bytes per weight decide
+speed. bitsandbytes saves memory but its kernels are slow at batch 1 (its int8
+path is usually slower than fp16); torch ships matrix-vector kernels for
+weight-only int8 (``_weight_int8pack_mm``: per-output-channel scales) and int4
+(``_weight_int4pack_mm[_for_cpu]``: group-wise scales and zeros) that run near
+the memory bandwidth. ``q8`` and ``q4`` precisions replace the model's linear
+layers with ``PackedLinear`` so both transformers' forward and the fast path
+use them.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+INT4_GROUP = 32
+INT4_INNER_K_TILES = 2
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear, bits: int, compute_dtype: torch.dtype, group_size: int = INT4_GROUP):
+        super().__init__()
+        if bits not in (8, 4):
+            raise ValueError("bits must be 8 or 4")
+        self.bits = bits
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.compute_dtype = compute_dtype
+        w = linear.weight.data.to(torch.float32)
+        bias = linear.bias.data.to(compute_dtype) if linear.bias is not None else None
+        self.register_buffer("bias", bias, persistent=False)
+        if bits == 8:
+            scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+            q = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
+            self.register_buffer("qweight", q, persistent=False)
+            self.register_buffer("scales", scale.to(compute_dtype), persistent=False)
+        else:
+            if self.in_features % group_size:
+                raise ValueError(f"in_features {self.in_features} is not a multiple of the int4 group {group_size}")
+            self.group_size = group_size
+            g = w.view(self.out_features, -1, group_size)
+            lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+            scale = ((hi - lo) / 15).clamp(min=1e-8)
+            q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+            q = q.view(self.out_features, self.in_features)
+            zero = lo + scale * 8  # the kernels dequantise as (q - 8) * scale + zero
+            sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+            if linear.weight.device.type == "cpu":
+                packed = torch._convert_weight_to_int4pack_for_cpu(q, INT4_INNER_K_TILES)
+            else:
+                packed = torch._convert_weight_to_int4pack(
+                    (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), INT4_INNER_K_TILES)
+            self.register_buffer("qweight", packed, persistent=False)
+            self.register_buffer("scales", sz, persistent=False)
+        self.weight_bytes = self.qweight.numel() * self.qweight.element_size() + \
+            self.scales.numel() * self.scales.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if self.bits == 8:
+            y = torch._weight_int8pack_mm(x2.to(self.scales.dtype), self.qweight, self.scales)
+        elif x2.device.type == "cpu":
+            y = torch._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.qweight, self.group_size, self.scales)
+        else:
+            y = torch._weight_int4pack_mm(x2.to(torch.bfloat16), self.qweight, self.group_size, self.scales)
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    @staticmethod
+    def fuse(modules: Sequence["PackedLinear"]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """One kernel call for projections sharing an input. int8 rows concatenate (the modules keep
+        views); int4's packed layout is tiled, so int4 layers run one after another."""
+        if all(m.bits == 8 for m in modules):
+            q = torch.cat([m.qweight for m in modules])
+            s = torch.cat([m.scales for m in modules])
+            offset = 0
+            for m in modules:
+                n = m.out_features
+                m.qweight, m.scales = q[offset:offset + n], s[offset:offset + n]
+                offset += n
+            biases = [m.bias for m in modules]
+            bias = torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=s.dtype)
+                              for b, m in zip(biases, modules)]) if any(b is not None for b in biases) else None
+
+            def fused(x: torch.Tensor) -> torch.Tensor:
+                y = torch._weight_int8pack_mm(x.to(s.dtype), q, s).to(x.dtype)
+                return y + bias.to(x.dtype) if bias is not None else y
+            return fused
+        return lambda x: torch.cat([m(x) for m in modules], dim=-1)
+
+
+def quantize_model(model, bits: int, compute_dtype: torch.dtype, include_lm_head: bool = True) -> int:
+    """Replace the decoder's linear layers (and the output head) by PackedLinear. Returns their weight bytes.
+
+    A tied output head gets its own quantised copy: the embedding table stays for lookups
+    (which read one row per token) while the head, read whole every step, becomes small.
+    """
+    total = 0
+    targets = []
+    for name, module in model.named_modules():
+        for child_name, child in module.named_children():
+            if type(child) is nn.Linear:
+                full = f"{name}.{child_name}" if name else child_name
+                if full == "lm_head" and not include_lm_head:
+                    continue
+                if bits == 4 and child.in_features % INT4_GROUP:
+                    continue  # stays in the compute dtype
+                targets.append((module, child_name, child))
+    for parent, child_name, child in targets:
+        packed = PackedLinear(child, bits, compute_dtype)
+        total += packed.weight_bytes
+        setattr(parent, child_name, packed)
+        del child
+    if include_lm_head and getattr(model.config, "tie_word_embeddings", False):
+        model.config.tie_word_embeddings = False  # the head is now its own (quantised) tensor
+    return total
