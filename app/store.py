@@ -19,14 +19,14 @@ import platformdirs
 APP_NAME = "redline"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids are never reused: a stale id cannot hit a new row
     title TEXT NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
     updated REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids are never reused: a stale id cannot hit a new row
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     position INTEGER NOT NULL,
     role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),

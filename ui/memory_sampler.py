@@ -1,7 +1,7 @@
 """Reads memory figures on a thread of its own, so neither the UI nor the engine waits for NVML."""
 from __future__ import annotations
 
-from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
 FAST_MS = 400  # while generating or loading: more than twice a second
 SLOW_MS = 2000
@@ -17,7 +17,7 @@ class _Sampler(QObject):
 
     @Slot()
     def start(self) -> None:
-        self.timer = QTimer(self)
+        self.timer = QTimer()  # no parent: deleted on this thread in cleanup(), where it was created
         self.timer.timeout.connect(self.sample)
         self.timer.start(SLOW_MS)
         self.sample()
@@ -38,6 +38,13 @@ class _Sampler(QObject):
     def stop(self) -> None:
         if self.timer is not None:
             self.timer.stop()
+
+    def cleanup(self) -> None:
+        """Runs on the sampler thread as it finishes: Qt timers must be destroyed on their own thread."""
+        if self.timer is not None:
+            self.timer.stop()
+            self.timer.deleteLater()
+            self.timer = None
 
     @Slot()
     def sample(self) -> None:
@@ -62,6 +69,7 @@ class MemorySampler(QObject):
         self._sampler = _Sampler()
         self._sampler.moveToThread(self._thread)
         self._thread.started.connect(self._sampler.start)
+        self._thread.finished.connect(self._sampler.cleanup, Qt.DirectConnection)
         self._sampler.sampled.connect(self.sampled)
         self._set_device.connect(self._sampler.set_device)
         self._set_fast.connect(self._sampler.set_fast)
