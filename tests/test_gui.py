@@ -134,3 +134,15 @@ def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_p
     w.send()
     qtbot.waitUntil(lambda: "No model is loaded" in w.banner.label.text(), timeout=5000)
     assert w.input.toPlainText() == "are you there?"
+
+
+def test_corrupt_settings_file_is_reported(qtbot):
+    from app.settings import settings_path
+    settings_path().parent.mkdir(parents=True, exist_ok=True)
+    settings_path().write_text("{oops", encoding="utf-8")
+    window = open_window(qtbot)
+    try:
+        assert window.banner.isVisible() and "defaults" in window.banner.label.text()
+        assert list(settings_path().parent.glob("settings.json.corrupt-*"))
+    finally:
+        window.shutdown()

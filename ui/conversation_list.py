@@ -33,6 +33,8 @@ class ConversationList(QWidget):
         self.search.textChanged.connect(lambda _t: self.refresh())
         layout.addWidget(self.search)
         self.list = QListWidget()
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)  # long titles are elided instead
+        self.list.setTextElideMode(Qt.ElideRight)
         self.list.currentItemChanged.connect(self._on_current)
         self.list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)

@@ -77,9 +77,6 @@ class SpeedGauge(QWidget):
         f.setBold(False)
         p.setFont(f)
         p.drawText(rect.adjusted(0, side * 0.28, 0, side * 0.28), Qt.AlignCenter, self.caption)
-        p.setPen(QColor(140, 140, 140))
-        p.drawText(QRectF(rect.left(), rect.bottom() - side * 0.18, side, 16), Qt.AlignCenter,
-                   f"0 – {self.scale:g}")
         p.end()
 
 
@@ -182,7 +179,7 @@ class GaugesPanel(QFrame):
         w.setMouseEnabled(False, False)
         w.hideButtons()
         w.getPlotItem().hideAxis("bottom")
-        w.getPlotItem().getAxis("left").setWidth(34)
+        w.getPlotItem().getAxis("left").setWidth(42)
         self._curve = w.plot(pen=pg.mkPen(ACCENT, width=1.5))
         return w
 

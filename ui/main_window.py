@@ -97,6 +97,7 @@ class MainWindow(QMainWindow):
         self.sampler.sampled.connect(self.gauges.set_memory)
         self._open_latest_conversation()
         self._update_controls()
+        self._settings_warning = settings_warning
         if settings_warning:
             self.banner.show_message(settings_warning, "warning")
         self.input.setFocus()
@@ -245,7 +246,8 @@ class MainWindow(QMainWindow):
         if self.settings.model:
             self.load_model()
         else:
-            self.banner.show_message(STARTER_OFFER, "info", [("Use the starter model", self.use_starter),
+            prefix = f"{self._settings_warning} " if self._settings_warning else ""
+            self.banner.show_message(prefix + STARTER_OFFER, "warning" if prefix else "info", [("Use the starter model", self.use_starter),
                                                              ("Choose another…", self.show_settings)])
 
     def use_starter(self) -> None:
