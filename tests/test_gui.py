@@ -146,3 +146,28 @@ def test_corrupt_settings_file_is_reported(qtbot):
         assert list(settings_path().parent.glob("settings.json.corrupt-*"))
     finally:
         window.shutdown()
+
+
+def test_switching_precision_reloads(qtbot, tiny_window):
+    import dataclasses
+    w = tiny_window
+    assert w.loaded.precision == "fp32"
+    w.settings_panel.set_settings(w.settings)
+    w.settings_panel.precision.setCurrentText("bf16")
+    assert "reload" in w.settings_panel.reload_note.text()
+    with qtbot.waitSignal(w.model_loaded, timeout=60_000) as blocker:
+        w.settings_panel.apply_button.click()
+    assert blocker.args[0].precision == "bf16"
+    assert "bf16" in w.model_label.text()
+    from app.settings import load_settings
+    assert load_settings()[0].precision == "bf16"  # persisted
+    result = send(qtbot, w, "after the switch")
+    assert result.precision == "bf16"
+    # A sampling change applies without a reload.
+    w.settings_panel.max_new_tokens.setValue(5)
+    assert "no reload" in w.settings_panel.reload_note.text()
+    loads = []
+    w.model_loaded.connect(loads.append)
+    w.settings_panel.apply_button.click()
+    assert w.settings.max_new_tokens == 5 and not w.loading and not loads
+    assert dataclasses.asdict(w.settings)["precision"] == "bf16"
