@@ -27,6 +27,11 @@ test: $(VENV)/.installed
 	$(BIN)/lint-imports
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
 
+# PNGs of the main window (mid-reply, finished, prompt-lookup with settings) into docs/screenshots/.
+# Offscreen by default; under a virtual display: xvfb-run -s "-screen 0 1400x900x24" make screenshots
+screenshots: $(VENV)/.installed
+	$(BIN)/python tools/screenshots.py
+
 clean-venv:
 	rm -rf $(VENV)
 

@@ -1,0 +1,125 @@
+"""User settings: one dataclass, one JSON file in the platform config directory.
+
+A settings file that cannot be read is moved aside (``settings.json.corrupt-<time>``)
+rather than overwritten, so nothing the user typed is lost; defaults are used and
+the caller is told, so the window can say so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Optional
+
+import platformdirs
+
+APP_NAME = "redline"
+STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup")
+
+# Changing any of these means the model (or draft) has to be loaded again.
+RELOAD_FIELDS = ("model", "precision", "draft_model", "draft_precision")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: Optional[str] = None  # None: first start, offer the starter
+    precision: str = "auto"
+    strategy: str = "kv"
+    draft_model: Optional[str] = None
+    draft_precision: str = "auto"
+    num_draft_tokens: int = 5
+    context_length: Optional[int] = None  # None: the model's own
+    max_new_tokens: int = 512
+    temperature: Optional[float] = None  # None: the model's generation config; 0 = greedy
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    seed: Optional[int] = None
+
+    def needs_reload(self, other: "Settings") -> bool:
+        """Would going from self to other need the model or draft loaded again?"""
+        if any(getattr(self, f) != getattr(other, f) for f in RELOAD_FIELDS):
+            return True
+        # The draft is only loaded for the speculative strategy.
+        return (self.strategy == "speculative") != (other.strategy == "speculative")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Settings":
+        """Build from JSON; unknown keys are ignored, wrong types rejected with ValueError."""
+        if not isinstance(data, dict):
+            raise ValueError("the file does not hold a JSON object")
+        known = {f.name: f for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        settings = replace(cls(), **values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        def num(name, kind=(int, float), allow_none=True):
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if isinstance(v, bool) or not isinstance(v, kind):
+                raise ValueError(f"{name} must be a number, not {v!r}")
+
+        for name in ("model", "draft_model"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise ValueError(f"{name} must be text, not {v!r}")
+        for name in ("precision", "draft_precision"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be text")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
+        num("num_draft_tokens", int, False)
+        num("max_new_tokens", int, False)
+        num("context_length", int)
+        num("top_k", int)
+        num("seed", int)
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            num(name)
+        if self.num_draft_tokens < 1 or self.max_new_tokens < 1:
+            raise ValueError("num_draft_tokens and max_new_tokens must be at least 1")
+
+
+def config_dir() -> Path:
+    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+
+
+def settings_path() -> Path:
+    return config_dir() / "settings.json"
+
+
+def load_settings(path: Optional[Path] = None) -> tuple[Settings, Optional[str]]:
+    """Return (settings, warning). The warning is None unless the file was unusable."""
+    path = path or settings_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Settings(), None
+    except OSError as exc:
+        return Settings(), f"Could not read the settings file {path} ({exc}); using defaults."
+    try:
+        return Settings.from_dict(json.loads(text)), None
+    except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        backup = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            os.replace(path, backup)
+            kept = f"It was kept as {backup}."
+        except OSError:
+            kept = "It could not be moved aside."
+        return Settings(), f"The settings file was unusable ({exc}); defaults are in use. {kept}"
+
+
+def save_settings(settings: Settings, path: Optional[Path] = None) -> None:
+    """Write atomically: a crash mid-write leaves the old file, never half a file."""
+    path = path or settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(settings.to_dict(), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

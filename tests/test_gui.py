@@ -1,0 +1,173 @@
+"""The chat window with a tiny random model: streaming, stop, persistence, regenerate, edit, errors."""
+import time
+
+import pytest
+from PySide6.QtCore import Qt
+
+from gui_helpers import aloop, open_window, profile, send, write_settings  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.usefixtures("aloop", "profile")
+
+
+@pytest.fixture
+def tiny_window(qtbot, tiny_model_dir):
+    write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=24)
+    window = open_window(qtbot)
+    yield window
+    window.shutdown()
+
+
+def _assistant(window):
+    return [m for m in window.store.messages(window.conversation_id) if m.role == "assistant"]
+
+
+def test_first_start_offers_starter(qtbot):
+    window = open_window(qtbot)
+    assert window.banner.isVisible() and "starter" in window.banner.label.text()
+    assert [b.text() for b in window.banner.buttons()][0] == "Use the starter model"
+    assert window.focusWidget() is window.input or window.input.hasFocus() or not window.isActiveWindow()
+    window.shutdown()
+
+
+def test_send_streams_renders_and_saves(qtbot, tiny_window):
+    w = tiny_window
+    result = send(qtbot, w, "hello there")
+    assert result.finish_reason in ("eos", "length") and result.new_tokens > 0
+    [user] = [m for m in w.store.messages(w.conversation_id) if m.role == "user"]
+    [reply] = _assistant(w)
+    assert user.content == "hello there"
+    assert reply.content == result.text and not reply.partial
+    assert reply.stats["new_tokens"] == result.new_tokens and reply.stats["strategy"] == "kv"
+    assert reply.stats["precision"] == "fp32"
+    widgets = w.chat_view.widgets
+    assert [x.role for x in widgets] == ["user", "assistant"]
+    assert "tokens" in widgets[1].stats_label.text() and "kv" in widgets[1].stats_label.text()
+    # The gauges got the reply's real figures and a real memory reading.
+    assert w.gauges.gauge.value == result.tokens_per_s
+    qtbot.waitUntil(lambda: w.gauges.last_snapshot is not None, timeout=5000)
+    assert w.gauges.last_snapshot.rss_bytes > 0
+    assert "this process (RSS)" in w.gauges.mem_label.text()
+    assert w.conversations.list.count() == 1
+
+
+def test_stop_keeps_partial_reply(qtbot, tiny_window):
+    w = tiny_window
+    w.apply_settings(__import__("dataclasses").replace(w.settings, max_new_tokens=400))
+    w.input.setPlainText("tell me a long story")
+    with qtbot.waitSignal(w.reply_finished, timeout=60_000) as blocker:
+        w.send()
+        qtbot.waitUntil(lambda: w.generation is not None and len(w.generation.text) > 0, timeout=30_000)
+        qtbot.keyClick(w.input, Qt.Key_Escape)
+    result = blocker.args[0]
+    assert result.finish_reason == "cancelled"
+    [reply] = _assistant(w)
+    assert reply.partial and reply.content and reply.content == result.text
+    assert w.chat_view.widgets[-1].badge.text() == "partial"
+    assert "stopped" in w.chat_view.widgets[-1].stats_label.text()
+
+
+def test_regenerate_and_edit_resend(qtbot, tiny_window):
+    w = tiny_window
+    send(qtbot, w, "first question")
+    [old] = _assistant(w)
+    with qtbot.waitSignal(w.reply_finished, timeout=60_000):
+        w.regenerate(old.id)
+    msgs = w.store.messages(w.conversation_id)
+    assert [m.role for m in msgs] == ["user", "assistant"] and msgs[1].id != old.id
+    w.edit_message(msgs[0].id)
+    assert w.input.toPlainText() == "first question" and w.edit_bar.isVisibleTo(w)
+    w.input.setPlainText("second question")
+    with qtbot.waitSignal(w.reply_finished, timeout=60_000):
+        w.send()
+    msgs = w.store.messages(w.conversation_id)
+    assert [(m.role, m.content if m.role == "user" else "") for m in msgs] == [("user", "second question"),
+                                                                               ("assistant", "")]
+
+
+def test_restart_restores_conversations(qtbot, tiny_model_dir):
+    write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=8)
+    w = open_window(qtbot)
+    send(qtbot, w, "remember me")
+    cid = w.conversation_id
+    assert w.shutdown()
+    w.close()
+    again = open_window(qtbot, wait_loaded=False)
+    try:
+        assert again.conversation_id == cid
+        assert [x.role for x in again.chat_view.widgets] == ["user", "assistant"]
+        assert again.chat_view.widgets[0].text == "remember me"
+        assert again.conversations.list.count() == 1
+    finally:
+        again.shutdown()
+
+
+def test_close_mid_reply_saves_partial_and_stops(qtbot, tiny_model_dir):
+    write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=400)
+    w = open_window(qtbot)
+    w.input.setPlainText("go on forever")
+    w.send()
+    qtbot.waitUntil(lambda: w.generation is not None and len(w.generation.text) > 0, timeout=30_000)
+    mid = w.generation.message_id
+    start = time.monotonic()
+    w.close()
+    assert w.engine._thread.isFinished()  # the engine thread stopped inside closeEvent
+    assert time.monotonic() - start < 2.0
+    reply = w.store.message(mid)
+    assert reply.partial and reply.content
+
+
+def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_path):
+    import dataclasses
+    w = tiny_window
+    send(qtbot, w, "keep this")
+    cid = w.conversation_id
+    broken = tmp_path / "broken"
+    broken.mkdir()
+
+    w.apply_settings(dataclasses.replace(w.settings, model=str(broken)))
+    qtbot.waitUntil(lambda: w.banner.isVisible() and w.banner.kind == "error", timeout=30_000)
+    assert not w.loading and w.loaded is None
+    assert "config.json" in w.banner.label.text()
+    assert [m.content for m in w.store.messages(cid)][0] == "keep this"
+    # Still usable: a message while nothing is loaded stays in the box with a clear note.
+    w.input.setPlainText("are you there?")
+    w.send()
+    qtbot.waitUntil(lambda: "No model is loaded" in w.banner.label.text(), timeout=5000)
+    assert w.input.toPlainText() == "are you there?"
+
+
+def test_corrupt_settings_file_is_reported(qtbot):
+    from app.settings import settings_path
+    settings_path().parent.mkdir(parents=True, exist_ok=True)
+    settings_path().write_text("{oops", encoding="utf-8")
+    window = open_window(qtbot)
+    try:
+        assert window.banner.isVisible() and "defaults" in window.banner.label.text()
+        assert list(settings_path().parent.glob("settings.json.corrupt-*"))
+    finally:
+        window.shutdown()
+
+
+def test_switching_precision_reloads(qtbot, tiny_window):
+    import dataclasses
+    w = tiny_window
+    assert w.loaded.precision == "fp32"
+    w.settings_panel.set_settings(w.settings)
+    w.settings_panel.precision.setCurrentText("bf16")
+    assert "reload" in w.settings_panel.reload_note.text()
+    with qtbot.waitSignal(w.model_loaded, timeout=60_000) as blocker:
+        w.settings_panel.apply_button.click()
+    assert blocker.args[0].precision == "bf16"
+    assert "bf16" in w.model_label.text()
+    from app.settings import load_settings
+    assert load_settings()[0].precision == "bf16"  # persisted
+    result = send(qtbot, w, "after the switch")
+    assert result.precision == "bf16"
+    # A sampling change applies without a reload.
+    w.settings_panel.max_new_tokens.setValue(5)
+    assert "no reload" in w.settings_panel.reload_note.text()
+    loads = []
+    w.model_loaded.connect(loads.append)
+    w.settings_panel.apply_button.click()
+    assert w.settings.max_new_tokens == 5 and not w.loading and not loads
+    assert dataclasses.asdict(w.settings)["precision"] == "bf16"

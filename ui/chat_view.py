@@ -1,0 +1,271 @@
+"""The chat transcript: one widget per message, Markdown-rendered, with per-message actions.
+
+A streaming reply only marks its widget dirty; a timer re-renders dirty
+widgets every ``RENDER_INTERVAL_MS``, so a fast model costs at most one render
+per interval however many tokens arrive.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMenu, QScrollArea, QSizePolicy, QTextBrowser,
+                               QToolButton, QVBoxLayout, QWidget)
+
+from .markdown import SafeDocument, code_blocks, render
+
+RENDER_INTERVAL_MS = 100
+
+
+def format_stats(stats: dict) -> str:
+    """One line under an assistant message: measured figures only, each labelled."""
+    if not stats:
+        return ""
+    bits = []
+    if stats.get("new_tokens") is not None:
+        bits.append(f"{stats['new_tokens']} tokens")
+    if stats.get("tokens_per_s"):
+        bits.append(f"{stats['tokens_per_s']:.1f} tok/s")
+    if stats.get("ttft_ms") is not None:
+        bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
+    for key in ("strategy", "precision", "device"):
+        if stats.get(key):
+            bits.append(str(stats[key]))
+    if stats.get("acceptance_rate") is not None:
+        bits.append(f"draft accepted {stats['acceptance_rate'] * 100:.0f}% "
+                    f"({stats.get('draft_accepted', 0)}/{stats.get('draft_proposed', 0)})")
+    reason = stats.get("finish_reason")
+    if reason == "cancelled":
+        bits.append("stopped")
+    elif reason == "length":
+        bits.append("hit max new tokens")
+    elif reason == "error":
+        bits.append("error")
+    elif reason == "interrupted":
+        bits.append("interrupted")
+    return " · ".join(bits)
+
+
+class MessageBrowser(QTextBrowser):
+    """A read-only rich-text view that is exactly as tall as its content."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setDocument(SafeDocument(self))
+        self.setOpenLinks(False)
+        self.anchorClicked.connect(self._open_link)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard
+                                     | Qt.LinksAccessibleByMouse)
+        self.document().documentLayout().documentSizeChanged.connect(lambda _s: self._fit())
+
+    def loadResource(self, kind, url):  # noqa: N802 - Qt override: never fetch anything for model output
+        return None
+
+    @staticmethod
+    def _open_link(url: QUrl) -> None:
+        # Only the user's click opens a link, and only a web link, in their browser.
+        if url.scheme() in ("http", "https"):
+            QDesktopServices.openUrl(url)
+
+    def _fit(self) -> None:
+        self.document().setTextWidth(self.viewport().width())
+        height = int(self.document().size().height()) + 4
+        if height != self.height():
+            self.setFixedHeight(height)
+
+    def resizeEvent(self, event):  # noqa: N802
+        super().resizeEvent(event)
+        self._fit()
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(400, int(self.document().size().height()) + 4)
+
+
+class MessageWidget(QFrame):
+    regenerate_requested = Signal(int)
+    edit_requested = Signal(int)
+
+    def __init__(self, message_id: Optional[int], role: str, text: str = "", stats: Optional[dict] = None,
+                 partial: bool = False, parent=None):
+        super().__init__(parent)
+        self.message_id = message_id
+        self.role = role
+        self.text = text
+        self.stats = dict(stats or {})
+        self.partial = partial
+        self.streaming = False
+        self.draft_spans: list[list[int]] = [list(s) for s in self.stats.get("draft_spans", [])]
+        self._dirty = True
+        self.setObjectName("userMessage" if role == "user" else "assistantMessage")
+        self.setFrameShape(QFrame.StyledPanel)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 6, 10, 6)
+        layout.setSpacing(2)
+        header = QHBoxLayout()
+        self.role_label = QLabel("You" if role == "user" else "Assistant")
+        self.role_label.setObjectName("roleLabel")
+        header.addWidget(self.role_label)
+        self.badge = QLabel()
+        self.badge.setObjectName("partialBadge")
+        header.addWidget(self.badge)
+        header.addStretch(1)
+        self.copy_button = self._tool("Copy", "Copy this message as Markdown", self.copy_text)
+        header.addWidget(self.copy_button)
+        self.copy_code_button = self._tool("Copy code", "Copy a code block from this message", self.copy_code)
+        header.addWidget(self.copy_code_button)
+        if role == "assistant":
+            self.action_button = self._tool("Regenerate", "Generate this reply again",
+                                            lambda: self.regenerate_requested.emit(self.message_id or -1))
+        else:
+            self.action_button = self._tool("Edit", "Edit this message and send it again",
+                                            lambda: self.edit_requested.emit(self.message_id or -1))
+        header.addWidget(self.action_button)
+        layout.addLayout(header)
+        self.browser = MessageBrowser(self)
+        layout.addWidget(self.browser)
+        self.stats_label = QLabel()
+        self.stats_label.setObjectName("statsLabel")
+        self.stats_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.stats_label.setWordWrap(True)
+        layout.addWidget(self.stats_label)
+        self.render()
+
+    def _tool(self, text, tip, slot) -> QToolButton:
+        b = QToolButton(self)
+        b.setText(text)
+        b.setToolTip(tip)
+        b.setAutoRaise(True)
+        b.clicked.connect(slot)
+        return b
+
+    # -- content --------------------------------------------------------------------
+    def append(self, delta: str, from_draft: bool = False) -> None:
+        if from_draft and delta:
+            start = len(self.text)
+            if self.draft_spans and self.draft_spans[-1][1] == start:
+                self.draft_spans[-1][1] = start + len(delta)
+            else:
+                self.draft_spans.append([start, start + len(delta)])
+        self.text += delta
+        self._dirty = True
+
+    def set_content(self, text: str, stats: Optional[dict] = None, partial: Optional[bool] = None) -> None:
+        self.text = text
+        if stats is not None:
+            self.stats = dict(stats)
+            self.draft_spans = [list(s) for s in self.stats.get("draft_spans", self.draft_spans)]
+        if partial is not None:
+            self.partial = partial
+        self._dirty = True
+
+    def dirty(self) -> bool:
+        return self._dirty
+
+    def render(self) -> None:
+        self._dirty = False
+        shown = self.text if self.text or not self.streaming else "…"
+        render(self.browser.document(), shown, self.draft_spans)
+        self.browser._fit()
+        self.stats_label.setText(format_stats(self.stats))
+        self.stats_label.setVisible(bool(self.stats))
+        if self.streaming:
+            self.badge.setText("generating…")
+        elif self.partial:
+            self.badge.setText("partial")
+        else:
+            self.badge.setText("")
+        self.copy_code_button.setVisible(bool(code_blocks(self.browser.document())))
+        self.action_button.setEnabled(not self.streaming and self.message_id is not None)
+
+    # -- actions --------------------------------------------------------------------
+    def copy_text(self) -> None:
+        QGuiApplication.clipboard().setText(self.text)
+
+    def copy_code(self) -> None:
+        blocks = code_blocks(self.browser.document())
+        if len(blocks) == 1:
+            QGuiApplication.clipboard().setText(blocks[0][1])
+            return
+        menu = QMenu(self)
+        for i, (lang, code) in enumerate(blocks, 1):
+            first = code.strip().splitlines()[0][:40] if code.strip() else ""
+            menu.addAction(f"Block {i}{' (' + lang + ')' if lang else ''}: {first}",
+                           lambda c=code: QGuiApplication.clipboard().setText(c))
+        menu.exec(self.copy_code_button.mapToGlobal(self.copy_code_button.rect().bottomLeft()))
+
+
+class ChatView(QScrollArea):
+    """The transcript of one conversation."""
+
+    regenerate_requested = Signal(int)
+    edit_requested = Signal(int)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self._inner = QWidget()
+        self._inner.setObjectName("chatInner")
+        self._layout = QVBoxLayout(self._inner)
+        self._layout.setContentsMargins(12, 12, 12, 12)
+        self._layout.setSpacing(10)
+        self.placeholder = QLabel()
+        self.placeholder.setObjectName("chatPlaceholder")
+        self.placeholder.setAlignment(Qt.AlignCenter)
+        self.placeholder.setWordWrap(True)
+        self._layout.addWidget(self.placeholder)
+        self._layout.addStretch(1)
+        self.setWidget(self._inner)
+        self.widgets: list[MessageWidget] = []
+        self._follow = True
+        self.verticalScrollBar().rangeChanged.connect(self._on_range)
+        self.verticalScrollBar().valueChanged.connect(self._on_scroll)
+        self._timer = QTimer(self)
+        self._timer.setInterval(RENDER_INTERVAL_MS)
+        self._timer.timeout.connect(self.render_dirty)
+        self._timer.start()
+        self.set_placeholder("")
+
+    def set_placeholder(self, text: str) -> None:
+        self.placeholder.setText(text)
+        self.placeholder.setVisible(bool(text) and not self.widgets)
+
+    def clear(self) -> None:
+        for w in self.widgets:
+            w.setParent(None)
+            w.deleteLater()
+        self.widgets = []
+        self._follow = True
+        self.placeholder.setVisible(bool(self.placeholder.text()))
+
+    def add_message(self, message_id, role, text="", stats=None, partial=False) -> MessageWidget:
+        w = MessageWidget(message_id, role, text, stats, partial)
+        w.regenerate_requested.connect(self.regenerate_requested)
+        w.edit_requested.connect(self.edit_requested)
+        self._layout.insertWidget(self._layout.count() - 1, w)
+        self.widgets.append(w)
+        self.placeholder.setVisible(False)
+        self._follow = True
+        return w
+
+    def widget_for(self, message_id: int) -> Optional[MessageWidget]:
+        return next((w for w in self.widgets if w.message_id == message_id), None)
+
+    def render_dirty(self) -> None:
+        for w in self.widgets:
+            if w.dirty():
+                w.render()
+
+    def _on_range(self, _lo, hi) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(hi)
+
+    def _on_scroll(self, value) -> None:
+        # Follow the reply only while the user is at the bottom; scrolling up to read stops following.
+        self._follow = value >= self.verticalScrollBar().maximum() - 8

@@ -1,0 +1,156 @@
+"""Awaitable engine tasks on top of ``EngineThread``, for qasync slots.
+
+``await client.run(task)`` resolves when the worker finishes the task. Token
+events from the decode loop go through an ``EventChannel``: the worker appends
+to a buffer and sends at most one wake-up signal until the UI has drained it, so
+a fast model never floods the UI thread's event queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from PySide6.QtCore import QObject
+
+from .worker import EngineThread
+
+
+class TaskFailed(Exception):
+    """The task raised; ``str()`` is the message for the user, ``original`` the exception."""
+
+    def __init__(self, message: str, original: BaseException | None = None):
+        super().__init__(message)
+        self.original = original
+
+
+class EventChannel:
+    """Many events from the worker, few wake-ups on the UI thread."""
+
+    def __init__(self, on_events: Callable[[list], None]):
+        self._on_events = on_events
+        self._lock = threading.Lock()
+        self._buffer: list = []
+        self._woken = False
+        self.report: Optional[Callable[[object], None]] = None
+
+    def push(self, event) -> None:  # worker thread
+        with self._lock:
+            self._buffer.append(event)
+            if self._woken:
+                return
+            self._woken = True
+        self.report(self)
+
+    def drain(self) -> None:  # UI thread
+        with self._lock:
+            events, self._buffer, self._woken = self._buffer, [], False
+        if events:
+            self._on_events(events)
+
+
+class EngineClient(QObject):
+    def __init__(self, thread: EngineThread, parent=None):
+        super().__init__(parent)
+        self.thread = thread
+        self._pending: dict[int, tuple[asyncio.Future, Optional[Callable[[object], None]]]] = {}
+        thread.progress.connect(self._on_progress)
+        thread.done.connect(self._on_done)
+        thread.failed.connect(self._on_failed)
+
+    def run(self, fn, on_progress: Optional[Callable[[object], None]] = None) -> asyncio.Future:
+        future = asyncio.get_event_loop().create_future()
+        task_id = self.thread.submit(fn)
+        self._pending[task_id] = (future, on_progress)
+        return future
+
+    def cancel(self) -> None:
+        self.thread.cancel()
+
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    def _on_progress(self, task_id: int, obj: Any) -> None:
+        if isinstance(obj, EventChannel):
+            obj.drain()
+            return
+        entry = self._pending.get(task_id)
+        if entry and entry[1] is not None:
+            entry[1](obj)
+
+    def _on_done(self, task_id: int, value: Any) -> None:
+        entry = self._pending.pop(task_id, None)
+        if entry and not entry[0].done():
+            entry[0].set_result(value)
+
+    def _on_failed(self, task_id: int, message: str, exc: Any) -> None:
+        entry = self._pending.pop(task_id, None)
+        if entry and not entry[0].done():
+            entry[0].set_exception(TaskFailed(message, exc))
+
+
+# -- tasks (run on the worker thread; inference imports happen there, off the UI thread) --------
+
+@dataclass
+class LoadProgress:
+    fraction: float
+    phase: str
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    device: str
+    precision: str
+    memory_bytes: int
+    load_seconds: float
+    notes: list[str] = field(default_factory=list)
+    draft_name: Optional[str] = None
+    draft_error: Optional[str] = None
+
+
+def load_task(model: str, precision: str, draft_model: Optional[str], draft_precision: str, with_draft: bool):
+    def task(engine, report):
+        from inference.engine import default_precision
+        from inference.errors import Cancelled, RedlineError
+        from inference.precision import parse_precision
+
+        share = 0.75 if (with_draft and draft_model) else 1.0
+        spec = parse_precision(default_precision(engine.device) if precision == "auto" else precision)
+        loaded = engine.load(model, spec, lambda f, phase: report(LoadProgress(f * share, phase)))
+        info = ModelInfo(loaded.name, loaded.device, loaded.precision.label(), loaded.memory_bytes,
+                         loaded.load_seconds, list(loaded.notes))
+        if with_draft and draft_model:
+            dspec = parse_precision(default_precision(engine.device) if draft_precision == "auto"
+                                    else draft_precision)
+            try:
+                draft = engine.load_draft(draft_model, dspec,
+                                          lambda f, phase: report(LoadProgress(share + f * (1 - share),
+                                                                               f"draft: {phase}")))
+                info.draft_name = draft.name
+            except Cancelled:
+                raise
+            except RedlineError as exc:  # keep the target: the user can still chat without the draft
+                info.draft_error = str(exc)
+        else:
+            engine.unload_draft()
+        report(LoadProgress(1.0, "Loaded"))
+        return info
+    return task
+
+
+def chat_task(messages: list[dict], sampling: dict, options: dict, context: Optional[int], channel: EventChannel):
+    def task(engine, report):
+        from inference.decode import DecodeOptions, SamplingSettings
+
+        channel.report = report
+        opts = dict(options)
+        if opts.get("strategy") == "speculative" and engine.draft is None:
+            from inference.errors import IncompatibleDraft
+            raise IncompatibleDraft("Speculative decoding needs a draft model, and none is loaded.",
+                                    "Choose a draft model in Settings (a small model of the same family), "
+                                    "or pick another strategy such as prompt-lookup.")
+        return engine.chat(messages, SamplingSettings(**sampling), DecodeOptions(**opts),
+                           on_event=channel.push, context=context)
+    return task

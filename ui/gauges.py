@@ -1,0 +1,258 @@
+"""Always-visible gauges: tokens/s, TTFT, per-token latency sparkline, memory.
+
+Every figure shown is one that was read; a figure that could not be read is
+shown as "unknown" with the reason, never guessed.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Optional
+
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QFont, QPainter, QPen
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+
+SPARK_POINTS = 200
+ACCENT = QColor(214, 40, 57)  # the "redline"
+GB = 1024 ** 3
+
+
+def fmt_bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "unknown"
+    if n >= GB:
+        return f"{n / GB:.2f} GiB"
+    return f"{n / 1024 ** 2:.0f} MiB"
+
+
+def _nice_max(value: float) -> float:
+    """The gauge's full scale: the next 1-2-5 step above the value (at least 10)."""
+    value = max(value, 10.0)
+    exp = 10 ** math.floor(math.log10(value))
+    for m in (1, 2, 5, 10):
+        if value <= m * exp:
+            return m * exp
+    return 10 * exp
+
+
+class SpeedGauge(QWidget):
+    """A 240° arc dial with the value in the middle."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.value: Optional[float] = None
+        self.caption = "tok/s"
+        self.scale = 10.0
+        self.setMinimumSize(150, 120)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+
+    def set_value(self, value: Optional[float], caption: str) -> None:
+        self.value, self.caption = value, caption
+        if value is not None and value > self.scale:
+            self.scale = _nice_max(value)
+        self.update()
+
+    def paintEvent(self, _event):  # noqa: N802
+        p = QPainter(self)
+        p.setRenderHint(QPainter.Antialiasing)
+        side = min(self.width(), self.height() * 1.25) - 16
+        rect = QRectF((self.width() - side) / 2, 8, side, side)
+        pen = QPen(QColor(220, 222, 226), 10, Qt.SolidLine, Qt.RoundCap)
+        p.setPen(pen)
+        p.drawArc(rect, 210 * 16, -240 * 16)
+        if self.value:
+            pen.setColor(ACCENT)
+            p.setPen(pen)
+            frac = min(1.0, self.value / self.scale)
+            p.drawArc(rect, 210 * 16, int(-240 * 16 * frac))
+        p.setPen(self.palette().color(self.foregroundRole()))
+        f = QFont(self.font())
+        f.setPointSizeF(f.pointSizeF() * 1.9)
+        f.setBold(True)
+        p.setFont(f)
+        text = "—" if self.value is None else (f"{self.value:.1f}" if self.value < 100 else f"{self.value:.0f}")
+        p.drawText(rect.adjusted(0, -6, 0, -6), Qt.AlignCenter, text)
+        f.setPointSizeF(self.font().pointSizeF() * 0.9)
+        f.setBold(False)
+        p.setFont(f)
+        p.drawText(rect.adjusted(0, side * 0.28, 0, side * 0.28), Qt.AlignCenter, self.caption)
+        p.end()
+
+
+class StackedBar(QWidget):
+    """A horizontal bar split into coloured segments (bytes), with a legend below in a QLabel."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.segments: list[tuple[float, QColor]] = []
+        self.total: Optional[float] = None
+        self.setFixedHeight(14)
+
+    def set_segments(self, segments: list[tuple[float, QColor]], total: Optional[float]) -> None:
+        self.segments, self.total = segments, total
+        self.update()
+
+    def paintEvent(self, _event):  # noqa: N802
+        p = QPainter(self)
+        r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
+        p.fillRect(r, QColor(232, 234, 238))
+        if self.total:
+            x = r.left()
+            for value, color in self.segments:
+                w = r.width() * max(0.0, value) / self.total
+                p.fillRect(QRectF(x, r.top(), w, r.height()), color)
+                x += w
+        else:  # nothing readable: hatch the bar instead of drawing a made-up level
+            p.fillRect(r, QColor(232, 234, 238))
+            p.setPen(QColor(150, 150, 150))
+            p.drawText(r, Qt.AlignCenter, "unknown")
+        p.setPen(QColor(190, 190, 195))
+        p.drawRect(r)
+        p.end()
+
+
+class GaugesPanel(QFrame):
+    THIS = QColor(214, 40, 57)
+    OTHER = QColor(240, 160, 60)
+    TORCH = QColor(70, 110, 200)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("gaugesPanel")
+        self.setMinimumWidth(250)
+        self.setMaximumWidth(340)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 10, 10, 10)
+        layout.setSpacing(6)
+        title = QLabel("Speed")
+        title.setObjectName("panelTitle")
+        layout.addWidget(title)
+        self.gauge = SpeedGauge(self)
+        layout.addWidget(self.gauge)
+        grid = QGridLayout()
+        self.ttft_label = QLabel("—")
+        self.ttft_label.setObjectName("ttftValue")
+        self.tokens_label = QLabel("—")
+        grid.addWidget(QLabel("Time to first token"), 0, 0)
+        grid.addWidget(self.ttft_label, 0, 1, Qt.AlignRight)
+        grid.addWidget(QLabel("Tokens"), 1, 0)
+        grid.addWidget(self.tokens_label, 1, 1, Qt.AlignRight)
+        layout.addLayout(grid)
+        layout.addWidget(QLabel("Per-token latency (ms)"))
+        self.spark = self._make_sparkline()
+        layout.addWidget(self.spark)
+        self.latency_label = QLabel("—")
+        self.latency_label.setObjectName("latencyLabel")
+        layout.addWidget(self.latency_label)
+
+        mem_title = QLabel("Memory")
+        mem_title.setObjectName("panelTitle")
+        layout.addSpacing(6)
+        layout.addWidget(mem_title)
+        self.device_label = QLabel("device: not loaded yet")
+        self.device_label.setWordWrap(True)
+        layout.addWidget(self.device_label)
+        self.mem_bar = StackedBar(self)
+        layout.addWidget(self.mem_bar)
+        self.mem_label = QLabel("—")
+        self.mem_label.setWordWrap(True)
+        self.mem_label.setTextFormat(Qt.RichText)
+        layout.addWidget(self.mem_label)
+        self.torch_bar = StackedBar(self)
+        layout.addWidget(self.torch_bar)
+        self.torch_label = QLabel("")
+        self.torch_label.setWordWrap(True)
+        self.torch_label.setTextFormat(Qt.RichText)
+        layout.addWidget(self.torch_label)
+        layout.addStretch(1)
+        self._latencies: deque[float] = deque(maxlen=SPARK_POINTS)
+        self.last_snapshot = None
+        self.rate_updates = 0  # how many live readings arrived (tests check the gauges are fed)
+
+    def _make_sparkline(self):
+        import pyqtgraph as pg
+
+        w = pg.PlotWidget(background=None)
+        w.setFixedHeight(70)
+        w.setMenuEnabled(False)
+        w.setMouseEnabled(False, False)
+        w.hideButtons()
+        w.getPlotItem().hideAxis("bottom")
+        w.getPlotItem().getAxis("left").setWidth(42)
+        self._curve = w.plot(pen=pg.mkPen(ACCENT, width=1.5))
+        return w
+
+    # -- speed ----------------------------------------------------------------------
+    def start_reply(self) -> None:
+        self._latencies.clear()
+        self._curve.setData([])
+        self.gauge.set_value(None, "tok/s (1 s)")
+        self.ttft_label.setText("waiting…")
+        self.tokens_label.setText("0")
+        self.latency_label.setText("—")
+
+    def live(self, tokens_per_s_1s: float, ttft_ms: Optional[float], new_tokens: int) -> None:
+        self.rate_updates += 1
+        self.gauge.set_value(tokens_per_s_1s, "tok/s (1 s)")
+        if ttft_ms is not None:
+            self.ttft_label.setText(f"{ttft_ms:.0f} ms")
+        self.tokens_label.setText(str(new_tokens))
+
+    def add_latencies(self, ms: list[float]) -> None:
+        if not ms:
+            return
+        self._latencies.extend(ms)
+        self._curve.setData(list(self._latencies))
+
+    def finish_reply(self, tokens_per_s: Optional[float], ttft_ms: Optional[float], new_tokens: int,
+                     p50_ms: Optional[float], p95_ms: Optional[float]) -> None:
+        self.gauge.set_value(tokens_per_s, "tok/s (last reply)")
+        self.ttft_label.setText("—" if ttft_ms is None else f"{ttft_ms:.0f} ms")
+        self.tokens_label.setText(str(new_tokens))
+        if p50_ms is not None:
+            self.latency_label.setText(f"p50 {p50_ms:.1f} ms · p95 {p95_ms:.1f} ms")
+
+    # -- memory ---------------------------------------------------------------------
+    def set_device(self, text: str) -> None:
+        self.device_label.setText(text)
+
+    def set_memory(self, snap) -> None:
+        """``snap`` is an inference.memory.MemorySnapshot or an Exception (could not read)."""
+        self.last_snapshot = snap
+        if isinstance(snap, Exception):
+            self.mem_bar.set_segments([], None)
+            self.mem_label.setText(f"Memory could not be read: {snap}")
+            return
+        sw = lambda c: f"<span style='color:{c.name()}'>■</span>"  # noqa: E731
+        if snap.device.startswith("cuda"):
+            total = snap.device_total_bytes
+            mine, others = snap.device_this_process_bytes, snap.device_other_processes_bytes
+            used = snap.device_used_bytes
+            if mine is None:  # NVML per-process figures unavailable (e.g. in some containers)
+                segments = [(used or 0, self.THIS)]
+                legend = (f"{sw(self.THIS)} used (all processes) {fmt_bytes(used)}<br>"
+                          "this process / others: unknown (NVML gives no per-process figures here)")
+            else:
+                segments = [(mine, self.THIS), (others or 0, self.OTHER)]
+                legend = (f"{sw(self.THIS)} this process {fmt_bytes(mine)}<br>"
+                          f"{sw(self.OTHER)} other processes {fmt_bytes(others)}")
+            free = (total - used) if (total is not None and used is not None) else None
+            self.mem_bar.set_segments(segments, total)
+            self.mem_label.setText(f"{legend}<br>free {fmt_bytes(free)} of {fmt_bytes(total)}")
+            self.torch_bar.show()
+            alloc, reserved = snap.cuda_allocated_bytes, snap.cuda_reserved_bytes
+            self.torch_bar.set_segments([(alloc or 0, self.TORCH), ((reserved or 0) - (alloc or 0),
+                                                                    QColor(160, 180, 230))], reserved or None)
+            self.torch_label.setText(f"torch: {sw(self.TORCH)} allocated {fmt_bytes(alloc)} of "
+                                     f"{fmt_bytes(reserved)} reserved")
+        else:
+            total = snap.system_total_bytes
+            others = max(0, snap.system_used_bytes - snap.rss_bytes)
+            self.mem_bar.set_segments([(snap.rss_bytes, self.THIS), (others, self.OTHER)], total)
+            self.mem_label.setText(
+                f"{sw(self.THIS)} this process (RSS) {fmt_bytes(snap.rss_bytes)}<br>"
+                f"{sw(self.OTHER)} rest of the system {fmt_bytes(others)}<br>"
+                f"free {fmt_bytes(total - snap.system_used_bytes)} of {fmt_bytes(total)} RAM")
+            self.torch_bar.hide()
+            self.torch_label.setText("")

@@ -1,0 +1,574 @@
+"""The main window: conversations, chat, live gauges, settings.
+
+Everything that touches the model runs on the engine thread (``EngineClient``);
+this class only reacts to what comes back. The database is written from here,
+on the UI thread, in small transactions: a user message when sent, an assistant
+message as soon as its reply starts (marked partial), updated about once a
+second while it grows, and finalised when it ends.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QDockWidget, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
+                               QMessageBox, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from qasync import asyncSlot
+
+from .chat_view import ChatView, MessageWidget
+from .conversation_list import ConversationList
+from .engine_client import EngineClient, EventChannel, LoadProgress, ModelInfo, TaskFailed, chat_task, load_task
+from .gauges import GaugesPanel
+from .memory_sampler import MemorySampler
+from .protocols import ConversationStore
+from .settings_panel import SettingsPanel
+from .style import STYLESHEET
+from .widgets import Banner, LoadBar, MessageInput
+from .worker import EngineThread
+
+SAVE_INTERVAL_S = 1.0  # how often a growing reply is written to the database
+STARTER_OFFER = ("No model is configured yet. Redline can use its built-in starter model, SmolLM2-135M-Instruct "
+                 "(about 100 MB to fetch the first time, then offline; it runs on a CPU).")
+
+
+@dataclass
+class _Generation:
+    conversation_id: int
+    message_id: int
+    channel: EventChannel
+    text: str = ""
+    draft_spans: list = field(default_factory=list)
+    widget: Optional[MessageWidget] = None
+    last_token_time: Optional[float] = 0.0
+    last_save: float = field(default_factory=time.monotonic)
+    model: str = ""
+
+    def append(self, delta: str, from_draft: bool) -> None:
+        if from_draft and delta:
+            start = len(self.text)
+            if self.draft_spans and self.draft_spans[-1][1] == start:
+                self.draft_spans[-1][1] = start + len(delta)
+            else:
+                self.draft_spans.append([start, start + len(delta)])
+        self.text += delta
+
+
+def stats_from_result(result, model: str, draft_spans: list) -> dict:
+    keys = ("new_tokens", "prompt_tokens", "tokens_per_s", "ttft_ms", "p50_ms", "p95_ms", "strategy", "precision",
+            "device", "finish_reason", "error", "draft_proposed", "draft_accepted", "acceptance_rate",
+            "mean_accepted_length", "peak_memory_bytes", "total_s")
+    stats = {k: getattr(result, k) for k in keys}
+    stats["model"] = model
+    stats["draft_spans"] = draft_spans
+    stats["notes"] = [n for n in result.notes if not n.startswith("Traceback")]
+    return stats
+
+
+class MainWindow(QMainWindow):
+    model_loaded = Signal(object)  # ModelInfo
+    reply_finished = Signal(object)  # GenerationResult, or None when the reply failed
+
+    def __init__(self, engine: EngineThread, store: ConversationStore, settings: Any,
+                 save_settings: Callable[[Any], None], settings_warning: Optional[str] = None):
+        super().__init__()
+        self.setWindowTitle("Redline")
+        self.resize(1280, 800)
+        self.setStyleSheet(STYLESHEET)
+        self.engine = engine
+        self.client = EngineClient(engine, self)
+        self.store = store
+        self.settings = settings
+        self._save_settings = save_settings
+        self.loaded: Optional[ModelInfo] = None
+        self.loading = False
+        self.generation: Optional[_Generation] = None
+        self.conversation_id: Optional[int] = None
+        self.editing_message_id: Optional[int] = None
+        self.last_result = None
+        self._closed = False
+
+        self._build()
+        self.sampler = MemorySampler(self)
+        self.sampler.sampled.connect(self.gauges.set_memory)
+        self._open_latest_conversation()
+        self._update_controls()
+        self._settings_warning = settings_warning
+        if settings_warning:
+            self.banner.show_message(settings_warning, "warning")
+        self.input.setFocus()
+
+    # -- layout -------------------------------------------------------------------
+    def _build(self) -> None:
+        self.conversations = ConversationList(self.store)
+        self.conversations.selected.connect(self.open_conversation)
+        self.conversations.new_requested.connect(self.new_chat)
+        self.conversations.deleted.connect(self._on_deleted)
+
+        chat = QWidget()
+        v = QVBoxLayout(chat)
+        v.setContentsMargins(8, 8, 8, 8)
+        sys_row = QHBoxLayout()
+        sys_row.addWidget(QLabel("System prompt:"))
+        self.system_prompt = QLineEdit()
+        self.system_prompt.setPlaceholderText("optional, for this conversation (e.g. “Answer briefly.”)")
+        self.system_prompt.editingFinished.connect(self._save_system_prompt)
+        sys_row.addWidget(self.system_prompt, 1)
+        v.addLayout(sys_row)
+        self.chat_view = ChatView()
+        self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.edit_requested.connect(self.edit_message)
+        v.addWidget(self.chat_view, 1)
+        self.edit_bar = QLabel("Editing a message: Enter sends the new version (later messages are replaced); "
+                               "Esc cancels.")
+        self.edit_bar.setObjectName("reloadNote")
+        self.edit_bar.hide()
+        v.addWidget(self.edit_bar)
+        row = QHBoxLayout()
+        self.input = MessageInput()
+        self.input.submitted.connect(self.send)
+        row.addWidget(self.input, 1)
+        buttons = QVBoxLayout()
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("sendButton")
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stopButton")
+        self.stop_button.setToolTip("Stop the reply (Esc); what was generated is kept")
+        self.stop_button.clicked.connect(self.stop)
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        row.addLayout(buttons)
+        v.addLayout(row)
+
+        # A tab bar so later panels (the speed lab) sit next to the chat.
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(chat, "Chat")
+        self.gauges = GaugesPanel()
+
+        splitter = QSplitter(Qt.Horizontal)
+        splitter.addWidget(self.conversations)
+        splitter.addWidget(self.tabs)
+        splitter.addWidget(self.gauges)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([220, 760, 290])
+
+        top = QWidget()
+        tv = QVBoxLayout(top)
+        tv.setContentsMargins(6, 6, 6, 0)
+        tv.setSpacing(4)
+        self.banner = Banner()
+        self.load_bar = LoadBar()
+        self.load_bar.cancel_requested.connect(self.cancel_load)
+        tv.addWidget(self.banner)
+        tv.addWidget(self.load_bar)
+        tv.addWidget(splitter, 1)
+        self.setCentralWidget(top)
+
+        self.settings_panel = SettingsPanel(self.settings)
+        self.settings_panel.applied.connect(self.apply_settings)
+        self.settings_dock = QDockWidget("Settings", self)
+        self.settings_dock.setObjectName("settingsDock")
+        self.settings_dock.setWidget(self.settings_panel)
+        self.addDockWidget(Qt.RightDockWidgetArea, self.settings_dock)
+        self.settings_dock.hide()
+
+        self.model_label = QLabel("No model loaded")
+        self.statusBar().addPermanentWidget(self.model_label)
+        self._build_menus()
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        file_menu = mb.addMenu("&File")
+        self.new_action = self._action(file_menu, "&New chat", self.new_chat, QKeySequence.New)
+        file_menu.addSeparator()
+        self._action(file_menu, "Export as &Markdown…", lambda: self.export("md"))
+        self._action(file_menu, "Export as &JSON…", lambda: self.export("json"))
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", self.close, QKeySequence.Quit)
+        # "Configure model…" (the wizard) hooks into this menu later.
+        self.model_menu = mb.addMenu("&Model")
+        self._action(self.model_menu, "&Settings…", self.show_settings, QKeySequence("Ctrl+,"))
+        self._action(self.model_menu, "&Reload model", lambda: self.load_model())
+        self._action(self.model_menu, "Use the &starter model", self.use_starter)
+        help_menu = mb.addMenu("&Help")
+        self._action(help_menu, "&Keyboard shortcuts", self._shortcuts_help)
+        QShortcut(QKeySequence(Qt.Key_Escape), self, self.escape, context=Qt.WindowShortcut)
+
+    def _action(self, menu, text, slot, shortcut=None) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(shortcut)
+        action.triggered.connect(lambda _checked=False: slot())
+        menu.addAction(action)
+        return action
+
+    def add_panel(self, widget: QWidget, title: str) -> None:
+        """Later panels (the speed lab) are added next to the chat."""
+        self.tabs.addTab(widget, title)
+
+    def _shortcuts_help(self) -> None:
+        QMessageBox.information(self, "Keyboard shortcuts",
+                                "Enter — send\nShift+Enter — new line\nEsc — stop the reply\n"
+                                "Ctrl+N — new chat\nCtrl+, — settings\nCtrl+Q — quit")
+
+    # -- state ----------------------------------------------------------------------
+    def _update_controls(self) -> None:
+        generating = self.generation is not None
+        self.send_button.setEnabled(not generating)
+        self.stop_button.setEnabled(generating)
+        if self.loaded is None:
+            self.chat_view.set_placeholder("Loading the model…" if self.loading else
+                                           "No model loaded. Choose one in Model → Settings.")
+        else:
+            self.chat_view.set_placeholder(f"Chatting with {self.loaded.name}. Type a message below.")
+
+    def _status(self) -> None:
+        if self.loaded is None:
+            self.model_label.setText("Loading…" if self.loading else "No model loaded")
+            return
+        draft = f" · draft {self.loaded.draft_name}" if self.loaded.draft_name else ""
+        self.model_label.setText(f"{self.loaded.name} · {self.loaded.precision} · {self.loaded.device}"
+                                 f" · {self.settings.strategy}{draft}")
+
+    # -- model loading ------------------------------------------------------------
+    def start(self, model: Optional[str] = None) -> None:
+        """Called once the window is shown: load the configured model, or offer the starter."""
+        if model:
+            self.settings = dataclasses.replace(self.settings, model=model)
+            self._save_settings(self.settings)
+            self.settings_panel.set_settings(self.settings)
+        if self.settings.model:
+            self.load_model()
+        else:
+            prefix = f"{self._settings_warning} " if self._settings_warning else ""
+            self.banner.show_message(prefix + STARTER_OFFER, "warning" if prefix else "info", [("Use the starter model", self.use_starter),
+                                                             ("Choose another…", self.show_settings)])
+
+    def use_starter(self) -> None:
+        self.apply_settings(dataclasses.replace(self.settings, model="starter"), force_reload=True)
+
+    def show_settings(self) -> None:
+        self.settings_panel.set_settings(self.settings)
+        self.settings_dock.show()
+        self.settings_dock.raise_()
+
+    def apply_settings(self, new, force_reload: bool = False) -> None:
+        reload = force_reload or self.loaded is None or self.settings.needs_reload(new)
+        self.settings = new
+        self._save_settings(new)
+        self.settings_panel.set_settings(new)
+        self._status()
+        if reload and new.model:
+            self.load_model()
+
+    @asyncSlot()
+    async def load_model(self) -> None:
+        s = self.settings
+        if not s.model:
+            return
+        if self.generation is not None:
+            self.stop()
+        self.banner.hide()
+        self.loading = True
+        self.loaded = None
+        self.load_bar.set_progress(0.0, f"Loading {s.model}…")
+        self.load_bar.show()
+        self.sampler.set_fast(True)
+        self._status()
+        self._update_controls()
+        task = load_task(s.model, s.precision, s.draft_model, s.draft_precision, s.strategy == "speculative")
+        try:
+            info = await self.client.run(task, self._on_load_progress)
+        except TaskFailed as exc:
+            if self._closed:
+                return
+            original = exc.original
+            if type(original).__name__ == "Cancelled":
+                self.banner.show_message("Loading was cancelled. No model is loaded.", "warning",
+                                         [("Load again", lambda: self.load_model())])
+            else:
+                self.banner.show_message(f"The model could not be loaded: {exc}", "error",
+                                         [("Open settings", self.show_settings),
+                                          ("Use the starter model", self.use_starter)])
+            return
+        finally:
+            if not self._closed:
+                self.loading = False
+                self.load_bar.hide()
+                self.sampler.set_fast(False)
+                self._status()
+                self._update_controls()
+        self.loaded = info
+        self.sampler.set_device(info.device)
+        self.gauges.set_device(f"{info.device} · {info.name} ({info.precision}), loaded in "
+                               f"{info.load_seconds:.1f} s")
+        self._status()
+        self._update_controls()
+        if info.draft_error:
+            self.banner.show_message(f"The draft model was not loaded: {info.draft_error} Replies use the "
+                                     "target alone until you change the draft or the strategy.", "warning",
+                                     [("Open settings", self.show_settings)])
+        elif self.settings.strategy == "speculative" and not info.draft_name:
+            self.banner.show_message("The speculative strategy needs a draft model. Choose one in Settings, "
+                                     "or pick another strategy such as prompt-lookup.", "warning",
+                                     [("Open settings", self.show_settings)])
+        self.model_loaded.emit(info)
+
+    def _on_load_progress(self, obj) -> None:
+        if isinstance(obj, LoadProgress):
+            self.load_bar.set_progress(obj.fraction, obj.phase)
+
+    def cancel_load(self) -> None:
+        if self.loading:
+            self.client.cancel()
+            self.load_bar.set_progress(self.load_bar.bar.value() / 1000, "Cancelling…")
+
+    # -- conversations ----------------------------------------------------------------
+    def _open_latest_conversation(self) -> None:
+        convs = self.store.conversations()
+        if convs:
+            self.open_conversation(convs[0].id)
+        else:
+            self.new_chat()
+
+    def new_chat(self) -> None:
+        self.conversation_id = None
+        self.editing_message_id = None
+        self.edit_bar.hide()
+        self.system_prompt.setText("")
+        self.chat_view.clear()
+        self.conversations.list.clearSelection()
+        self.conversations.list.setCurrentItem(None)
+        self.input.setFocus()
+
+    def open_conversation(self, conversation_id: int) -> None:
+        conv = self.store.conversation(conversation_id)
+        if conv is None:
+            return
+        self.conversation_id = conversation_id
+        self.editing_message_id = None
+        self.edit_bar.hide()
+        self.system_prompt.setText(conv.system_prompt)
+        if self.conversations.current_id() != conversation_id:
+            self.conversations.select(conversation_id)
+        self._rebuild_view()
+
+    def _rebuild_view(self) -> None:
+        self.chat_view.clear()
+        if self.conversation_id is None:
+            return
+        gen = self.generation
+        for m in self.store.messages(self.conversation_id):
+            if gen is not None and m.id == gen.message_id:
+                w = self.chat_view.add_message(m.id, "assistant", gen.text, None, True)
+                w.streaming = True
+                w.draft_spans = gen.draft_spans
+                gen.widget = w
+            else:
+                self.chat_view.add_message(m.id, m.role, m.content, m.stats, m.partial)
+        self.chat_view.render_dirty()
+
+    def _on_deleted(self, conversation_id: int) -> None:
+        if self.generation is not None and self.generation.conversation_id == conversation_id:
+            self.stop()
+        if self.conversation_id == conversation_id:
+            self._open_latest_conversation()
+
+    def _save_system_prompt(self) -> None:
+        if self.conversation_id is not None:
+            self.store.set_system_prompt(self.conversation_id, self.system_prompt.text())
+
+    def export(self, kind: str) -> None:
+        if self.conversation_id is None:
+            self.banner.show_message("Open a conversation to export it.", "info")
+            return
+        conv = self.store.conversation(self.conversation_id)
+        safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "conversation"
+        flt = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", f"{safe}.{kind}", flt)
+        if path:
+            self.export_to(path, kind)
+
+    def export_to(self, path: str, kind: str) -> None:
+        text = (self.store.export_markdown if kind == "md" else self.store.export_json)(self.conversation_id)
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            self.banner.show_message(f"Could not write {path}: {exc}. Choose another folder.", "error")
+            return
+        self.statusBar().showMessage(f"Exported to {path}", 5000)
+
+    # -- chatting -----------------------------------------------------------------
+    def escape(self) -> None:
+        if self.generation is not None:
+            self.stop()
+        elif self.loading:
+            self.cancel_load()
+        elif self.editing_message_id is not None:
+            self.editing_message_id = None
+            self.edit_bar.hide()
+            self.input.clear()
+
+    def stop(self) -> None:
+        if self.generation is not None:
+            self.client.cancel()
+
+    def edit_message(self, message_id: int) -> None:
+        if self.generation is not None:
+            return
+        m = self.store.message(message_id)
+        if m is None:
+            return
+        self.editing_message_id = message_id
+        self.edit_bar.show()
+        self.input.setPlainText(m.content)
+        self.input.setFocus()
+
+    @asyncSlot()
+    async def send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if not text or self.generation is not None:
+            return
+        if self.loaded is None:
+            if self.loading:
+                self.banner.show_message("The model is still loading; your message stays in the box. Send it "
+                                         "once loading ends.", "info")
+            else:
+                self.banner.show_message("No model is loaded. Load one first; your message stays in the box.",
+                                         "warning", [("Use the starter model", self.use_starter),
+                                                     ("Open settings", self.show_settings)])
+            return
+        if self.editing_message_id is not None:
+            self.store.delete_from(self.editing_message_id)
+            self.editing_message_id = None
+            self.edit_bar.hide()
+        if self.conversation_id is None:
+            title = text.splitlines()[0][:48]
+            conv = self.store.create_conversation(title, self.system_prompt.text())
+            self.conversation_id = conv.id
+            self.conversations.select(conv.id)
+        self.store.add_message(self.conversation_id, "user", text)
+        self.input.clear()
+        await self._generate(self.conversation_id)
+
+    @asyncSlot(int)
+    async def regenerate(self, message_id: int) -> None:
+        if self.generation is not None or self.loaded is None:
+            return
+        m = self.store.message(message_id)
+        if m is None or m.role != "assistant":
+            return
+        self.store.delete_from(message_id)
+        await self._generate(m.conversation_id)
+
+    async def _generate(self, conversation_id: int) -> None:
+        conv = self.store.conversation(conversation_id)
+        messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
+        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(conversation_id)
+                     if m.content]
+        s = self.settings
+        placeholder = self.store.add_message(conversation_id, "assistant", "", partial=True,
+                                             stats={"finish_reason": "interrupted", "model": self.loaded.name})
+        channel = EventChannel(self._on_events)
+        gen = _Generation(conversation_id, placeholder.id, channel, model=self.loaded.name)
+        self.generation = gen
+        if self.conversation_id == conversation_id:
+            self._rebuild_view()
+        self.gauges.start_reply()
+        self.sampler.set_fast(True)
+        self._update_controls()
+        sampling = dict(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                        repetition_penalty=s.repetition_penalty, seed=s.seed)
+        options = dict(strategy=s.strategy, num_draft_tokens=s.num_draft_tokens)
+        result, error = None, None
+        try:
+            result = await self.client.run(chat_task(messages, sampling, options, s.context_length, channel))
+        except TaskFailed as exc:
+            error = str(exc)
+        channel.drain()
+        if self._closed:
+            return
+        self._finish(gen, result, error)
+
+    def _on_events(self, events: list) -> None:
+        gen = self.generation
+        if gen is None:
+            return
+        latencies = []
+        for ev in events:
+            kind = type(ev).__name__
+            if kind == "TokenEvent":
+                gen.append(ev.text, ev.from_draft)
+                if ev.token_id >= 0:
+                    if gen.last_token_time is not None and ev.index > 0 and ev.time_s > gen.last_token_time:
+                        latencies.append((ev.time_s - gen.last_token_time) * 1000)
+                    gen.last_token_time = ev.time_s
+            elif kind == "StatsEvent":
+                self.gauges.live(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens)
+        self.gauges.add_latencies(latencies)
+        if gen.widget is not None:
+            gen.widget.text = gen.text
+            gen.widget.draft_spans = gen.draft_spans
+            gen.widget._dirty = True
+        now = time.monotonic()
+        if now - gen.last_save >= SAVE_INTERVAL_S:
+            gen.last_save = now
+            self.store.update_message(gen.message_id, gen.text, partial=True)
+
+    def _finish(self, gen: _Generation, result, error: Optional[str]) -> None:
+        self.generation = None
+        self.sampler.set_fast(False)
+        if result is not None:
+            gen.text = result.text
+            stats = stats_from_result(result, gen.model, gen.draft_spans)
+            partial = result.finish_reason in ("cancelled", "error")
+            if result.finish_reason == "error":
+                error = result.error
+            self.gauges.finish_reply(result.tokens_per_s, result.ttft_ms, result.new_tokens, result.p50_ms,
+                                     result.p95_ms)
+        else:
+            stats = {"finish_reason": "error", "error": error, "model": gen.model, "draft_spans": gen.draft_spans}
+            partial = True
+        if gen.text:
+            self.store.update_message(gen.message_id, gen.text, partial, stats)
+        else:  # nothing came out: an empty message would only be clutter
+            self.store.delete_from(gen.message_id)
+        if error:
+            self.banner.show_message(f"The reply failed: {error} Your conversation is kept.", "error",
+                                     [("Open settings", self.show_settings)])
+        if self.conversation_id == gen.conversation_id:
+            self._rebuild_view()
+        self.conversations.refresh()
+        self.last_result = result
+        self._update_controls()
+        self.reply_finished.emit(result)
+
+    # -- closing ------------------------------------------------------------------
+    def closeEvent(self, event):  # noqa: N802
+        self.shutdown()
+        super().closeEvent(event)
+
+    def shutdown(self, timeout_ms: int = 1500) -> bool:
+        """Stop generation, keep the partial reply, stop the threads. True if the engine stopped in time."""
+        if self._closed:
+            return True
+        self._closed = True
+        gen = self.generation
+        if gen is not None:
+            self.client.cancel()
+            gen.channel.drain()
+            self.store.update_message(gen.message_id, gen.text, True,
+                                      {"finish_reason": "cancelled", "model": gen.model,
+                                       "draft_spans": gen.draft_spans})
+            self.generation = None
+        if self.loading:
+            self.client.cancel()
+        self.sampler.shutdown(500)
+        return self.engine.shutdown(timeout_ms)

@@ -1,0 +1,48 @@
+"""What the widgets need from the application's objects. ``ui`` never imports ``app``:
+the store and the settings are handed in, and these Protocols say what they must offer."""
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+
+class ConversationLike(Protocol):
+    id: int
+    title: str
+    system_prompt: str
+    updated: float
+
+
+class MessageLike(Protocol):
+    id: int
+    role: str
+    content: str
+    partial: bool
+    stats: dict
+
+
+class ConversationStore(Protocol):
+    def create_conversation(self, title: str = ..., system_prompt: str = ...) -> ConversationLike: ...
+    def conversation(self, conversation_id: int) -> Optional[ConversationLike]: ...
+    def conversations(self, search: str = "") -> list[ConversationLike]: ...
+    def rename_conversation(self, conversation_id: int, title: str) -> None: ...
+    def set_system_prompt(self, conversation_id: int, system_prompt: str) -> None: ...
+    def delete_conversation(self, conversation_id: int) -> None: ...
+    def messages(self, conversation_id: int) -> list[MessageLike]: ...
+    def message(self, message_id: int) -> Optional[MessageLike]: ...
+    def add_message(self, conversation_id: int, role: str, content: str, partial: bool = False,
+                    stats: Optional[dict] = None) -> MessageLike: ...
+    def update_message(self, message_id: int, content: str, partial: bool, stats: Optional[dict] = None) -> None: ...
+    def delete_from(self, message_id: int) -> None: ...
+    def export_markdown(self, conversation_id: int) -> str: ...
+    def export_json(self, conversation_id: int) -> str: ...
+
+
+class SettingsLike(Protocol):
+    """A frozen dataclass: fields model, precision, strategy, draft_model, draft_precision,
+    num_draft_tokens, context_length, max_new_tokens, temperature, top_p, top_k,
+    repetition_penalty, seed."""
+    model: Optional[str]
+    precision: str
+    strategy: str
+
+    def needs_reload(self, other: Any) -> bool: ...

@@ -1,0 +1,201 @@
+"""Settings: model, precision, strategy, draft, lengths and sampling.
+
+The panel edits a copy; "Apply" hands a new settings object to the window,
+which saves it and reloads the model when the change needs that. The panel
+says beforehand whether applying will reload.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
+                               QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget)
+
+PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32", "int8", "nf4", "fp4", "nf4+keep=lm_head")
+STRATEGY_CHOICES = ("kv", "naive", "static", "speculative", "prompt-lookup")
+DEFAULT_TEXT = "model default"
+
+
+def _optional_double(lo, hi, step, decimals=2) -> QDoubleSpinBox:
+    """The minimum stands for "not set" (the model's own default)."""
+    box = QDoubleSpinBox()
+    box.setRange(lo - step, hi)
+    box.setSingleStep(step)
+    box.setDecimals(decimals)
+    box.setSpecialValueText(DEFAULT_TEXT)
+    return box
+
+
+def _optional_int(lo, hi, special=DEFAULT_TEXT) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(lo - 1, hi)
+    box.setSpecialValueText(special)
+    return box
+
+
+class SettingsPanel(QWidget):
+    applied = Signal(object)  # the new settings object
+
+    def __init__(self, settings: Any, parent=None):
+        super().__init__(parent)
+        self.setObjectName("settingsPanel")
+        self.current = settings
+        outer = QVBoxLayout(self)
+        form = QFormLayout()
+        outer.addLayout(form)
+
+        self.model = QComboBox()
+        self.model.setEditable(True)
+        self.model.addItem("starter")
+        self.model.setToolTip("'starter', a model folder, a .gguf file or a hub id (owner/name)")
+        form.addRow("Model", self._with_browse(self.model))
+        self.precision = self._combo(PRECISION_CHOICES, editable=True)
+        self.precision.setToolTip("auto = bf16 where supported; mixed precision: e.g. nf4+keep=lm_head")
+        form.addRow("Precision", self.precision)
+        self.strategy = self._combo(STRATEGY_CHOICES)
+        form.addRow("Strategy", self.strategy)
+        self.draft_model = QComboBox()
+        self.draft_model.setEditable(True)
+        self.draft_model.addItems(["", "starter"])
+        self.draft_model.setToolTip("A small model of the same family; used by the speculative strategy")
+        form.addRow("Draft model", self._with_browse(self.draft_model))
+        self.draft_precision = self._combo(PRECISION_CHOICES, editable=True)
+        form.addRow("Draft precision", self.draft_precision)
+        self.num_draft_tokens = QSpinBox()
+        self.num_draft_tokens.setRange(1, 32)
+        form.addRow("Draft tokens per step", self.num_draft_tokens)
+        self.context_length = _optional_int(64, 1_048_576)
+        self.context_length.setSingleStep(256)
+        form.addRow("Context length", self.context_length)
+        self.max_new_tokens = QSpinBox()
+        self.max_new_tokens.setRange(1, 65536)
+        form.addRow("Max new tokens", self.max_new_tokens)
+        self.temperature = _optional_double(0.0, 2.0, 0.05)
+        self.temperature.setToolTip("0 = greedy")
+        form.addRow("Temperature", self.temperature)
+        self.top_p = _optional_double(0.0, 1.0, 0.05)
+        form.addRow("Top-p", self.top_p)
+        self.top_k = _optional_int(0, 1000)
+        form.addRow("Top-k", self.top_k)
+        self.repetition_penalty = _optional_double(0.5, 3.0, 0.05)
+        form.addRow("Repetition penalty", self.repetition_penalty)
+        self.seed = _optional_int(0, 2_147_483_646, "random")
+        form.addRow("Seed", self.seed)
+
+        self.reload_note = QLabel()
+        self.reload_note.setObjectName("reloadNote")
+        self.reload_note.setWordWrap(True)
+        outer.addWidget(self.reload_note)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        self.revert_button = QPushButton("Revert")
+        self.revert_button.clicked.connect(lambda: self.set_settings(self.current))
+        self.apply_button = QPushButton("Apply")
+        self.apply_button.setDefault(True)
+        self.apply_button.clicked.connect(self.apply)
+        row.addWidget(self.revert_button)
+        row.addWidget(self.apply_button)
+        outer.addLayout(row)
+        outer.addStretch(1)
+
+        self.set_settings(settings)
+        for w in (self.model, self.precision, self.strategy, self.draft_model, self.draft_precision):
+            w.currentTextChanged.connect(lambda _t: self._update_note())
+        for w in (self.num_draft_tokens, self.context_length, self.max_new_tokens, self.temperature, self.top_p,
+                  self.top_k, self.repetition_penalty, self.seed):
+            w.valueChanged.connect(lambda _v: self._update_note())
+
+    @staticmethod
+    def _combo(items, editable=False) -> QComboBox:
+        c = QComboBox()
+        c.addItems(list(items))
+        c.setEditable(editable)
+        return c
+
+    def _with_browse(self, combo: QComboBox) -> QWidget:
+        w = QWidget()
+        h = QHBoxLayout(w)
+        h.setContentsMargins(0, 0, 0, 0)
+        h.addWidget(combo, 1)
+        folder = QToolButton()
+        folder.setText("Folder…")
+        folder.clicked.connect(lambda: self._browse(combo, folder=True))
+        gguf = QToolButton()
+        gguf.setText("GGUF…")
+        gguf.clicked.connect(lambda: self._browse(combo, folder=False))
+        h.addWidget(folder)
+        h.addWidget(gguf)
+        return w
+
+    def _browse(self, combo: QComboBox, folder: bool) -> None:
+        if folder:
+            path = QFileDialog.getExistingDirectory(self, "Choose a model folder (with config.json)")
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF file", "", "GGUF files (*.gguf)")
+        if path:
+            combo.setCurrentText(path)
+
+    # -- values -----------------------------------------------------------------
+    def set_settings(self, settings: Any) -> None:
+        self.current = settings
+        self.model.setCurrentText(settings.model or "starter")
+        self.precision.setCurrentText(settings.precision)
+        self.strategy.setCurrentText(settings.strategy)
+        self.draft_model.setCurrentText(settings.draft_model or "")
+        self.draft_precision.setCurrentText(settings.draft_precision)
+        self.num_draft_tokens.setValue(settings.num_draft_tokens)
+        self._set_opt(self.context_length, settings.context_length)
+        self.max_new_tokens.setValue(settings.max_new_tokens)
+        self._set_opt(self.temperature, settings.temperature)
+        self._set_opt(self.top_p, settings.top_p)
+        self._set_opt(self.top_k, settings.top_k)
+        self._set_opt(self.repetition_penalty, settings.repetition_penalty)
+        self._set_opt(self.seed, settings.seed)
+        self._update_note()
+
+    @staticmethod
+    def _set_opt(box, value) -> None:
+        box.setValue(box.minimum() if value is None else value)
+
+    @staticmethod
+    def _get_opt(box) -> Optional[float]:
+        return None if box.value() == box.minimum() else box.value()
+
+    def values(self) -> dict:
+        return {
+            "model": self.model.currentText().strip() or None,
+            "precision": self.precision.currentText().strip() or "auto",
+            "strategy": self.strategy.currentText(),
+            "draft_model": self.draft_model.currentText().strip() or None,
+            "draft_precision": self.draft_precision.currentText().strip() or "auto",
+            "num_draft_tokens": self.num_draft_tokens.value(),
+            "context_length": self._get_opt(self.context_length),
+            "max_new_tokens": self.max_new_tokens.value(),
+            "temperature": self._get_opt(self.temperature),
+            "top_p": self._get_opt(self.top_p),
+            "top_k": self._get_opt(self.top_k),
+            "repetition_penalty": self._get_opt(self.repetition_penalty),
+            "seed": self._get_opt(self.seed),
+        }
+
+    def candidate(self) -> Any:
+        return dataclasses.replace(self.current, **self.values())
+
+    def _update_note(self) -> None:
+        cand = self.candidate()
+        if cand == self.current:
+            self.reload_note.setText("")
+            self.apply_button.setEnabled(False)
+            return
+        self.apply_button.setEnabled(True)
+        if self.current.needs_reload(cand):
+            self.reload_note.setText("This change needs the model reloaded: Apply reloads it (progress shown "
+                                     "above the chat).")
+        else:
+            self.reload_note.setText("Applies to the next reply; no reload needed.")
+
+    def apply(self) -> None:
+        cand = self.candidate()
+        self.applied.emit(cand)

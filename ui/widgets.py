@@ -1,0 +1,96 @@
+"""Small widgets the window is built from: the message input, the banner, the load bar."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QToolButton
+
+
+class MessageInput(QPlainTextEdit):
+    """Enter sends, Shift+Enter starts a new line."""
+
+    submitted = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("messageInput")
+        self.setPlaceholderText("Message — Enter sends, Shift+Enter adds a line, Esc stops")
+        self.setTabChangesFocus(True)
+        self.setFixedHeight(84)
+
+    def keyPressEvent(self, event):  # noqa: N802
+        if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not (event.modifiers() & Qt.ShiftModifier):
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class Banner(QFrame):
+    """One message across the top of the window: what happened and what to do."""
+
+    COLORS = {"info": ("#eef4ff", "#2d5bd0"), "warning": ("#fff6e5", "#b26a00"), "error": ("#fdecee", "#c0182b")}
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("banner")
+        self.kind = "info"
+        self._layout = QHBoxLayout(self)
+        self._layout.setContentsMargins(10, 6, 6, 6)
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self._layout.addWidget(self.label, 1)
+        self._buttons: list[QPushButton] = []
+        self.close_button = QToolButton()
+        self.close_button.setText("✕")
+        self.close_button.setToolTip("Dismiss")
+        self.close_button.setAutoRaise(True)
+        self.close_button.clicked.connect(self.hide)
+        self._layout.addWidget(self.close_button)
+        self.hide()
+
+    def show_message(self, text: str, kind: str = "info", actions: list[tuple[str, object]] = ()) -> None:
+        self.kind = kind
+        bg, fg = self.COLORS.get(kind, self.COLORS["info"])
+        self.setStyleSheet(f"QFrame#banner {{ background: {bg}; border: 1px solid {fg}; border-radius: 6px; }}"
+                           f"QFrame#banner QLabel {{ color: {fg}; }}")
+        self.label.setText(text)
+        for b in self._buttons:
+            b.setParent(None)
+            b.deleteLater()
+        self._buttons = []
+        for title, slot in actions:
+            b = QPushButton(title)
+            b.clicked.connect(slot)
+            self._layout.insertWidget(self._layout.count() - 1, b)
+            self._buttons.append(b)
+        self.show()
+
+    def buttons(self) -> list[QPushButton]:
+        return list(self._buttons)
+
+
+class LoadBar(QFrame):
+    """Loading progress with a cancel button."""
+
+    cancel_requested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("loadBar")
+        h = QHBoxLayout(self)
+        h.setContentsMargins(10, 2, 10, 2)
+        self.label = QLabel("Loading…")
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 1000)
+        self.bar.setTextVisible(False)
+        self.bar.setFixedHeight(12)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.cancel_requested)
+        h.addWidget(self.label)
+        h.addWidget(self.bar, 1)
+        h.addWidget(self.cancel_button)
+        self.hide()
+
+    def set_progress(self, fraction: float, phase: str) -> None:
+        self.bar.setValue(int(max(0.0, min(1.0, fraction)) * 1000))
+        self.label.setText(phase)
