@@ -1,0 +1,91 @@
+"""Memory bandwidth and the roofline it sets for decoding at batch 1.
+
+Every decode step reads all weights once (plus the KV cache so far), so
+tokens/s ≤ bandwidth ÷ bytes read per token. We measure the bandwidth on this
+machine once — a large reduction, which is how a matrix-vector product reads
+memory — and cache it per device and thread count.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+from .hardware import cpu_name
+from .paths import cache_dir
+
+MEASURE_BYTES = 512 * 1024 * 1024
+
+
+def _key(device: str) -> str:
+    import torch
+    if device.startswith("cuda"):
+        return f"cuda:{torch.cuda.get_device_name()}"
+    return f"cpu:{cpu_name()}:threads={torch.get_num_threads()}"
+
+
+def measure_bandwidth(device: str = "cpu", repeats: int = 8) -> float:
+    """Bytes per second a full reduction over a 512 MiB buffer reaches (best of ``repeats``)."""
+    import torch
+
+    x = torch.ones(MEASURE_BYTES // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first pass warms up (page faults, clocks)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        x.sum()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    del x
+    return MEASURE_BYTES / best
+
+
+def bandwidth(device: str = "cpu", refresh: bool = False) -> float:
+    """The measured bandwidth for ``device``, from the cache when it has one."""
+    path = cache_dir() / "bandwidth.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    key = _key(device)
+    if not refresh and key in data:
+        return float(data[key]["bytes_per_s"])
+    value = measure_bandwidth(device)
+    data[key] = {"bytes_per_s": value, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    path.write_text(json.dumps(data, indent=2))
+    return value
+
+
+def bytes_read_per_token(model, context_tokens: int = 0) -> int:
+    """Bytes one decode step reads: every weight except embedding tables (one row each), plus the KV
+    cache for ``context_tokens`` positions. Quantised layers count their packed bytes."""
+    import torch
+
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    head = getattr(model, "lm_head", None)
+    head_weight = getattr(head, "weight", None)
+    total = 0
+    seen = set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if id(t) in embeddings and (head_weight is None or t is not head_weight):
+            total += t.shape[-1] * t.element_size() if t.dim() == 2 else 0
+            continue
+        total += t.numel() * t.element_size()
+    # A tied head reads the embedding table whole; counted above because it is the head's weight too.
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if context_tokens:
+        layers = cfg.num_hidden_layers
+        kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        dtype_bytes = next(model.parameters()).element_size()
+        total += 2 * layers * kv * head_dim * context_tokens * dtype_bytes
+    return int(total)
+
+
+def roofline_tokens_per_s(bytes_per_token: int, bytes_per_s: float) -> Optional[float]:
+    return bytes_per_s / bytes_per_token if bytes_per_token else None
