@@ -6,6 +6,7 @@ the module sets ``func`` on its parser to the function that runs it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from app import __version__
@@ -27,7 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def no_telemetry() -> None:
+    """Nothing leaves the machine that the user did not start: no library telemetry."""
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
+    no_telemetry()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -29,8 +29,13 @@ def test_remote_and_local_resources_are_never_loaded(qapp, tmp_path):
     image = tmp_path / "x.png"
     image.write_bytes(b"not an image")
     render(doc, f"![a](http://example.com/track.png) ![b](https://example.com/b.png) ![c](file://{image})")
-    doc.adjustSize()  # layout asks for the images
-    assert any("example.com" in url for url in doc.blocked)
+    doc.adjustSize()  # layout would ask for images
+    assert doc.blocked == []  # images became links: nothing is even requested
+    assert "image: a" in doc.toPlainText()
+    doc2 = SafeDocument()
+    doc2.setHtml('<img src="http://example.com/direct.png">')  # even a document with an image never loads it
+    doc2.adjustSize()
+    assert any("example.com" in url for url in doc2.blocked)
     widget = MessageWidget(1, "assistant", "![a](https://example.com/pixel.png)")
     assert widget.browser.loadResource(2, __import__("PySide6.QtCore", fromlist=["QUrl"]).QUrl(
         "https://example.com/pixel.png")) is None

@@ -47,6 +47,16 @@ def format_stats(stats: dict) -> str:
     return " · ".join(bits)
 
 
+def confirm_open_link(parent, address: str) -> bool:
+    """Ask before opening a link from a message (tests replace this)."""
+    from PySide6.QtWidgets import QMessageBox
+
+    answer = QMessageBox.question(parent, "Open link?",
+                                  f"Open this address in your browser?\n\n{address}",
+                                  QMessageBox.Open | QMessageBox.Cancel, QMessageBox.Cancel)
+    return answer == QMessageBox.Open
+
+
 class MessageBrowser(QTextBrowser):
     """A read-only rich-text view that is exactly as tall as its content."""
 
@@ -66,10 +76,12 @@ class MessageBrowser(QTextBrowser):
     def loadResource(self, kind, url):  # noqa: N802 - Qt override: never fetch anything for model output
         return None
 
-    @staticmethod
-    def _open_link(url: QUrl) -> None:
-        # Only the user's click opens a link, and only a web link, in their browser.
-        if url.scheme() in ("http", "https"):
+    def _open_link(self, url: QUrl) -> None:
+        # Only the user's click opens a link, only a web link, and only after showing where it goes:
+        # model output is untrusted and link text can hide the real address.
+        if url.scheme() not in ("http", "https"):
+            return
+        if confirm_open_link(self, url.toString()):
             QDesktopServices.openUrl(url)
 
     def _fit(self) -> None:

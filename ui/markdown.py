@@ -8,6 +8,7 @@ rendered characters are a subsequence of the raw ones.
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Sequence
 
@@ -34,9 +35,22 @@ class SafeDocument(QTextDocument):
         return None
 
 
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)[^)]*\)")
+# Raw HTML in model output is shown as text, never rendered.
+MARKDOWN_FEATURES = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
+
+
+def images_as_links(text: str) -> str:
+    """Markdown images in model output become plain links (shown, never loaded); code is left alone."""
+    parts = text.split("```")
+    for i in range(0, len(parts), 2):  # even parts are outside fenced code
+        parts[i] = _IMAGE.sub(lambda m: f"[image: {m.group(1) or m.group(2)}]({m.group(2)})", parts[i])
+    return "```".join(parts)
+
+
 def render(doc: QTextDocument, text: str, draft_spans: Sequence[Sequence[int]] = ()) -> None:
     """Render ``text`` as Markdown into ``doc``, highlight code blocks, tint draft spans."""
-    doc.setMarkdown(text, QTextDocument.MarkdownDialectGitHub)
+    doc.setMarkdown(images_as_links(text), MARKDOWN_FEATURES)
     _highlight_code(doc)
     if draft_spans:
         _tint(doc, text, draft_spans)
