@@ -126,6 +126,11 @@ def _gguf_shape(source: ModelSource) -> ModelShape:
     return shape
 
 
+def shape_for_folder(folder: Path, name: str) -> ModelShape:
+    """The shape of a model folder already on disk (what the engine loaded)."""
+    return _folder_shape(Path(folder), name, _weights_size(Path(folder)))
+
+
 def read_shape(spec: str) -> ModelShape:
     """The shape of the model ``spec`` names (same forms as ``--model``), from its config alone."""
     source = resolve(spec)

@@ -52,8 +52,8 @@ BNB_NESTED_BLOCK = 256  # double quantisation: absmax values per nested block
 # bitsandbytes adds. CUDA figures: the context with lazy module loading
 # (~0.3 GB, more for the kernels torch and bitsandbytes load on first use),
 # cuBLAS workspace, and the caching allocator's slack over what is allocated.
-CPU_BASELINE_BYTES = 310 * MB
-CPU_BITSANDBYTES_BYTES = 125 * MB
+CPU_BASELINE_BYTES = 390 * MB
+CPU_BITSANDBYTES_BYTES = 80 * MB
 CUDA_CONTEXT_BYTES = 450 * MB
 CUBLAS_WORKSPACE_BYTES = 32 * MB
 CUDA_ALLOCATOR_SLACK = 0.05  # of weights + KV cache + activations
@@ -275,10 +275,13 @@ def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: 
 
     While loading, the checkpoint is memory-mapped and its pages are resident.
     Weights whose loaded dtype equals the checkpoint's stay views into that
-    mapping (no copy). Quantising to 4 bits first casts each weight to the
-    compute dtype; those copies are freed but the allocator keeps the pages.
-    int8 on CPU keeps its fp32 parts as views into the mapping, so the mapping
-    stays resident while the model runs.
+    mapping (no copy). bitsandbytes quantises each weight from a 16-bit copy
+    (int8: ``Int8Params._quantize`` casts to fp16; 4-bit: the weight arrives in
+    the compute dtype); those copies are freed, but on CPU the allocator keeps
+    most of their pages (how much varies from run to run with the loader's
+    threads; the full copy is the bound we predict). int8 on CPU keeps its fp32
+    parts as views into the mapping, so the mapping stays resident while the
+    model runs.
     """
     if device.startswith("cuda"):
         return 0
@@ -287,6 +290,8 @@ def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: 
     extra = max(0, mapped - views)
     if spec.name in ("nf4", "fp4"):
         extra += weights.quantised_params * DTYPE_BYTES[weights.unquantised_dtype]
+    elif spec.name == "int8":
+        extra += weights.quantised_params * 2
     if spec.name == "int8":
         return extra  # the mapping outlives the load
     return max(0, extra - running_extra)
@@ -329,22 +334,22 @@ def accuracy_margin(total_bytes: int) -> int:
 
 def estimate(shape: ModelShape, spec: PrecisionSpec, context: int, batch: int = 1, device: str = "cpu",
              draft: Optional[ModelShape] = None, draft_spec: Optional[PrecisionSpec] = None,
-             correction_bytes: int = 0, static_cache: bool = False, cache_tokens: Optional[int] = None,
+             correction_bytes: int = 0, prefill_tokens: Optional[int] = None,
              available_bytes: Optional[int] = None) -> Estimate:
-    """Predicted peak memory for ``shape`` at ``spec`` with ``context`` tokens.
+    """Predicted peak memory for ``shape`` at ``spec`` with ``context`` tokens in the KV cache.
 
-    ``context`` is the prompt length at prefill (worst case: the prompt fills
-    the context). The KV cache holds ``cache_tokens`` (default: the context);
-    a static cache is allocated for the full context up front.
+    ``prefill_tokens``: the prompt length at prefill (default: the prompt fills
+    the context, the worst case). A static cache is sized to its full length up
+    front, so pass that length as ``context``.
     """
     if context < 1 or batch < 1:
         raise ValueError("context and batch must be at least 1")
     wb = weights_bytes(shape, spec, device)
     act_dtype = DTYPE_BYTES[compute_dtype(spec, device)]
-    tokens = context if (static_cache or cache_tokens is None) else min(cache_tokens, context)
+    tokens = context
     kv = kv_cache_bytes(shape.kv_layers or shape.layers, shape.kv_heads, shape.head_dim, tokens, batch, act_dtype,
                         shape.layer_windows)
-    act = activation_bytes(shape, context, batch, act_dtype)
+    act = activation_bytes(shape, min(prefill_tokens or context, context), batch, act_dtype)
     decode_act = activation_bytes(shape, 1, batch, act_dtype)
     draft_total = 0
     if draft is not None:

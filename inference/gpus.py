@@ -82,6 +82,12 @@ def find_gpu(name: str) -> GpuModel:
     for gpu, key in keys.items():
         if key == query or key.removeprefix("rtx").removeprefix("gtx") == query:
             return gpu
+    # "3060" or "RTX 4090": the name without its memory suffix, when only one card has that name.
+    bare_keys = {gpu: _key(re.sub(r"\s*\d+GB$", "", gpu.name)) for gpu in CONSUMER_GPUS}
+    bare = [gpu for gpu, key in bare_keys.items()
+            if query in (key, key.removeprefix("rtx").removeprefix("gtx"))]
+    if len(bare) == 1:
+        return bare[0]
     hits = [gpu for gpu, key in keys.items()
             if key.startswith(query) or key.removeprefix("rtx").removeprefix("gtx").startswith(query)]
     if len(hits) == 1:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Measured loads feed a per-machine estimator correction; tests must not write the user's one.
+os.environ.setdefault("REDLINE_DATA_DIR", tempfile.mkdtemp(prefix="redline-test-data-"))
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
