@@ -17,6 +17,7 @@ from .estimator import ModelShape, cached_shape, shape_from_config
 from .paths import cache_dir
 from .sources import ModelSource, resolve
 
+STARTER_SHAPE_FILE = Path(__file__).with_name("starter_shape.json")
 # SmolLM2-135M-Instruct's config.json, so the starter can be estimated before its first fetch.
 # The converted starter folder holds float32 safetensors (de-quantised from the GGUF).
 STARTER_CONFIG = {
@@ -71,18 +72,18 @@ def _weights_size(folder: Path) -> Optional[int]:
     return sum(f.stat().st_size for f in files) if files else None
 
 
+def shipped_starter_shape() -> ModelShape:
+    """The starter's shape as the meta device gives it, shipped with Redline so that the first
+    `redline estimate starter` needs no torch import (a test checks it against a fresh count)."""
+    return ModelShape.from_dict(json.loads(STARTER_SHAPE_FILE.read_text(encoding="utf-8")))
+
+
 def _starter_shape(source: ModelSource) -> ModelShape:
     folder = source.local_folder()
-    if folder is not None:
-        return _folder_shape(folder, source.name, _weights_size(folder))
-
-    def build() -> ModelShape:
-        from transformers import AutoConfig
-        cfg = AutoConfig.for_model(**STARTER_CONFIG)
-        return shape_from_config(cfg, name=source.name, source="the built-in starter config")
-
-    shape = cached_shape(STARTER_CONFIG, build, shape_cache_file())
+    shape = shipped_starter_shape()
     shape.name = source.name
+    if folder is not None:
+        shape.checkpoint_bytes = _weights_size(folder)
     return shape
 
 

@@ -335,3 +335,21 @@ def test_engine_records_predicted_and_measured(tiny_model_dir, tmp_path, monkeyp
     assert engine.memory_check.tokens == result.prompt_tokens + result.new_tokens
     records = history("cpu")
     assert len(records) == 1 and records[0]["measured_bytes"] == result.measured_memory_bytes
+
+
+def test_shipped_starter_shape_matches_meta_count():
+    from inference.estimate_sources import shipped_starter_shape
+    shipped = shipped_starter_shape()
+    fresh = shape_of(STARTER_CONFIG)
+    shipped.name = fresh.name
+    assert shipped.to_dict() == fresh.to_dict()
+
+
+@pytest.mark.starter
+def test_starter_folder_config_gives_the_shipped_shape(starter_dir):
+    from inference.estimate_sources import shape_for_folder, shipped_starter_shape
+    folder = shape_for_folder(starter_dir, "starter")
+    shipped = shipped_starter_shape()
+    for key in ("parameters", "layers", "heads", "kv_heads", "head_dim", "hidden", "intermediate", "vocab",
+                "max_positions", "stored_dtype", "linears", "default_not_convert", "tied_linears"):
+        assert getattr(folder, key) == getattr(shipped, key), key
