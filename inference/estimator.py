@@ -215,8 +215,14 @@ class WeightBytes:
         return self.quantised + self.constants + self.unquantised
 
 
+WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/weight_only.py, where present)
+Q4_GROUP = 32  # weight_only.INT4_GROUP: one bf16 (scale, zero) pair per 32 weights
+
+
 def compute_dtype(spec: PrecisionSpec, device: str) -> str:
     """The dtype activations and the KV cache are kept in, as the loader sets it up."""
+    if spec.name in WEIGHT_ONLY:
+        return _canonical(spec.compute_dtype)
     if not spec.quantised:
         return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.name]
     if spec.name == "int8":
@@ -227,6 +233,8 @@ def compute_dtype(spec: PrecisionSpec, device: str) -> str:
 
 def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> WeightBytes:
     dtype = compute_dtype(spec, device)
+    if spec.name in WEIGHT_ONLY:
+        return _weight_only_bytes(shape, spec, dtype)
     if not spec.quantised:
         return WeightBytes(0, 0, shape.parameters * DTYPE_BYTES[dtype], dtype, 0)
     # The same rule transformers applies (HfQuantizer.get_modules_to_not_convert):
@@ -250,6 +258,26 @@ def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -
     packed = q_params if spec.name == "int8" else (q_params + 1) // 2
     unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
     return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
+
+
+def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str) -> WeightBytes:
+    """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
+    a tied head gets its own packed copy while the embedding table stays for lookups."""
+    bits = 8 if spec.name == "q8" else 4
+    q_params = packed = scales = 0
+    tied_extra = 0
+    for name, fan_in, fan_out, _bias in shape.linears:
+        if bits == 4 and fan_in % Q4_GROUP:
+            continue  # stays in the compute dtype
+        n = fan_in * fan_out
+        if name in shape.tied_linears:
+            tied_extra += n  # a new packed tensor; the shared table is still counted as unquantised
+        else:
+            q_params += n
+        packed += n if bits == 8 else n // 2
+        scales += fan_out * DTYPE_BYTES[dtype] if bits == 8 else fan_out * (fan_in // Q4_GROUP) * 2 * 2
+    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
+    return WeightBytes(packed, scales, unquantised, dtype, q_params + tied_extra)
 
 
 def activation_bytes(shape: ModelShape, tokens: int, batch: int, dtype_bytes: int) -> int:
@@ -288,11 +316,15 @@ def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: 
     model runs.
     """
     if device.startswith("cuda"):
+        if spec.name in WEIGHT_ONLY:  # the compute-dtype copy exists before packing: a load-time peak
+            extra = weights.quantised_params * DTYPE_BYTES[weights.unquantised_dtype] - weights.quantised
+            return max(0, extra - running_extra)
         return 0
     mapped = shape.checkpoint_size()
     views = weights.unquantised if weights.unquantised_dtype == _canonical(shape.stored_dtype) else 0
     extra = max(0, mapped - views)
-    if spec.name in ("nf4", "fp4"):
+    if spec.name in ("nf4", "fp4") or spec.name in WEIGHT_ONLY:
+        # q8/q4 load the whole model in the compute dtype first, then pack it layer by layer.
         extra += weights.quantised_params * DTYPE_BYTES[weights.unquantised_dtype]
     elif spec.name == "int8":
         extra += weights.quantised_params * 2

@@ -353,3 +353,27 @@ def test_starter_folder_config_gives_the_shipped_shape(starter_dir):
     for key in ("parameters", "layers", "heads", "kv_heads", "head_dim", "hidden", "intermediate", "vocab",
                 "max_positions", "stored_dtype", "linears", "default_not_convert", "tied_linears"):
         assert getattr(folder, key) == getattr(shipped, key), key
+
+
+def test_weight_only_q8_q4_bytes():
+    """q8/q4 (torch's packed kernels) pack every Linear, a tied head as its own copy."""
+    from types import SimpleNamespace
+    shape = shape_of(STARTER_CONFIG)
+    p, v, h = shape.parameters, 49152, 576
+    q = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
+    rows = 30 * (576 + 192 + 192 + 576 + 1536 + 1536 + 576) + v
+    spec = SimpleNamespace(name="q8", compute_dtype="bf16", quantised=False, skip_modules=(), label=lambda: "q8")
+    q8 = weights_bytes(shape, spec, "cpu")
+    assert q8.quantised == q + v * h and q8.constants == rows * 2 and q8.unquantised == (p - q) * 2
+    spec.name = "q4"
+    q4 = weights_bytes(shape, spec, "cpu")
+    assert q4.quantised == (q + v * h) // 2 and q4.unquantised == (p - q) * 2
+    assert q4.constants == sum(o * (i // 32) * 4 for _, i, o, _b in shape.linears)
+
+
+def test_hub_id_offline_without_cache_says_so(monkeypatch, tmp_path):
+    from inference.errors import ModelSourceError
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelSourceError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
+        read_shape("nobody/no-such-model")
