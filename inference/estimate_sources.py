@@ -145,7 +145,3 @@ def read_shape(spec: str) -> ModelShape:
         folder = _hub_config_folder(source.spec)
         return _folder_shape(folder, source.name, None)
     raise ModelSourceError(f"Cannot estimate {spec!r}.")
-
-
-def config_json_text(shape: ModelShape) -> str:  # pragma: no cover - debugging aid
-    return json.dumps(shape.to_dict(), indent=1)
