@@ -377,3 +377,32 @@ def test_hub_id_offline_without_cache_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelSourceError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
         read_shape("nobody/no-such-model")
+
+
+def test_gguf_metadata_source(tmp_path, monkeypatch):
+    """A .gguf file is estimated from its metadata (gguf.GGUFReader via transformers), never converted."""
+    import gguf
+    import numpy as np
+    monkeypatch.setenv("REDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_block_count(2)
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(100)
+    w.add_tensor("token_embd.weight", np.zeros((100, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shape = read_shape(str(path))
+    assert (shape.layers, shape.heads, shape.kv_heads, shape.head_dim, shape.max_positions) == (2, 4, 2, 16, 512)
+    assert shape.parameters == llama_formula(64, 128, 2, 4, 2, 100, tied=bool(shape.tied_linears))
+    assert shape.stored_dtype == "float32"  # Redline loads a GGUF through its float32 conversion
+    assert not any((tmp_path / "cache").rglob("*.safetensors"))
