@@ -10,9 +10,9 @@ import os
 import sys
 
 from app import __version__
-from app import cli_chat, cli_models
+from app import cli_chat, cli_estimate, cli_models
 
-SUBCOMMANDS = [cli_chat, cli_models]
+SUBCOMMANDS = [cli_chat, cli_models, cli_estimate]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ from .errors import IncompatibleDraft, RedlineError
 from .events import GenerationResult
 from .hardware import default_device
 from .loader import LoadedModel, free_memory, load_model
+from .memory_calibration import MemoryCheck, check_generation, predict_loaded
 from .precision import PrecisionSpec
 from .progress import ProgressFn, noop_progress
 from .sources import resolve
@@ -33,6 +34,8 @@ class Engine:
         self.device = device or default_device()
         self.target: Optional[LoadedModel] = None
         self.draft: Optional[LoadedModel] = None
+        self.memory_check: Optional[MemoryCheck] = None  # predicted vs measured, after the last generation
+        self.record_memory = True  # feed measured loads into the per-machine estimator correction
         self._cancel = threading.Event()
 
     # -- control -------------------------------------------------------------
@@ -51,6 +54,7 @@ class Engine:
         self.unload()
         self.target = load_model(source, precision, self.device, progress, self.cancelled,
                                  trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        self._predict(self.target)
         return self.target
 
     def load_draft(self, model: str, precision: PrecisionSpec, progress: ProgressFn = noop_progress) -> LoadedModel:
@@ -66,6 +70,7 @@ class Engine:
             free_memory(self.device)
             raise
         self.draft = draft
+        self._predict(draft)
         return draft
 
     def unload_draft(self) -> None:
@@ -79,6 +84,25 @@ class Engine:
             self.target = None
             free_memory(self.device)
 
+    # -- predicted vs measured memory ----------------------------------------
+    def _predict(self, loaded: LoadedModel) -> None:
+        try:
+            loaded.predicted_bytes = predict_loaded(loaded, 1).total_bytes
+        except Exception:  # an estimate that cannot be made must never stop a load
+            loaded.predicted_bytes = None
+
+    def _check_memory(self, result: GenerationResult) -> GenerationResult:
+        try:
+            check = check_generation(self.target, result, self.draft, save=self.record_memory)
+        except Exception:  # the comparison is a report; it must never break a chat
+            check = None
+        if check is not None:
+            self.memory_check = check
+            result.predicted_memory_bytes = check.predicted_bytes
+            result.measured_memory_bytes = check.measured_bytes
+            result.memory_error_pct = round(check.error_pct, 2)
+        return result
+
     # -- generation ----------------------------------------------------------
     def _require_target(self) -> LoadedModel:
         if self.target is None:
@@ -89,7 +113,8 @@ class Engine:
                      on_event: Optional[EventFn] = None, context: Optional[int] = None) -> GenerationResult:
         target = self._require_target()
         self._cancel.clear()
-        return generate(target, input_ids, sampling, options, self.draft, on_event, self.cancelled, context)
+        result = generate(target, input_ids, sampling, options, self.draft, on_event, self.cancelled, context)
+        return self._check_memory(result)
 
     def chat(self, messages: Sequence[dict], sampling: SamplingSettings, options: DecodeOptions,
              on_event: Optional[EventFn] = None, context: Optional[int] = None) -> GenerationResult:
@@ -107,4 +132,4 @@ class Engine:
             result.notes.append("The last message was longer than the context; only its end was sent.")
         if not prompt.used_template:
             result.notes.append("This model has no chat template; a plain 'User:/Assistant:' format was used.")
-        return result
+        return self._check_memory(result)

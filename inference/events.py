@@ -48,6 +48,11 @@ class GenerationResult:
     peak_allocated_bytes: Optional[int] = None
     peak_reserved_bytes: Optional[int] = None
     device: str = "cpu"
+    # Memory estimator vs measurement (inference/memory_calibration.py): predicted and measured peak
+    # for this load + generation, and the prediction's error in % of the measurement.
+    predicted_memory_bytes: Optional[int] = None
+    measured_memory_bytes: Optional[int] = None
+    memory_error_pct: Optional[float] = None
     error: Optional[str] = None
     dropped_messages: int = 0
     notes: list[str] = field(default_factory=list)

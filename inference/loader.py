@@ -29,6 +29,7 @@ class LoadedModel:
     memory_bytes: int  # measured: device allocated on CUDA, RSS growth on CPU
     peak_memory_bytes: int
     notes: list[str] = field(default_factory=list)
+    predicted_bytes: Optional[int] = None  # the estimator's prediction for the load (set by the engine)
 
     @property
     def name(self) -> str:

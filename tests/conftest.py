@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ import tempfile as _tempfile
 _PRIVATE_HOME = _tempfile.mkdtemp(prefix="redline-tests-")
 os.environ["XDG_CONFIG_HOME"] = os.path.join(_PRIVATE_HOME, "config")
 os.environ["XDG_DATA_HOME"] = os.path.join(_PRIVATE_HOME, "data")
+# Measured loads feed a per-machine estimator correction; tests must not write the user's one.
+os.environ["REDLINE_DATA_DIR"] = os.path.join(_PRIVATE_HOME, "redline-data")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"

@@ -1,0 +1,438 @@
+"""Predict the memory a model needs, from its config alone (no weights read).
+
+total = weights + KV cache + activations + runtime overhead + draft + loading
+
+- **weights**: exact parameter count from instantiating the architecture on the
+  meta device (tied embeddings counted once), times the bytes of the precision.
+  bitsandbytes precisions follow transformers' own rule for what stays
+  unquantised (embeddings, ``lm_head``, norms, biases, skipped modules) and add
+  the quantisation constants (int8: one fp32 scale per output row; 4-bit: one
+  absmax per block of 64 weights, itself quantised to 8 bits under double
+  quantisation).
+- **KV cache**: 2 × layers × KV heads × head dim × tokens × batch × bytes, with
+  sliding-window layers capped at their window.
+- **activations**: the prefill working set for a prompt filling the context
+  (hidden states, q/k/v, the MLP's intermediate tensors) plus the last-token
+  logits in fp32; the decode step's working set is the same at one token.
+- **overhead**: the runtime itself (CUDA context, cuBLAS workspace, allocator
+  slack; on CPU the Python + torch + transformers baseline), plus a per-machine
+  correction learned from measured loads (``memory_calibration``).
+- **loading** (CPU): what the load phase holds beyond the running phase: the
+  checkpoint is memory-mapped while weights are converted, so its pages count
+  in the process's RSS until the conversion ends (and for as long as loaded
+  tensors are views into it).
+
+The figure predicted is the peak memory of the process over load and
+generation: RSS on CPU; on CUDA the device memory this process uses.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import ModelLoadError
+from .precision import PrecisionSpec
+
+MB = 1_000_000
+GB = 1_000_000_000
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2,
+               "float64": 8, "int8": 1, "uint8": 1}
+BNB_4BIT_BLOCK = 64  # bitsandbytes' default 4-bit block size
+BNB_NESTED_BLOCK = 256  # double quantisation: absmax values per nested block
+
+# Runtime overhead defaults, before the per-machine correction. CPU figures are
+# RSS measured on Linux x86-64 (torch 2.13 CPU, transformers 5.2x) in the
+# engine's own process: the interpreter with torch, transformers and a loaded
+# tokenizer, and what importing bitsandbytes adds. CUDA figures (not yet
+# checked against a measurement; the per-machine correction absorbs the
+# difference): the context with lazy module loading (~0.3 GB, more for the
+# kernels torch and bitsandbytes load on first use), cuBLAS workspace, and the
+# caching allocator's slack. Weights are allocated in one block (transformers
+# warms the allocator up with the model's size), so the slack is charged on
+# the KV cache and activations, whose tensors come and go.
+CPU_BASELINE_BYTES = 390 * MB
+CPU_BITSANDBYTES_BYTES = 80 * MB
+CUDA_CONTEXT_BYTES = 450 * MB
+CUBLAS_WORKSPACE_BYTES = 32 * MB
+CUDA_ALLOCATOR_SLACK = 0.10  # of KV cache + activations
+
+
+# --------------------------------------------------------------------------- shape
+@dataclass
+class ModelShape:
+    """What the estimate needs to know about an architecture, read from its config."""
+    name: str
+    model_type: str
+    architecture: str
+    parameters: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+    stored_dtype: str  # dtype of the checkpoint on disk (config's dtype)
+    layer_windows: list[Optional[int]] = field(default_factory=list)  # sliding window per layer; None = full
+    kv_layers: int = 0  # layers that keep a KV cache (attention layers)
+    # [name, in_features, out_features, bias] of every nn.Linear / Conv1D bitsandbytes may quantise
+    linears: list[list] = field(default_factory=list)
+    default_not_convert: list[str] = field(default_factory=list)  # transformers' default skip list
+    keep_in_fp32: list[str] = field(default_factory=list)
+    tied_linears: list[str] = field(default_factory=list)  # linears whose weight is tied to another
+    checkpoint_bytes: Optional[int] = None  # size of the weight files when known, else derived
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelShape":
+        return cls(**data)
+
+    def checkpoint_size(self) -> int:
+        if self.checkpoint_bytes:
+            return self.checkpoint_bytes
+        return self.parameters * DTYPE_BYTES.get(self.stored_dtype, 4)
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _require(cfg, source: str, *names: str):
+    for n in names:
+        value = getattr(cfg, n, None)
+        if value is not None:
+            return value
+    raise ModelLoadError(f"{source}: field {names[0]!r} is missing, so the memory cannot be estimated.",
+                         "Restore the file from the model's original download.")
+
+
+def kv_geometry(config, source: str = "config.json") -> dict:
+    """Layers, heads, KV heads and head dim, the way the attention modules read them."""
+    cfg = _text_config(config)
+    layers = int(_require(cfg, source, "num_hidden_layers", "n_layer", "num_layers"))
+    hidden = int(_require(cfg, source, "hidden_size", "n_embd", "d_model"))
+    heads = int(_require(cfg, source, "num_attention_heads", "n_head"))
+    kv_heads = getattr(cfg, "num_key_value_heads", None)
+    if kv_heads is None:
+        # Falcon / GPT-BigCode spell multi-query attention as a flag.
+        kv_heads = 1 if getattr(cfg, "multi_query", False) else heads
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    layer_types = getattr(cfg, "layer_types", None)
+    window = getattr(cfg, "sliding_window", None)
+    if layer_types:
+        windows = [int(window) if (t == "sliding_attention" and window) else None for t in layer_types]
+        kv_layers = sum(1 for t in layer_types if "attention" in t)
+    else:
+        windows = [int(window) if window else None] * layers
+        kv_layers = layers
+    return {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": int(kv_heads),
+            "head_dim": int(head_dim), "layer_windows": windows, "kv_layers": kv_layers}
+
+
+def shape_from_config(config, name: str = "", source: str = "config.json") -> ModelShape:
+    """Instantiate the architecture on the meta device and read its exact shape."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    geometry = kv_geometry(config, source)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelLoadError(
+            f"{source}: model_type {getattr(config, 'model_type', None)!r} cannot be built as a causal language "
+            f"model by this version of transformers ({exc}).",
+            "Choose a model of a supported architecture, or upgrade transformers.") from exc
+    parameters = sum(p.numel() for p in model.parameters())  # tied parameters are yielded once
+    linears = []
+    for mod_name, module in model.named_modules():
+        if type(module) is torch.nn.Linear:
+            linears.append([mod_name, module.in_features, module.out_features, module.bias is not None])
+        elif isinstance(module, Conv1D):
+            linears.append([mod_name, module.weight.shape[0], module.weight.shape[1], module.bias is not None])
+    tied = sorted({k.removesuffix(".weight") for k in getattr(model, "all_tied_weights_keys", {}) or {}})
+    cfg = _text_config(config)
+    stored = getattr(config, "dtype", None) or getattr(cfg, "dtype", None) or "float32"
+    stored = str(stored).removeprefix("torch.")
+    return ModelShape(
+        name=name or getattr(config, "_name_or_path", "") or config.model_type,
+        model_type=config.model_type, architecture=type(model).__name__, parameters=int(parameters),
+        layers=geometry["layers"], heads=geometry["heads"], kv_heads=geometry["kv_heads"],
+        head_dim=geometry["head_dim"], hidden=geometry["hidden"],
+        intermediate=int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
+                         or 4 * geometry["hidden"]),
+        vocab=int(_require(cfg, source, "vocab_size")),
+        max_positions=int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+                          or 4096),
+        stored_dtype=stored, layer_windows=geometry["layer_windows"], kv_layers=geometry["kv_layers"],
+        linears=linears, default_not_convert=sorted(get_keys_to_not_convert(model)),
+        keep_in_fp32=sorted(getattr(model, "_keep_in_fp32_modules", None) or []), tied_linears=tied)
+
+
+# --------------------------------------------------------------------------- terms
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int, batch: int, dtype_bytes: int,
+                   layer_windows: Optional[list[Optional[int]]] = None) -> int:
+    """2 (K and V) × layers × KV heads × head dim × tokens × batch × bytes.
+
+    A sliding-window layer keeps at most its window of tokens. (The seed's
+    example, 32 layers × 32 KV heads × 128 × 2048 tokens × batch 4 × 2 bytes,
+    is 4,294,967,296 bytes = 4 GiB.)
+    """
+    windows = layer_windows if layer_windows else [None] * layers
+    per_token_layer = 2 * kv_heads * head_dim * batch * dtype_bytes
+    return sum(per_token_layer * (min(tokens, w) if w else tokens) for w in windows[:layers])
+
+
+def should_convert(full_name: str, patterns: list[str]) -> bool:
+    """transformers' ``quantizers_utils.should_convert_module``, copied so a cached estimate needs no
+    transformers import (a test checks both agree): a pattern matches from the start up to a module
+    boundary, as a regex with that boundary, or as a suffix."""
+    boundary = r"(?:(?<=\.)|(?=\.|$))"
+    return not any(re.match(rf"(?:{key}){boundary}", full_name) or full_name.endswith(key) for key in patterns)
+
+
+@dataclass
+class WeightBytes:
+    quantised: int  # packed quantised weights
+    constants: int  # quantisation scales (absmax, SCB)
+    unquantised: int  # everything kept in a float dtype
+    unquantised_dtype: str
+    quantised_params: int
+
+    @property
+    def total(self) -> int:
+        return self.quantised + self.constants + self.unquantised
+
+
+WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/weight_only.py, where present)
+Q4_GROUP = 32  # weight_only.INT4_GROUP: one bf16 (scale, zero) pair per 32 weights
+
+
+def compute_dtype(spec: PrecisionSpec, device: str) -> str:
+    """The dtype activations and the KV cache are kept in, as the loader sets it up."""
+    if spec.name in WEIGHT_ONLY:
+        return _canonical(spec.compute_dtype)
+    if not spec.quantised:
+        return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.name]
+    if spec.name == "int8":
+        # inference/precision.py: non-quantised parts in fp16 on GPUs, fp32 on CPU.
+        return "float16" if device.startswith("cuda") else "float32"
+    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.compute_dtype]
+
+
+def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> WeightBytes:
+    dtype = compute_dtype(spec, device)
+    if spec.name in WEIGHT_ONLY:
+        return _weight_only_bytes(shape, spec, dtype)
+    if not spec.quantised:
+        return WeightBytes(0, 0, shape.parameters * DTYPE_BYTES[dtype], dtype, 0)
+    # The same rule transformers applies (HfQuantizer.get_modules_to_not_convert):
+    # user skip modules replace the default list; keep-in-fp32 modules add to it.
+    not_convert = list(spec.skip_modules) if spec.skip_modules else list(shape.default_not_convert)
+    not_convert += shape.keep_in_fp32
+    q_params = q_blocks_bytes = scb = 0
+    for name, fan_in, fan_out, _bias in shape.linears:
+        if name in shape.tied_linears or not should_convert(name, not_convert):
+            continue
+        n = fan_in * fan_out
+        q_params += n
+        if spec.name == "int8":
+            scb += fan_out * 4  # one fp32 scale per output row
+        else:
+            blocks = math.ceil(n / BNB_4BIT_BLOCK)
+            if spec.double_quant:
+                q_blocks_bytes += blocks + math.ceil(blocks / BNB_NESTED_BLOCK) * 4 + 4
+            else:
+                q_blocks_bytes += blocks * 4
+    packed = q_params if spec.name == "int8" else (q_params + 1) // 2
+    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
+    return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
+
+
+def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str) -> WeightBytes:
+    """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
+    a tied head gets its own packed copy while the embedding table stays for lookups."""
+    bits = 8 if spec.name == "q8" else 4
+    q_params = packed = scales = 0
+    tied_extra = 0
+    for name, fan_in, fan_out, _bias in shape.linears:
+        if bits == 4 and fan_in % Q4_GROUP:
+            continue  # stays in the compute dtype
+        n = fan_in * fan_out
+        if name in shape.tied_linears:
+            tied_extra += n  # a new packed tensor; the shared table is still counted as unquantised
+        else:
+            q_params += n
+        packed += n if bits == 8 else n // 2
+        scales += fan_out * DTYPE_BYTES[dtype] if bits == 8 else fan_out * (fan_in // Q4_GROUP) * 2 * 2
+    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
+    return WeightBytes(packed, scales, unquantised, dtype, q_params + tied_extra)
+
+
+def activation_bytes(shape: ModelShape, tokens: int, batch: int, dtype_bytes: int) -> int:
+    """Peak working set of one forward pass over ``tokens`` new tokens.
+
+    Live at once inside a decoder layer: the residual stream and its normed
+    copy, q/k/v, and the MLP's gate, up and product tensors; after the last
+    layer, the last token's logits in fp32 (transformers' generate keeps only
+    the last position's logits) and the logits processors' copy of them.
+    """
+    kv_width = 2 * shape.kv_heads * shape.head_dim
+    q_width = shape.heads * shape.head_dim
+    per_token = (2 * shape.hidden + q_width + kv_width + 3 * shape.intermediate) * dtype_bytes
+    logits = 2 * batch * shape.vocab * 4
+    return batch * tokens * per_token + logits
+
+
+def default_overhead_bytes(device: str, spec: PrecisionSpec, transient_bytes: int) -> int:
+    if device.startswith("cuda"):
+        return CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + int(CUDA_ALLOCATOR_SLACK * transient_bytes)
+    return CPU_BASELINE_BYTES + (CPU_BITSANDBYTES_BYTES if spec.quantised else 0)
+
+
+def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: WeightBytes,
+                  running_extra: int) -> int:
+    """What the CPU load phase holds beyond the running phase (0 on CUDA: weights stream to the device).
+
+    While loading, the checkpoint is memory-mapped and its pages are resident.
+    Weights whose loaded dtype equals the checkpoint's stay views into that
+    mapping (no copy). bitsandbytes quantises each weight from a 16-bit copy
+    (int8: ``Int8Params._quantize`` casts to fp16; 4-bit: the weight arrives in
+    the compute dtype); those copies are freed, but on CPU the allocator keeps
+    most of their pages (how much varies from run to run with the loader's
+    threads; the full copy is the bound we predict). int8 on CPU keeps its fp32
+    parts as views into the mapping, so the mapping stays resident while the
+    model runs.
+    """
+    if device.startswith("cuda"):
+        if spec.name in WEIGHT_ONLY:  # the compute-dtype copy exists before packing: a load-time peak
+            extra = weights.quantised_params * DTYPE_BYTES[weights.unquantised_dtype] - weights.quantised
+            return max(0, extra - running_extra)
+        return 0
+    mapped = shape.checkpoint_size()
+    views = weights.unquantised if weights.unquantised_dtype == _canonical(shape.stored_dtype) else 0
+    extra = max(0, mapped - views)
+    if spec.name in ("nf4", "fp4") or spec.name in WEIGHT_ONLY:
+        # q8/q4 load the whole model in the compute dtype first, then pack it layer by layer.
+        extra += weights.quantised_params * DTYPE_BYTES[weights.unquantised_dtype]
+    elif spec.name == "int8":
+        extra += weights.quantised_params * 2
+    if spec.name == "int8":
+        return extra  # the mapping outlives the load
+    return max(0, extra - running_extra)
+
+
+def _canonical(dtype: str) -> str:
+    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
+
+
+# --------------------------------------------------------------------------- estimate
+@dataclass
+class Estimate:
+    precision: str
+    context: int
+    batch: int
+    device: str
+    weights_bytes: int
+    kv_cache_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+    draft_bytes: int
+    loading_bytes: int
+    total_bytes: int
+    correction_bytes: int = 0  # part of overhead_bytes learned on this machine
+    quantisation_constants_bytes: int = 0
+    unquantised_bytes: int = 0
+    decode_activation_bytes: int = 0
+    available_bytes: Optional[int] = None
+    fits: Optional[bool] = None
+    margin_bytes: int = 0  # safety margin required on top of total_bytes to call it a fit
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def accuracy_margin(total_bytes: int) -> int:
+    """The error the estimate allows itself: 10 % or 300 MB, whichever is larger."""
+    return max(int(0.10 * total_bytes), 300 * MB)
+
+
+def estimate(shape: ModelShape, spec: PrecisionSpec, context: int, batch: int = 1, device: str = "cpu",
+             draft: Optional[ModelShape] = None, draft_spec: Optional[PrecisionSpec] = None,
+             correction_bytes: int = 0, prefill_tokens: Optional[int] = None,
+             available_bytes: Optional[int] = None) -> Estimate:
+    """Predicted peak memory for ``shape`` at ``spec`` with ``context`` tokens in the KV cache.
+
+    ``prefill_tokens``: the prompt length at prefill (default: the prompt fills
+    the context, the worst case). A static cache is sized to its full length up
+    front, so pass that length as ``context``.
+    """
+    if context < 1 or batch < 1:
+        raise ValueError("context and batch must be at least 1")
+    wb = weights_bytes(shape, spec, device)
+    act_dtype = DTYPE_BYTES[compute_dtype(spec, device)]
+    tokens = context
+    kv = kv_cache_bytes(shape.kv_layers or shape.layers, shape.kv_heads, shape.head_dim, tokens, batch, act_dtype,
+                        shape.layer_windows)
+    act = activation_bytes(shape, min(prefill_tokens or context, context), batch, act_dtype)
+    decode_act = activation_bytes(shape, 1, batch, act_dtype)
+    draft_total = 0
+    if draft is not None:
+        dspec = draft_spec or spec
+        dwb = weights_bytes(draft, dspec, device)
+        ddtype = DTYPE_BYTES[compute_dtype(dspec, device)]
+        draft_total = dwb.total + kv_cache_bytes(draft.kv_layers or draft.layers, draft.kv_heads, draft.head_dim,
+                                                 tokens, batch, ddtype, draft.layer_windows)
+    overhead = default_overhead_bytes(device, spec, kv + act) + correction_bytes
+    load = loading_bytes(shape, spec, device, wb, kv + act)
+    total = wb.total + kv + act + overhead + draft_total + load
+    est = Estimate(precision=spec.label(), context=context, batch=batch, device=device, weights_bytes=wb.total,
+                   kv_cache_bytes=kv, activation_bytes=act, overhead_bytes=overhead, draft_bytes=draft_total,
+                   loading_bytes=load, total_bytes=max(0, total), correction_bytes=correction_bytes,
+                   quantisation_constants_bytes=wb.constants, unquantised_bytes=wb.unquantised,
+                   decode_activation_bytes=decode_act, margin_bytes=accuracy_margin(max(0, total)))
+    if available_bytes is not None:
+        est.available_bytes = int(available_bytes)
+        est.fits = est.total_bytes + est.margin_bytes <= available_bytes
+    return est
+
+
+# --------------------------------------------------------------------------- shape cache
+def config_fingerprint(config_dict: dict) -> str:
+    text = json.dumps(config_dict, sort_keys=True, default=str) + "|" + importlib.metadata.version("transformers")
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cached_shape(config_dict: dict, build, cache_file: Optional[Path]) -> ModelShape:
+    """Building the meta model needs torch; its result is cached per config so later estimates are instant."""
+    key = config_fingerprint(config_dict)
+    store: dict[str, Any] = {}
+    if cache_file is not None and cache_file.is_file():
+        try:
+            store = json.loads(cache_file.read_text(encoding="utf-8"))
+            if key in store:
+                return ModelShape.from_dict(store[key])
+        except (OSError, ValueError, TypeError):
+            store = {}
+    shape = build()
+    if cache_file is not None:
+        store[key] = shape.to_dict()
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(dict(list(store.items())[-200:])), encoding="utf-8")
+            tmp.replace(cache_file)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+    return shape
