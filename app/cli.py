@@ -9,9 +9,9 @@ import argparse
 import sys
 
 from app import __version__
-from app import cli_chat, cli_models
+from app import cli_bench, cli_chat, cli_models
 
-SUBCOMMANDS = [cli_chat, cli_models]
+SUBCOMMANDS = [cli_chat, cli_models, cli_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # `redline bench --markdown` quotes it
     if args.command is None:
         return open_gui(args)
     return int(args.func(args) or 0)

@@ -46,7 +46,7 @@ _OPTION_KEYS = ("draft", "k", "schedule", "lookup", "compile")
 _CONFIG_SPLIT = re.compile(r",\s*(?=(?:%s)(?::|\+|,|$))" % "|".join(re.escape(s) for s in STRATEGIES))
 # ``draft=starter@int8/k=5``: a slash starts an option only before a known key, so hub ids and paths
 # (``HuggingFaceTB/SmolLM2-360M-Instruct``) keep their slashes.
-_OPTION_SPLIT = re.compile(r"\+|/(?=(?:%s)(?:=|\+|/|$))" % "|".join(_OPTION_KEYS))
+_OPTION_SPLIT = re.compile(r"\+|/(?=(?:draft|k|schedule|lookup)=|compile(?:=|\+|/|$))")
 
 
 # -- configurations -----------------------------------------------------------
