@@ -41,9 +41,9 @@ DEFAULT_SAMPLES = 3
 
 _PRECISION_KEYS = ("keep", "skip", "compute", "dq", "threshold")
 _OPTION_KEYS = ("draft", "k", "schedule", "lookup", "compile")
-# A list of configurations is split on commas that start a new "strategy[:…]"; other commas
+# A list of configurations is split on commas that start a new "word:" or a bare strategy; other commas
 # (``keep=lm_head,model.embed_tokens``) stay inside their configuration.
-_CONFIG_SPLIT = re.compile(r",\s*(?=(?:%s)(?::|\+|,|$))" % "|".join(re.escape(s) for s in STRATEGIES))
+_CONFIG_SPLIT = re.compile(r",\s*(?=[A-Za-z][\w-]*:|(?:%s)(?:\+|,|$))" % "|".join(re.escape(s) for s in STRATEGIES))
 # ``draft=starter@int8/k=5``: a slash starts an option only before a known key, so hub ids and paths
 # (``HuggingFaceTB/SmolLM2-360M-Instruct``) keep their slashes.
 _OPTION_SPLIT = re.compile(r"\+|/(?=(?:draft|k|schedule|lookup)=|compile(?:=|\+|/|$))")

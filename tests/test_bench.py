@@ -41,12 +41,15 @@ def test_commas_and_slashes_stay_inside_their_configuration():
     assert configs[1].compile is True
     assert configs[2].draft == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert (configs[2].k, configs[2].schedule, configs[2].draft_precision) == (3, "heuristic", "auto")
+    keep, bare = parse_configs("kv:nf4+keep=lm_head,embed_tokens,naive")
+    assert keep.precision == "nf4+keep=lm_head,embed_tokens" and (bare.strategy, bare.precision) == ("naive", "auto")
     assert parse_config("kv").precision == "auto"
     assert parse_config("prompt-lookup:fp32+lookup=4").lookup == 4
 
 
 @pytest.mark.parametrize("text, words", [
     ("turbo:fp32", "Unknown strategy"),
+    ("kv:fp32,turbo:fp8", "Unknown strategy"),
     ("kv:fp8", "Unknown precision"),
     ("speculative:bf16", "needs a draft"),
     ("speculative:bf16+draft=starter/k=many", "whole number"),

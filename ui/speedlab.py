@@ -13,6 +13,7 @@ from typing import Optional
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
                                QLabel, QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPlainTextEdit,
                                QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter, QTableWidget,
@@ -295,7 +296,7 @@ class SpeedLabPanel(QWidget):
         if isinstance(ev, BenchToken):
             if ev.index < len(self._columns):
                 col = self._columns[ev.index]
-                col.moveCursor(col.textCursor().End)
+                col.moveCursor(QTextCursor.MoveOperation.End)
                 col.insertPlainText(ev.text)
         elif isinstance(ev, BenchPhase):
             self.progress_bar.setValue(int(ev.fraction * 1000))
