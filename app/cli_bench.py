@@ -6,9 +6,10 @@ import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from inference.bench import (SEED_PRESET, BenchPhase, BenchRow, BenchSpec, BenchSweepRow, builtin_prompt_sets,
-                             load_prompt_set, parse_configs, run_bench)
+                             load_prompt_set, parse_configs, run_bench, save_report)
 from inference.bench_export import to_csv, to_json, to_markdown, to_text
 from inference.batch_sweep import MODES
 from inference.engine import Engine
@@ -36,6 +37,8 @@ def add_parser(sub) -> None:
                    help="the configuration the others are compared with: its position (1 = first) or its text")
     p.add_argument("--prompts", default="short",
                    help=f"a built-in prompt set ({', '.join(builtin_prompt_sets())}) or a JSON file")
+    p.add_argument("--max-prompts", type=int, default=None, metavar="N",
+                   help="use only the first N prompts of the set (quicker runs)")
     p.add_argument("--prompt-tokens", type=int, default=None,
                    help="cap every prompt at this many tokens (keeps its end); default: as written")
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens per generation (default 64)")
@@ -45,6 +48,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed-preset", action="store_true",
                    help=f"the seed document's protocol: {SEED_PRESET['warmup']} warm-up, "
                         f"{SEED_PRESET['samples']} samples (slow)")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="let a reply end at end-of-sequence (default: exactly --new-tokens tokens, so every "
+                        "configuration does the same work)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), so outputs compare")
     p.add_argument("--batch-sweep", default=None, metavar="SIZES",
@@ -57,6 +63,9 @@ def add_parser(sub) -> None:
     fmt.add_argument("--csv", action="store_true", help="print CSV")
     fmt.add_argument("--markdown", action="store_true", help="print a Markdown table with machine info")
     p.add_argument("--output", "-o", help="write the result to this file instead of stdout")
+    p.add_argument("--save", metavar="DIR",
+                   help="also keep the full run (per-position latencies, token ids) as a JSON file in DIR, "
+                        "the format the speed lab panel reopens")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.set_defaults(func=run)
 
@@ -88,11 +97,16 @@ def spec_from_args(args) -> BenchSpec:
     configs = parse_configs(args.configs)
     warmup = args.warmup if args.warmup is not None else (SEED_PRESET["warmup"] if args.seed_preset else 1)
     samples = args.samples if args.samples is not None else (SEED_PRESET["samples"] if args.seed_preset else 3)
-    return BenchSpec(model=args.model, configs=configs, prompts=load_prompt_set(args.prompts),
+    prompts = load_prompt_set(args.prompts)
+    if args.max_prompts is not None:
+        if args.max_prompts < 1:
+            raise RedlineError("--max-prompts must be at least 1.")
+        prompts.prompts = prompts.prompts[:args.max_prompts]
+    return BenchSpec(model=args.model, configs=configs, prompts=prompts,
                      new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, warmup=warmup, samples=samples,
                      seed=args.seed, baseline=_baseline_index(args.baseline, [c.label for c in configs]),
                      temperature=args.temperature, batch_sizes=_batch_sizes(args.batch_sweep),
-                     batch_mode=args.batch_mode)
+                     batch_mode=args.batch_mode, fixed_length=not args.stop_at_eos)
 
 
 def run(args) -> int:
@@ -134,6 +148,8 @@ def run(args) -> int:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     bar.done()
+    if args.save:
+        print(f"saved {save_report(report, Path(args.save))}", file=sys.stderr)
     argv = getattr(args, "argv", None)
     command = ("redline " + " ".join(shlex.quote(a) for a in argv)) if argv else None
     if args.json:

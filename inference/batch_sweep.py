@@ -124,7 +124,7 @@ def run_sweep(target: LoadedModel, config: "BenchConfig", prompts: Sequence[list
               new_tokens: int, warmup: int, samples: int, seed: int, mode: str = "auto",
               progress: Optional[Callable[[float, str], None]] = None,
               should_cancel: Optional[Callable[[], bool]] = None,
-              on_row: Optional[Callable[["SweepRow"], None]] = None) -> "list[SweepRow]":
+              on_row: Optional[Callable[["SweepRow"], None]] = None, fixed_length: bool = True) -> "list[SweepRow]":
     """Run ``config`` at each batch size; one SweepRow per size, each also handed to ``on_row`` when done."""
     import torch
 
@@ -139,7 +139,8 @@ def run_sweep(target: LoadedModel, config: "BenchConfig", prompts: Sequence[list
     progress = progress or (lambda f, p: None)
     should_cancel = should_cancel or (lambda: False)
     options = config.options()
-    cfg = _generation_config(target, SamplingSettings(max_new_tokens=new_tokens, temperature=0.0, seed=seed),
+    cfg = _generation_config(target, SamplingSettings(max_new_tokens=new_tokens, temperature=0.0, seed=seed,
+                                                      min_new_tokens=new_tokens if fixed_length else None),
                              options, new_tokens)
     has_continuous = callable(getattr(target.model, "generate_batch", None))
     use = "continuous" if mode in ("auto", "continuous") and has_continuous else "padded"

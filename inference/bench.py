@@ -246,6 +246,7 @@ class BenchSpec:
     seed: int = 0
     baseline: int = 0  # index of the configuration every other is compared with
     temperature: float = 0.0  # greedy by default, so outputs are comparable
+    fixed_length: bool = True  # every generation makes exactly new_tokens tokens (end-of-sequence suppressed)
     batch_sizes: list[int] = field(default_factory=list)  # non-empty: also run a batch sweep
     batch_mode: str = "auto"  # auto | continuous | padded
     batch_config: Optional[int] = None  # which configuration the sweep runs (default: the baseline)
@@ -555,7 +556,8 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
     total_units = max(1, per_config * len(spec.configs) + sweep_units)
     done_units = 0
     emit(BenchStarted([c.label for c in spec.configs], spec.baseline))
-    sampling = SamplingSettings(max_new_tokens=spec.new_tokens, temperature=spec.temperature, seed=spec.seed)
+    sampling = SamplingSettings(max_new_tokens=spec.new_tokens, temperature=spec.temperature, seed=spec.seed,
+                                min_new_tokens=spec.new_tokens if spec.fixed_length else None)
 
     try:
         for i, config in enumerate(spec.configs):
@@ -653,7 +655,7 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
 
                 run_sweep(engine.target, cfg, _render_prompts(engine.target.tokenizer, spec), spec.batch_sizes,
                           spec.new_tokens, spec.warmup, spec.samples, spec.seed, spec.batch_mode, sweep_progress,
-                          cancelled, on_sweep_row)
+                          cancelled, on_sweep_row, spec.fixed_length)
             except RedlineError as exc:
                 report.sweep.append(SweepRow(batch_size=0, mode="-", status="error", error=str(exc)))
                 emit(BenchSweepRow(report.sweep[-1]))

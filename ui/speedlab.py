@@ -60,6 +60,17 @@ def _short(label: str, width: int = 22) -> str:
     return label if len(label) <= width else label[:width - 1] + "…"
 
 
+_ABBREV = {"speculative": "spec", "prompt-lookup": "lookup"}
+
+
+def _tick(label: str) -> str:
+    """A bar's axis label: the strategy (abbreviated) and precision; options are in the table."""
+    run, sep, config = label.rpartition(" · ")
+    strategy, _, rest = config.partition(":")
+    text = _ABBREV.get(strategy, strategy) + (":" + rest.split("+")[0] if rest else "")
+    return (run[-5:] + " " if sep else "") + text
+
+
 class SpeedLabPanel(QWidget):
     """Side-by-side comparison of decoding configurations on one model."""
 
@@ -156,7 +167,7 @@ class SpeedLabPanel(QWidget):
         self.ttft_plot = self._plot("Time to first token (p50)", "ms")
         self.latency_plot = self._plot("Per-token latency by position (median)", "ms")
         self.latency_plot.setLabel("bottom", "new token")
-        self.latency_plot.addLegend(offset=(-10, 10))
+        self.latency_plot.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 210), labelTextColor="k")
         self.memory_plot = self._plot("Peak memory", "MiB")
         grid.addWidget(self.tps_plot, 0, 0)
         grid.addWidget(self.ttft_plot, 0, 1)
@@ -413,7 +424,7 @@ class SpeedLabPanel(QWidget):
             bottom = np.array([it[1] - it[2] for it in items], dtype=float)
             plot.addItem(pg.ErrorBarItem(x=np.array(xs, dtype=float), y=np.array(ys, dtype=float), top=top,
                                          bottom=bottom, beam=0.25, pen=pg.mkPen("k", width=1.5)))
-        plot.getAxis("bottom").setTicks([[(i, _short(it[0])) for i, it in enumerate(items)]])
+        plot.getAxis("bottom").setTicks([[(i, _tick(it[0])) for i, it in enumerate(items)]])
         plot.setXRange(-0.6, len(items) - 0.4, padding=0)
 
     def _fill_charts(self, rows: list[ConfigResult]) -> None:
