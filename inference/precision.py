@@ -8,6 +8,7 @@ quantisation exposed). Mixed precision keeps named modules unquantised
 from __future__ import annotations
 
 import importlib.util
+import logging
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -16,6 +17,23 @@ from .errors import UnsupportedConfiguration
 
 # bitsandbytes warns on every int8 matmul that fp32 inputs are cast; once is plenty.
 warnings.filterwarnings("ignore", message=r"MatMul8bitLt: inputs will be cast")
+
+
+class _Once(logging.Filter):
+    """bitsandbytes >= 0.46 says it through logging, once per matmul (thousands per reply)."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix, self.seen = prefix, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        first, self.seen = not self.seen, True
+        return first
+
+
+logging.getLogger("bitsandbytes.autograd._functions").addFilter(_Once("MatMul8bitLt: inputs will be cast"))
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4")
 QUANTISED = ("int8", "nf4", "fp4")

@@ -222,6 +222,9 @@ class SpeedLabPanel(QWidget):
         w.setLabel("left", unit)
         w.showGrid(y=True, alpha=0.3)
         w.setMinimumHeight(180)
+        font = w.getAxis("bottom").font()
+        font.setPointSizeF(max(6.0, font.pointSizeF() * 0.85))
+        w.getAxis("bottom").setStyle(tickFont=font, autoReduceTextSpace=False)
         return w
 
     # -- running ---------------------------------------------------------------
