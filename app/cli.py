@@ -10,9 +10,9 @@ import os
 import sys
 
 from app import __version__
-from app import cli_chat, cli_estimate, cli_models
+from app import cli_bench, cli_chat, cli_estimate, cli_models
 
-SUBCOMMANDS = [cli_chat, cli_models, cli_estimate]
+SUBCOMMANDS = [cli_chat, cli_models, cli_estimate, cli_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     no_telemetry()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # `redline bench --markdown` quotes it
     if args.command is None:
         return open_gui(args)
     return int(args.func(args) or 0)

@@ -54,6 +54,7 @@ class SamplingSettings:
     repetition_penalty: Optional[float] = None
     seed: Optional[int] = None
     stop: tuple[str, ...] = ()
+    min_new_tokens: Optional[int] = None  # the speed lab fixes the output length (end-of-sequence suppressed)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -170,7 +171,7 @@ def _generation_config(target: LoadedModel, sampling: SamplingSettings, options:
     cfg = copy.deepcopy(base) if base is not None else GenerationConfig()
     cfg.max_new_tokens = max_new_tokens
     cfg.max_length = None
-    cfg.min_new_tokens = None
+    cfg.min_new_tokens = min(sampling.min_new_tokens, max_new_tokens) if sampling.min_new_tokens else None
     if sampling.temperature is not None:
         if sampling.temperature <= 0:
             cfg.do_sample = False

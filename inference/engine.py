@@ -46,6 +46,10 @@ class Engine:
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
+    def clear_cancel(self) -> None:
+        """Forget an earlier cancel; a multi-step task (the speed lab) calls this once when it starts."""
+        self._cancel.clear()
+
     # -- models --------------------------------------------------------------
     def load(self, model: str, precision: PrecisionSpec, progress: ProgressFn = noop_progress,
              trust_remote_code: bool = False, allow_pickle: bool = False) -> LoadedModel:

@@ -10,6 +10,7 @@ batch 1 (bitsandbytes is the memory-saving option; its kernels are slow there).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -18,6 +19,23 @@ from .errors import UnsupportedConfiguration
 
 # bitsandbytes warns on every int8 matmul that fp32 inputs are cast; once is plenty.
 warnings.filterwarnings("ignore", message=r"MatMul8bitLt: inputs will be cast")
+
+
+class _Once(logging.Filter):
+    """bitsandbytes >= 0.46 says it through logging, once per matmul (thousands per reply)."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix, self.seen = prefix, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        first, self.seen = not self.seen, True
+        return first
+
+
+logging.getLogger("bitsandbytes.autograd._functions").addFilter(_Once("MatMul8bitLt: inputs will be cast"))
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "q8", "q4")
 QUANTISED = ("int8", "nf4", "fp4")  # bitsandbytes

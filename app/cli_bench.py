@@ -1,0 +1,172 @@
+"""`redline bench`: the speed lab without the window — same runner, same table."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from inference.bench import (SEED_PRESET, BenchPhase, BenchRow, BenchSpec, BenchSweepRow, builtin_prompt_sets,
+                             load_prompt_set, parse_configs, run_bench, save_report)
+from inference.bench_export import to_csv, to_json, to_markdown, to_text
+from inference.batch_sweep import MODES
+from inference.engine import Engine
+from inference.errors import RedlineError
+from inference.sources import ACCEPTED_FORMS
+
+from app.terminal import TerminalProgress
+
+DEFAULT_CONFIGS = "naive:fp32,kv:fp32"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="compare decoding configurations side by side (the speed lab, headless)",
+        description="Run one model under several decoding configurations with warm-up and repeated samples, "
+                    "and print TTFT, per-token latency, tokens/s, peak memory, acceptance, speedup vs the "
+                    "baseline and whether the output matches the baseline's.",
+        epilog="Configuration syntax: strategy[:precision][+keep=M,..][+draft=MODEL[@PRECISION]][/k=N]"
+               "[+schedule=heuristic][+lookup=N][+compile]; e.g. naive:fp32,kv:bf16,kv:int8,kv:nf4,"
+               "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16. See the README's Speed lab section.")
+    p.add_argument("--model", default="starter", help=f"the model: {ACCEPTED_FORMS}")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help=f"comma-separated configurations (default {DEFAULT_CONFIGS})")
+    p.add_argument("--baseline", default="1",
+                   help="the configuration the others are compared with: its position (1 = first) or its text")
+    p.add_argument("--prompts", default="short",
+                   help=f"a built-in prompt set ({', '.join(builtin_prompt_sets())}) or a JSON file")
+    p.add_argument("--max-prompts", type=int, default=None, metavar="N",
+                   help="use only the first N prompts of the set (quicker runs)")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="cap every prompt at this many tokens (keeps its end); default: as written")
+    p.add_argument("--new-tokens", type=int, default=64, help="new tokens per generation (default 64)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up generations per configuration (default 1)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="measured generations per prompt and configuration (default 3)")
+    p.add_argument("--seed-preset", action="store_true",
+                   help=f"the seed document's protocol: {SEED_PRESET['warmup']} warm-up, "
+                        f"{SEED_PRESET['samples']} samples (slow)")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="let a reply end at end-of-sequence (default: exactly --new-tokens tokens, so every "
+                        "configuration does the same work)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), so outputs compare")
+    p.add_argument("--batch-sweep", default=None, metavar="SIZES",
+                   help="also sweep batch sizes, e.g. 1,2,4,8, for the baseline configuration")
+    p.add_argument("--batch-mode", default="auto", choices=MODES,
+                   help="continuous = transformers' generate_batch; padded = batched generate(); auto tries "
+                        "continuous first")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON: machine, settings, results, sweep")
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    fmt.add_argument("--markdown", action="store_true", help="print a Markdown table with machine info")
+    p.add_argument("--output", "-o", help="write the result to this file instead of stdout")
+    p.add_argument("--save", metavar="DIR",
+                   help="also keep the full run (per-position latencies, token ids) as a JSON file in DIR, "
+                        "the format the speed lab panel reopens")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.set_defaults(func=run)
+
+
+def _baseline_index(text: str, labels: list[str]) -> int:
+    if text.isdigit():
+        index = int(text) - 1
+        if 0 <= index < len(labels):
+            return index
+        raise RedlineError(f"--baseline {text}: there are {len(labels)} configurations.",
+                           f"Give a number from 1 to {len(labels)}.")
+    if text in labels:
+        return labels.index(text)
+    raise RedlineError(f"--baseline {text!r} is not one of the configurations.",
+                       f"Give its position or one of: {', '.join(labels)}.")
+
+
+def _batch_sizes(text) -> list[int]:
+    if not text:
+        return []
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise RedlineError(f"--batch-sweep {text!r}: give whole numbers, e.g. 1,2,4,8.") from None
+    return sizes
+
+
+def spec_from_args(args) -> BenchSpec:
+    configs = parse_configs(args.configs)
+    warmup = args.warmup if args.warmup is not None else (SEED_PRESET["warmup"] if args.seed_preset else 1)
+    samples = args.samples if args.samples is not None else (SEED_PRESET["samples"] if args.seed_preset else 3)
+    prompts = load_prompt_set(args.prompts)
+    if args.max_prompts is not None:
+        if args.max_prompts < 1:
+            raise RedlineError("--max-prompts must be at least 1.")
+        prompts.prompts = prompts.prompts[:args.max_prompts]
+    return BenchSpec(model=args.model, configs=configs, prompts=prompts,
+                     new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, warmup=warmup, samples=samples,
+                     seed=args.seed, baseline=_baseline_index(args.baseline, [c.label for c in configs]),
+                     temperature=args.temperature, batch_sizes=_batch_sizes(args.batch_sweep),
+                     batch_mode=args.batch_mode, fixed_length=not args.stop_at_eos)
+
+
+def run(args) -> int:
+    try:
+        spec = spec_from_args(args)
+        engine = Engine(args.device)
+    except RedlineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    bar = TerminalProgress()
+    cancel = threading.Event()
+
+    def on_event(ev) -> None:
+        if isinstance(ev, BenchPhase):
+            bar(ev.fraction, ev.phase)
+        elif isinstance(ev, BenchRow):
+            r = ev.result
+            tps = f"{r.tokens_per_s:.1f} tok/s" if r.tokens_per_s else (r.error or r.status)
+            bar.done()
+            print(f"  {r.config}: {r.status}, {tps}", file=sys.stderr, flush=True)
+        elif isinstance(ev, BenchSweepRow):
+            bar.done()
+            print(f"  batch {ev.row.batch_size} ({ev.row.mode}): {ev.row.status}", file=sys.stderr, flush=True)
+
+    def on_sigint(signum, frame):
+        if cancel.is_set():  # a second Ctrl-C stops at once
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        print("\n(cancelling after the current step; Ctrl-C again to quit now)", file=sys.stderr, flush=True)
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        report = run_bench(engine, spec, on_event, cancel)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    bar.done()
+    if args.save:
+        print(f"saved {save_report(report, Path(args.save))}", file=sys.stderr)
+    argv = getattr(args, "argv", None)
+    command = ("redline " + " ".join(shlex.quote(a) for a in argv)) if argv else None
+    if args.json:
+        text = to_json(report)
+    elif args.csv:
+        text = to_csv(report)
+    elif args.markdown:
+        text = to_markdown(report, command)
+    else:
+        text = to_text(report)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text if text.endswith("\n") else text + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text)
+    failed = [r for r in report.results if r.status not in ("ok",)]
+    if report.cancelled:
+        return 130
+    return 1 if failed and len(failed) == len(report.results) else 0

@@ -1,0 +1,721 @@
+"""The speed lab's runner: one model, several decoding configurations, measured fairly.
+
+Qt-free; the GUI panel and ``redline bench`` both call ``run_bench``. Every
+generation goes through ``inference.decode.generate`` — the function chat uses —
+so what the lab measures is what the chat runs.
+
+Fairness (seed §5.1): the same prompts, lengths, seed and greedy decoding for
+every configuration; warm-up runs before the measured samples; one variable
+changed at a time relative to a baseline the user marks. A configuration that
+fails (out of memory, bitsandbytes missing, an incompatible draft) becomes that
+row's result and the run goes on. Cancelling keeps the rows finished so far.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import platform
+import re
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+from .chat import build_prompt
+from .decode import STRATEGIES, DecodeOptions, SamplingSettings, generate, percentile
+from .engine import Engine, default_precision
+from .errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
+from .events import GenerationResult, TokenEvent
+from .hardware import probe
+from .loader import free_memory
+from .precision import PrecisionSpec, parse_precision
+from .sources import resolve
+
+# The seed document's measurement protocol, offered as a preset; the defaults stay small for interactivity.
+SEED_PRESET = {"warmup": 20, "samples": 50}
+DEFAULT_WARMUP = 1
+DEFAULT_SAMPLES = 3
+
+_PRECISION_KEYS = ("keep", "skip", "compute", "dq", "threshold")
+_OPTION_KEYS = ("draft", "k", "schedule", "lookup", "compile")
+# A list of configurations is split on commas that start a new "word:" or a bare strategy; other commas
+# (``keep=lm_head,model.embed_tokens``) stay inside their configuration.
+_CONFIG_SPLIT = re.compile(r",\s*(?=[A-Za-z][\w-]*:|(?:%s)(?:\+|,|$))" % "|".join(re.escape(s) for s in STRATEGIES))
+# ``draft=starter@int8/k=5``: a slash starts an option only before a known key, so hub ids and paths
+# (``HuggingFaceTB/SmolLM2-360M-Instruct``) keep their slashes.
+_OPTION_SPLIT = re.compile(r"\+|/(?=(?:draft|k|schedule|lookup)=|compile(?:=|\+|/|$))")
+
+
+# -- configurations -----------------------------------------------------------
+@dataclass(frozen=True)
+class BenchConfig:
+    """One row of the lab: strategy × precision × draft/k × compile."""
+    strategy: str = "kv"
+    precision: str = "auto"  # parse_precision text, or "auto" (bf16 where supported)
+    draft: Optional[str] = None  # speculative: the draft model (same forms as --model)
+    draft_precision: str = "auto"
+    k: int = 5  # speculative: draft tokens per step
+    schedule: str = "constant"
+    lookup: int = 10  # prompt-lookup: tokens copied per match
+    compile: Optional[bool] = None  # static: None = on for CUDA, off for CPU
+    text: str = ""  # as the user wrote it; the row's label
+
+    @property
+    def label(self) -> str:
+        return self.text or format_config(self)
+
+    def options(self) -> DecodeOptions:
+        return DecodeOptions(strategy=self.strategy, num_draft_tokens=self.k, draft_schedule=self.schedule,
+                             lookup_tokens=self.lookup, compile=self.compile)
+
+    def precision_spec(self, device: str) -> PrecisionSpec:
+        return _precision(self.precision, device)
+
+    def draft_precision_spec(self, device: str) -> PrecisionSpec:
+        return _precision(self.draft_precision, device)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _precision(text: str, device: str) -> PrecisionSpec:
+    name, plus, rest = text.partition("+")
+    if name == "auto":
+        text = default_precision(device) + plus + rest
+    return parse_precision(text)
+
+
+def parse_config(text: str) -> BenchConfig:
+    """Parse ``strategy[:precision[+precision options]][+draft=M[@P]][/k=N][+schedule=S][+lookup=N][+compile]``."""
+    raw = text.strip()
+    if not raw:
+        raise UnsupportedConfiguration("An empty configuration.", "Write e.g. kv:bf16.")
+    strategy, colon, rest = raw.partition(":")
+    if not colon:  # "kv" or "kv+compile"
+        strategy, _, tail = raw.partition("+")
+        rest = ("auto+" + tail) if tail else "auto"
+    strategy = strategy.strip().lower()
+    if strategy not in STRATEGIES:
+        raise UnsupportedConfiguration(f"Unknown strategy {strategy!r} in {raw!r}.",
+                                       f"Choose one of: {', '.join(STRATEGIES)}.")
+    parts = [p.strip() for p in _OPTION_SPLIT.split(rest)]
+    precision = parts[0].lower() or "auto"
+    if "=" in precision:
+        raise UnsupportedConfiguration(f"{raw!r}: the precision must come first after the colon.",
+                                       "Write e.g. speculative:bf16+draft=starter@int8/k=5.")
+    prec_opts, kwargs = [], {}
+    for part in parts[1:]:
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key = key.strip().lower()
+        if key in _PRECISION_KEYS:
+            prec_opts.append(part)
+        elif key == "draft":
+            model, _, dprec = value.partition("@")
+            if not model:
+                raise UnsupportedConfiguration(f"{raw!r}: draft= needs a model.", "Write e.g. draft=starter@int8.")
+            kwargs["draft"] = model
+            kwargs["draft_precision"] = dprec or "auto"
+        elif key in ("k", "lookup"):
+            try:
+                kwargs[key] = int(value)
+            except ValueError:
+                raise UnsupportedConfiguration(f"{raw!r}: {key}= needs a whole number, not {value!r}.") from None
+        elif key == "schedule":
+            kwargs["schedule"] = value
+        elif key == "compile":
+            kwargs["compile"] = (value.lower() not in ("0", "false", "no", "off")) if eq else True
+        else:
+            raise UnsupportedConfiguration(
+                f"Unknown option {key!r} in {raw!r}.",
+                f"Known: {', '.join(_OPTION_KEYS)} and the precision options {', '.join(_PRECISION_KEYS)}.")
+    if prec_opts:
+        precision = precision + "+" + "+".join(prec_opts)
+    config = BenchConfig(strategy=strategy, precision=precision, text=raw, **kwargs)
+    config.options()  # validates k, lookup and schedule now, with the same messages as chat
+    if precision != "auto" and not precision.startswith("auto+"):
+        parse_precision(precision)
+    if config.draft and config.draft_precision != "auto":
+        parse_precision(config.draft_precision)
+    if strategy == "speculative" and not config.draft:
+        raise UnsupportedConfiguration(f"{raw!r}: speculative decoding needs a draft model.",
+                                       "Add +draft=MODEL, e.g. speculative:bf16+draft=starter@int8/k=5.")
+    return config
+
+
+def parse_configs(text: str) -> list[BenchConfig]:
+    configs = [parse_config(part) for part in _CONFIG_SPLIT.split(text.strip()) if part.strip()]
+    if not configs:
+        raise UnsupportedConfiguration("No configurations given.", "Write e.g. naive:fp32,kv:fp32.")
+    return configs
+
+
+def format_config(c: BenchConfig) -> str:
+    text = f"{c.strategy}:{c.precision}"
+    if c.draft:
+        text += f"+draft={c.draft}@{c.draft_precision}/k={c.k}"
+        if c.schedule != "constant":
+            text += f"+schedule={c.schedule}"
+    if c.strategy == "prompt-lookup" and c.lookup != 10:
+        text += f"+lookup={c.lookup}"
+    if c.compile is not None:
+        text += "+compile" if c.compile else "+compile=0"
+    return text
+
+
+# -- prompt sets ---------------------------------------------------------------
+def assets_dir() -> Path:
+    """Where the built-in assets live. The one place that knows; packaging will change it."""
+    return Path(__file__).resolve().parent.parent / "assets"
+
+
+@dataclass
+class BenchPrompt:
+    id: str
+    messages: list[dict]
+
+
+@dataclass
+class PromptSet:
+    name: str
+    description: str
+    prompts: list[BenchPrompt]
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def builtin_prompt_sets() -> list[str]:
+    return sorted(p.stem for p in (assets_dir() / "prompts").glob("*.json"))
+
+
+def load_prompt_set(name_or_path: Union[str, Path]) -> PromptSet:
+    """A built-in set by name (``short``, ``long``, ``code``, ``grounded``) or a JSON file of the same shape:
+    ``{"name": …, "description": …, "prompts": [{"id": …, "messages": [{"role": "user", "content": …}]}]}``
+    (``"prompt": "text"`` is short for one user message)."""
+    text = str(name_or_path)
+    path = assets_dir() / "prompts" / f"{text}.json"
+    if not path.is_file():
+        path = Path(text).expanduser()
+    if not path.is_file():
+        raise UnsupportedConfiguration(f"No prompt set {text!r}.",
+                                       f"Use a built-in set ({', '.join(builtin_prompt_sets())}) or a JSON file.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UnsupportedConfiguration(f"{path} is not valid JSON ({exc}).",
+                                       "A prompt set is a JSON object with a 'prompts' list.") from exc
+    return prompt_set_from_dict(data, source=str(path), default_name=path.stem)
+
+
+def prompt_set_from_dict(data: dict, source: str = "", default_name: str = "custom") -> PromptSet:
+    items = data.get("prompts") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise UnsupportedConfiguration(f"{source or 'The prompt set'} has no 'prompts' list.",
+                                       "Give at least one prompt: {\"prompts\": [{\"prompt\": \"…\"}]}.")
+    prompts = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            item = {"prompt": item}
+        messages = item.get("messages") if isinstance(item, dict) else None
+        if messages is None and isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            messages = [{"role": "user", "content": item["prompt"]}]
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
+            raise UnsupportedConfiguration(f"{source or 'The prompt set'}: prompt {i + 1} has no usable messages.",
+                                           "Each prompt needs 'prompt' text or 'messages' with role and content.")
+        prompts.append(BenchPrompt(str(item.get("id", i + 1)), messages))
+    return PromptSet(str(data.get("name", default_name)), str(data.get("description", "")), prompts, source)
+
+
+# -- the run ------------------------------------------------------------------
+@dataclass
+class BenchSpec:
+    model: str
+    configs: list[BenchConfig]
+    prompts: PromptSet
+    new_tokens: int = 64
+    prompt_tokens: Optional[int] = None  # cap on prompt length (keeps the end of a longer prompt)
+    warmup: int = DEFAULT_WARMUP
+    samples: int = DEFAULT_SAMPLES
+    seed: int = 0
+    baseline: int = 0  # index of the configuration every other is compared with
+    temperature: float = 0.0  # greedy by default, so outputs are comparable
+    fixed_length: bool = True  # every generation makes exactly new_tokens tokens (end-of-sequence suppressed)
+    batch_sizes: list[int] = field(default_factory=list)  # non-empty: also run a batch sweep
+    batch_mode: str = "auto"  # auto | continuous | padded
+    batch_config: Optional[int] = None  # which configuration the sweep runs (default: the baseline)
+
+    def __post_init__(self):
+        if not self.configs:
+            raise UnsupportedConfiguration("No configurations to run.", "Add at least one, e.g. kv:bf16.")
+        if not 0 <= self.baseline < len(self.configs):
+            raise UnsupportedConfiguration(f"Baseline {self.baseline + 1} is not one of the "
+                                           f"{len(self.configs)} configurations.")
+        if self.new_tokens < 1 or self.samples < 1 or self.warmup < 0:
+            raise UnsupportedConfiguration("New tokens and samples must be at least 1, warm-up at least 0.")
+        if any(b < 1 for b in self.batch_sizes):
+            raise UnsupportedConfiguration("Batch sizes must be at least 1.")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["configs"] = [c.label for c in self.configs]
+        d["baseline_config"] = self.configs[self.baseline].label
+        d["prompts"] = {"name": self.prompts.name, "count": len(self.prompts.prompts), "source": self.prompts.source}
+        return d
+
+
+@dataclass
+class ConfigResult:
+    """One configuration's measurements, aggregated over its samples."""
+    index: int
+    config: str
+    strategy: str
+    precision: str = ""
+    status: str = "pending"  # ok | error | oom | cancelled | skipped
+    error: Optional[str] = None
+    baseline: bool = False
+    samples: int = 0
+    prompt_tokens: Optional[float] = None  # median over samples
+    new_tokens: Optional[float] = None
+    ttft_ms: Optional[float] = None  # p50 over samples
+    p50_ms: Optional[float] = None  # per-token latency over all measured tokens
+    p95_ms: Optional[float] = None
+    tokens_per_s: Optional[float] = None  # decode tokens/s, median over samples
+    tokens_per_s_min: Optional[float] = None
+    tokens_per_s_max: Optional[float] = None
+    tokens_per_s_stdev: Optional[float] = None
+    total_s: Optional[float] = None  # one generation, median
+    wall_s: Optional[float] = None  # the whole row: loads, warm-up and samples
+    load_s: Optional[float] = None  # target (+ draft) load time, from LoadedModel.load_seconds
+    reused_model: bool = False  # the model was already loaded for an earlier row
+    peak_memory_bytes: Optional[int] = None  # max over samples: device reserved on CUDA, RSS on CPU
+    model_memory_bytes: Optional[int] = None
+    acceptance_rate: Optional[float] = None
+    mean_accepted_length: Optional[float] = None
+    speedup: Optional[float] = None  # decode tokens/s ÷ the baseline's
+    matches_baseline: Optional[bool] = None
+    diverges_at: Optional[int] = None  # first new-token index that differs from the baseline
+    per_token_ms_by_position: list[float] = field(default_factory=list)  # median over samples
+    outputs: list[str] = field(default_factory=list)  # per prompt, the first measured sample
+    token_ids: list[list[int]] = field(default_factory=list)
+    device: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SweepRow:
+    batch_size: int
+    mode: str  # "continuous" (transformers generate_batch) or "padded" (batched generate, left padding)
+    status: str = "ok"
+    error: Optional[str] = None
+    samples: int = 0
+    latency_ms_p50: Optional[float] = None  # per request, start of the batch to its last token
+    latency_ms_p95: Optional[float] = None
+    ttft_ms_p50: Optional[float] = None  # continuous mode only (per-token timestamps)
+    throughput_tokens_per_s: Optional[float] = None  # all new tokens ÷ batch wall time, median
+    new_tokens: Optional[int] = None  # per batch
+    wall_s: Optional[float] = None  # one batch, median
+    peak_memory_bytes: Optional[int] = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class BenchReport:
+    spec: dict
+    machine: dict
+    model: str
+    device: str
+    started_at: str
+    results: list[ConfigResult] = field(default_factory=list)
+    sweep: list[SweepRow] = field(default_factory=list)
+    sweep_config: Optional[str] = None
+    finished_at: Optional[str] = None
+    cancelled: bool = False
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "device": self.device, "started_at": self.started_at,
+            "finished_at": self.finished_at, "seconds": self.seconds, "cancelled": self.cancelled,
+            "machine": self.machine, "spec": self.spec,
+            "results": [r.to_dict() for r in self.results],
+            "sweep_config": self.sweep_config,
+            "sweep": [s.to_dict() for s in self.sweep],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BenchReport":
+        rep = cls(spec=d.get("spec", {}), machine=d.get("machine", {}), model=d.get("model", ""),
+                  device=d.get("device", ""), started_at=d.get("started_at", ""),
+                  finished_at=d.get("finished_at"), cancelled=bool(d.get("cancelled")),
+                  seconds=float(d.get("seconds") or 0.0), sweep_config=d.get("sweep_config"))
+        known = ConfigResult.__dataclass_fields__
+        rep.results = [ConfigResult(**{k: v for k, v in r.items() if k in known}) for r in d.get("results", [])]
+        known_s = SweepRow.__dataclass_fields__
+        rep.sweep = [SweepRow(**{k: v for k, v in s.items() if k in known_s}) for s in d.get("sweep", [])]
+        return rep
+
+
+# -- what the runner reports while it runs -------------------------------------
+@dataclass
+class BenchStarted:
+    configs: list[str]
+    baseline: int
+
+
+@dataclass
+class BenchPhase:
+    fraction: float  # of the whole run, 0..1
+    index: Optional[int]  # configuration index, None for the sweep
+    phase: str
+
+
+@dataclass
+class BenchToken:
+    """Output text of a configuration as it streams (its first measured sample, first prompt)."""
+    index: int
+    text: str
+
+
+@dataclass
+class BenchRow:
+    result: ConfigResult
+
+
+@dataclass
+class BenchSweepRow:
+    row: SweepRow
+
+
+BenchEvent = Union[BenchStarted, BenchPhase, BenchToken, BenchRow, BenchSweepRow]
+ProgressCallback = Callable[[BenchEvent], None]
+
+
+def machine_info(device: Optional[str] = None) -> dict:
+    hw = probe()
+    versions = {}
+    for pkg in ("torch", "transformers", "bitsandbytes", "accelerate", "redline"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        import torch
+        versions["torch"] = torch.__version__
+        cuda = torch.version.cuda
+        threads = torch.get_num_threads()
+    except Exception:  # pragma: no cover - torch is a dependency
+        cuda, threads = None, None
+    return {
+        "cpu": hw.cpu, "cpu_cores": hw.cpu_cores, "torch_threads": threads,
+        "ram_total_bytes": hw.ram_total_bytes,
+        "gpus": [{"name": g.name, "total_bytes": g.total_bytes} for g in hw.gpus],
+        "device": device or hw.device, "cuda": cuda,
+        "os": platform.platform(), "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+class _Cancel:
+    """Cancel requested either through the run's own event or the engine's flag.
+
+    The engine clears its flag at the start of every load and generation; the
+    run's event stays set, so a cancel between two generations is not lost."""
+
+    def __init__(self, engine: Engine, event: Optional[threading.Event]):
+        self.engine, self.event = engine, event or threading.Event()
+
+    def __call__(self) -> bool:
+        if self.engine.cancelled():
+            self.event.set()
+        return self.event.is_set()
+
+
+def _render_prompts(tokenizer, spec: BenchSpec) -> list[list[int]]:
+    context = (spec.prompt_tokens + spec.new_tokens) if spec.prompt_tokens else 1_000_000
+    return [build_prompt(tokenizer, p.messages, context, spec.new_tokens).input_ids for p in spec.prompts.prompts]
+
+
+def _divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+    """First index where the two token lists differ; None if identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class _Models:
+    """Loads what a configuration needs, reusing the loaded target (and draft) when they match."""
+
+    def __init__(self, engine: Engine, model: str):
+        self.engine, self.model = engine, model
+        self.source = resolve(model)
+
+    def ensure(self, config: BenchConfig, progress: Callable[[float, str], None]) -> tuple[float, bool]:
+        eng = self.engine
+        spec = config.precision_spec(eng.device)
+        reused = True
+        load_s = 0.0
+        if eng.target is None or eng.target.source != self.source or eng.target.precision != spec:
+            reused = False
+            eng.load(self.model, spec, progress)
+        load_s += eng.target.load_seconds
+        if config.strategy == "speculative":
+            dspec = config.draft_precision_spec(eng.device)
+            if eng.draft is None or eng.draft.source != resolve(config.draft) or eng.draft.precision != dspec:
+                reused = False
+                eng.load_draft(config.draft, dspec, progress)
+            load_s += eng.draft.load_seconds
+        elif eng.draft is not None:
+            eng.unload_draft()  # fair memory figures: a draft another row needed is not this row's
+        return load_s, reused
+
+
+def _aggregate(row: ConfigResult, measured: list[tuple[int, GenerationResult]]) -> None:
+    results = [r for _, r in measured]
+    row.samples = len(results)
+    row.prompt_tokens = statistics.median(r.prompt_tokens for r in results)
+    row.new_tokens = statistics.median(r.new_tokens for r in results)
+    ttfts = [r.ttft_ms for r in results if r.ttft_ms is not None]
+    row.ttft_ms = percentile(ttfts, 0.5)
+    pooled = [ms for r in results for ms in r.per_token_ms]
+    row.p50_ms, row.p95_ms = percentile(pooled, 0.5), percentile(pooled, 0.95)
+    speeds = [r.tokens_per_s for r in results if r.tokens_per_s]
+    if speeds:
+        row.tokens_per_s = statistics.median(speeds)
+        row.tokens_per_s_min, row.tokens_per_s_max = min(speeds), max(speeds)
+        row.tokens_per_s_stdev = statistics.stdev(speeds) if len(speeds) > 1 else 0.0
+    row.total_s = statistics.median(r.total_s for r in results)
+    peaks = [r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None]
+    row.peak_memory_bytes = max(peaks) if peaks else None
+    proposed = sum(r.draft_proposed or 0 for r in results)
+    accepted = sum(r.draft_accepted or 0 for r in results)
+    if any(r.draft_proposed is not None for r in results):
+        row.acceptance_rate = accepted / proposed if proposed else None
+        # steps = accepted ÷ mean accepted length, per sample; pooled so long replies weigh more
+        steps = sum(r.draft_accepted / r.mean_accepted_length for r in results
+                    if r.mean_accepted_length and r.draft_accepted)
+        row.mean_accepted_length = accepted / steps if steps else (0.0 if proposed else None)
+    longest = max((len(r.per_token_ms) for r in results), default=0)
+    row.per_token_ms_by_position = [
+        statistics.median(r.per_token_ms[i] for r in results if i < len(r.per_token_ms)) for i in range(longest)]
+    for r in results:
+        for note in r.notes:
+            if not note.startswith("Traceback") and note not in row.notes:
+                row.notes.append(note)
+
+
+def _compare(rows: list[ConfigResult], baseline: int) -> None:
+    base = rows[baseline] if baseline < len(rows) else None
+    for row in rows:
+        row.baseline = row.index == baseline
+        if base is None or base.status != "ok" or row.status != "ok":
+            continue
+        if base.tokens_per_s and row.tokens_per_s:
+            row.speedup = row.tokens_per_s / base.tokens_per_s
+        if base.token_ids and len(base.token_ids) == len(row.token_ids):
+            first = [_divergence(a, b) for a, b in zip(base.token_ids, row.token_ids)]
+            diffs = [d for d in first if d is not None]
+            row.matches_baseline = not diffs
+            row.diverges_at = min(diffs) if diffs else None
+
+
+def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallback] = None,
+              cancel_event: Optional[threading.Event] = None, restore_model: bool = False) -> BenchReport:
+    """Run every configuration of ``spec`` on ``engine``, one after another; never raises for a row's failure.
+
+    ``progress`` receives BenchStarted, BenchPhase, BenchToken, BenchRow and BenchSweepRow events on the
+    calling thread. ``cancel_event`` (or ``engine.cancel()``) stops the run; finished rows are kept.
+    ``restore_model`` reloads the model the engine had before the run (the GUI's chat model)."""
+    emit = progress or (lambda ev: None)
+    engine.clear_cancel()  # a stale cancel from an earlier chat reply must not stop this run
+    cancelled = _Cancel(engine, cancel_event)
+    started = time.perf_counter()
+    previous = (engine.target.source.spec, engine.target.precision) if engine.target is not None else None
+    previous_draft = (engine.draft.source.spec, engine.draft.precision) if engine.draft is not None else None
+    models = _Models(engine, spec.model)
+    report = BenchReport(spec=spec.to_dict(), machine=machine_info(engine.device), model=models.source.name,
+                         device=engine.device, started_at=_dt.datetime.now().isoformat(timespec="seconds"))
+    rows = [ConfigResult(index=i, config=c.label, strategy=c.strategy, baseline=i == spec.baseline)
+            for i, c in enumerate(spec.configs)]
+    report.results = rows
+    per_config = spec.warmup + spec.samples * len(spec.prompts.prompts)
+    sweep_units = len(spec.batch_sizes) * (spec.warmup + spec.samples)
+    total_units = max(1, per_config * len(spec.configs) + sweep_units)
+    done_units = 0
+    emit(BenchStarted([c.label for c in spec.configs], spec.baseline))
+    sampling = SamplingSettings(max_new_tokens=spec.new_tokens, temperature=spec.temperature, seed=spec.seed,
+                                min_new_tokens=spec.new_tokens if spec.fixed_length else None)
+
+    try:
+        for i, config in enumerate(spec.configs):
+            row = rows[i]
+            if cancelled():
+                row.status = "cancelled"
+                continue
+            unit_base = done_units
+            row_start = time.perf_counter()
+
+            def load_progress(fraction: float, phase: str, _i=i, _base=unit_base) -> None:
+                emit(BenchPhase(_base / total_units, _i, f"{config.label}: {phase}"))
+
+            try:
+                emit(BenchPhase(done_units / total_units, i, f"{config.label}: loading"))
+                row.load_s, row.reused_model = models.ensure(config, load_progress)
+                target = engine.target
+                row.precision, row.device = target.precision.label(), target.device
+                row.model_memory_bytes = target.memory_bytes + (engine.draft.memory_bytes if engine.draft else 0)
+                prompts = _render_prompts(target.tokenizer, spec)
+                options = config.options()
+                measured: list[tuple[int, GenerationResult]] = []
+                outputs: dict[int, GenerationResult] = {}
+                failure: Optional[GenerationResult] = None
+                runs = [("warm-up", n, 0) for n in range(spec.warmup)] + [
+                    ("sample", s * len(prompts) + p, p) for s in range(spec.samples) for p in range(len(prompts))]
+                for kind, n, p in runs:
+                    if cancelled():
+                        break
+                    label = (f"warm-up {n + 1}/{spec.warmup}" if kind == "warm-up"
+                             else f"sample {n // len(prompts) + 1}/{spec.samples}, prompt {p + 1}/{len(prompts)}")
+                    emit(BenchPhase(done_units / total_units, i, f"{config.label}: {label}"))
+                    shown = kind == "sample" and n == 0
+
+                    def on_event(ev, _shown=shown, _i=i):
+                        if _shown and isinstance(ev, TokenEvent) and ev.text:
+                            emit(BenchToken(_i, ev.text))
+
+                    result = generate(target, prompts[p], sampling, options, engine.draft, on_event, cancelled)
+                    done_units += 1
+                    if result.finish_reason == "error":
+                        failure = result
+                        break
+                    if result.finish_reason == "cancelled":
+                        break
+                    if kind == "sample":
+                        measured.append((p, result))
+                        outputs.setdefault(p, result)
+                row.wall_s = time.perf_counter() - row_start
+                if failure is not None:
+                    row.status = "oom" if (failure.error or "").startswith("Out of memory") else "error"
+                    row.error = failure.error
+                elif cancelled() and len(measured) < spec.samples * len(prompts):
+                    row.status = "cancelled"
+                    if measured:
+                        _aggregate(row, measured)
+                        row.notes.append(f"cancelled after {len(measured)} of "
+                                         f"{spec.samples * len(prompts)} samples")
+                else:
+                    row.status = "ok"
+                    _aggregate(row, measured)
+                    row.outputs = [outputs[p].text for p in sorted(outputs)]
+                    row.token_ids = [outputs[p].token_ids for p in sorted(outputs)]
+            except Cancelled:
+                row.status = "cancelled"
+                row.wall_s = time.perf_counter() - row_start
+            except OutOfMemory as exc:
+                row.status, row.error = "oom", str(exc)
+            except RedlineError as exc:
+                row.status, row.error = "error", str(exc)
+            except Exception as exc:  # one broken configuration must not lose the others' results
+                if _is_oom(exc):
+                    row.status, row.error = "oom", f"Out of memory: {exc}"
+                else:
+                    row.status, row.error = "error", f"{type(exc).__name__}: {exc}"
+                free_memory(engine.device)
+            done_units = unit_base + per_config
+            _compare(rows, spec.baseline)
+            emit(BenchRow(row))
+
+        if spec.batch_sizes and not cancelled():
+            from .batch_sweep import run_sweep
+
+            cfg = spec.configs[spec.batch_config if spec.batch_config is not None else spec.baseline]
+            report.sweep_config = cfg.label
+
+            def sweep_progress(fraction: float, phase: str) -> None:
+                emit(BenchPhase((done_units + fraction * sweep_units) / total_units, None, phase))
+
+            try:
+                models.ensure(cfg, lambda f, ph: sweep_progress(0.0, ph))
+                def on_sweep_row(srow: SweepRow) -> None:
+                    report.sweep.append(srow)
+                    emit(BenchSweepRow(srow))
+
+                run_sweep(engine.target, cfg, _render_prompts(engine.target.tokenizer, spec), spec.batch_sizes,
+                          spec.new_tokens, spec.warmup, spec.samples, spec.seed, spec.batch_mode, sweep_progress,
+                          cancelled, on_sweep_row, spec.fixed_length)
+            except RedlineError as exc:
+                report.sweep.append(SweepRow(batch_size=0, mode="-", status="error", error=str(exc)))
+                emit(BenchSweepRow(report.sweep[-1]))
+    finally:
+        report.cancelled = cancelled()
+        if restore_model:
+            _restore(engine, previous, previous_draft)
+    report.seconds = time.perf_counter() - started
+    report.finished_at = _dt.datetime.now().isoformat(timespec="seconds")
+    emit(BenchPhase(1.0, None, "cancelled" if report.cancelled else "done"))
+    return report
+
+
+def _restore(engine: Engine, previous, previous_draft) -> None:
+    """Put back the model the engine had before the run (best effort: a failure leaves none loaded)."""
+    try:
+        if previous is None:
+            engine.unload()
+            return
+        spec_text, precision = previous
+        if engine.target is None or engine.target.source != resolve(spec_text) or engine.target.precision != precision:
+            engine.load(spec_text, precision)
+        if previous_draft is not None:
+            dspec, dprec = previous_draft
+            if engine.draft is None or engine.draft.source != resolve(dspec) or engine.draft.precision != dprec:
+                engine.load_draft(dspec, dprec)
+        else:
+            engine.unload_draft()
+    except RedlineError:
+        pass
+
+
+def _is_oom(exc: BaseException) -> bool:
+    from .loader import is_oom
+    try:
+        return is_oom(exc)
+    except Exception:  # pragma: no cover
+        return False
+
+
+def save_report(report: BenchReport, folder: Path) -> Path:
+    """Keep a run as ``<folder>/<started>-<model>.json`` so it can be reopened and compared."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = report.started_at.replace(":", "").replace("-", "")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", report.model)[:60]
+    path = folder / f"{stamp}-{safe}.json"
+    n = 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stamp}-{safe}-{n}.json"
+    path.write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def load_report(path: Path) -> BenchReport:
+    try:
+        return BenchReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, TypeError, AttributeError) as exc:
+        raise UnsupportedConfiguration(f"{path} is not a saved speed-lab run ({exc}).") from exc
+
+
+def list_reports(folder: Path) -> list[Path]:
+    return sorted(Path(folder).glob("*.json"), reverse=True) if Path(folder).is_dir() else []

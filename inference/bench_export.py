@@ -1,0 +1,189 @@
+"""Speed-lab results as CSV, JSON and Markdown — the same table the panel and `redline bench` show."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Callable, Optional
+
+from .bench import BenchReport, ConfigResult, SweepRow
+
+# (header, field, formatter) — one list drives the CLI table, the Markdown and the panel's columns.
+def _ms(v):
+    return "" if v is None else f"{v:.1f}"
+
+
+def _rate(v):
+    return "" if v is None else f"{v:.1f}"
+
+
+def _mib(v):
+    return "" if v is None else f"{v / 2**20:.0f}"
+
+
+def _pct(v):
+    return "" if v is None else f"{v * 100:.0f}%"
+
+
+def _x(v):
+    return "" if v is None else f"{v:.2f}×"
+
+
+def _spread(r: ConfigResult) -> str:
+    if r.tokens_per_s_min is None:
+        return ""
+    return f"{r.tokens_per_s_min:.1f}–{r.tokens_per_s_max:.1f}"
+
+
+def _match(r: ConfigResult) -> str:
+    if r.baseline:
+        return "baseline"
+    if r.matches_baseline is None:
+        return ""
+    return "yes" if r.matches_baseline else f"no (from token {r.diverges_at})"
+
+
+def _status(r: ConfigResult) -> str:
+    return r.status if not r.error else f"{r.status}: {r.error}"
+
+
+COLUMNS: list[tuple[str, Callable[[ConfigResult], str]]] = [
+    ("config", lambda r: r.config),
+    ("TTFT p50 ms", lambda r: _ms(r.ttft_ms)),
+    ("tok p50 ms", lambda r: _ms(r.p50_ms)),
+    ("tok p95 ms", lambda r: _ms(r.p95_ms)),
+    ("tok/s", lambda r: _rate(r.tokens_per_s)),
+    ("tok/s range", _spread),
+    ("total s", lambda r: "" if r.total_s is None else f"{r.total_s:.2f}"),
+    ("load s", lambda r: "" if r.load_s is None else f"{r.load_s:.1f}" + (" (reused)" if r.reused_model else "")),
+    ("peak MiB", lambda r: _mib(r.peak_memory_bytes)),
+    ("accept", lambda r: _pct(r.acceptance_rate)),
+    ("acc. len", lambda r: "" if r.mean_accepted_length is None else f"{r.mean_accepted_length:.2f}"),
+    ("speedup", lambda r: _x(r.speedup)),
+    ("matches", _match),
+    ("status", _status),
+]
+
+SWEEP_COLUMNS: list[tuple[str, Callable[[SweepRow], str]]] = [
+    ("batch", lambda s: str(s.batch_size)),
+    ("mode", lambda s: s.mode),
+    ("latency p50 ms", lambda s: _ms(s.latency_ms_p50)),
+    ("latency p95 ms", lambda s: _ms(s.latency_ms_p95)),
+    ("TTFT p50 ms", lambda s: _ms(s.ttft_ms_p50)),
+    ("throughput tok/s", lambda s: _rate(s.throughput_tokens_per_s)),
+    ("peak MiB", lambda s: _mib(s.peak_memory_bytes)),
+    ("status", lambda s: s.status if not s.error else f"{s.status}: {s.error}"),
+]
+
+# Machine-readable per-row fields (JSON "results" and CSV columns), raw numbers, no units in values.
+RESULT_FIELDS = ["config", "strategy", "precision", "status", "error", "baseline", "samples", "prompt_tokens",
+                 "new_tokens", "ttft_ms", "p50_ms", "p95_ms", "tokens_per_s", "tokens_per_s_min",
+                 "tokens_per_s_max", "tokens_per_s_stdev", "total_s", "wall_s", "load_s", "reused_model",
+                 "peak_memory_bytes", "model_memory_bytes", "acceptance_rate", "mean_accepted_length", "speedup",
+                 "matches_baseline", "diverges_at", "device"]
+
+
+def result_record(r: ConfigResult, full: bool = False) -> dict:
+    d = r.to_dict()
+    if full:
+        return d
+    rec = {k: d[k] for k in RESULT_FIELDS}
+    rec["outputs"] = d["outputs"]
+    rec["notes"] = d["notes"]
+    return rec
+
+
+def to_json(report: BenchReport, full: bool = False) -> str:
+    """``machine`` + ``results`` (+ the run's settings and the sweep). ``full`` adds per-position latencies
+    and token ids (what saved runs keep)."""
+    data = {
+        "model": report.model, "device": report.device, "started_at": report.started_at,
+        "finished_at": report.finished_at, "seconds": report.seconds, "cancelled": report.cancelled,
+        "machine": report.machine, "settings": report.spec,
+        "results": [result_record(r, full) for r in report.results],
+        "sweep_config": report.sweep_config, "sweep": [s.to_dict() for s in report.sweep],
+    }
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def to_csv(report: BenchReport) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(RESULT_FIELDS + ["output"])
+    for r in report.results:
+        rec = result_record(r)
+        w.writerow([_csv_value(rec[k]) for k in RESULT_FIELDS] + [r.outputs[0] if r.outputs else ""])
+    if report.sweep:
+        fields = ["batch_size", "mode", "status", "error", "samples", "latency_ms_p50", "latency_ms_p95",
+                  "ttft_ms_p50", "throughput_tokens_per_s", "new_tokens", "wall_s", "peak_memory_bytes"]
+        w.writerow([])
+        w.writerow([f"batch sweep: {report.sweep_config}"])
+        w.writerow(fields)
+        for s in report.sweep:
+            d = s.to_dict()
+            w.writerow([_csv_value(d[k]) for k in fields])
+    return buf.getvalue()
+
+
+def _csv_value(v):
+    return "" if v is None else v
+
+
+def table_rows(report: BenchReport) -> tuple[list[str], list[list[str]]]:
+    return [h for h, _ in COLUMNS], [[f(r) for _, f in COLUMNS] for r in report.results]
+
+
+def sweep_rows(report: BenchReport) -> tuple[list[str], list[list[str]]]:
+    return [h for h, _ in SWEEP_COLUMNS], [[f(s) for _, f in SWEEP_COLUMNS] for s in report.sweep]
+
+
+def _md_table(headers: list[str], rows: list[list[str]]) -> str:
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_summary(machine: dict) -> str:
+    gpus = ", ".join(f"{g['name']} ({g['total_bytes'] / 2**30:.0f} GiB)" if g.get("total_bytes") else g["name"]
+                     for g in machine.get("gpus", [])) or "none"
+    v = machine.get("versions", {})
+    ram = machine.get("ram_total_bytes")
+    return (f"CPU: {machine.get('cpu')} ({machine.get('cpu_cores')} logical cores, torch uses "
+            f"{machine.get('torch_threads')} threads); RAM: {ram / 2**30:.0f} GiB; GPU: {gpus}; "
+            f"device: {machine.get('device')}. torch {v.get('torch')}, transformers {v.get('transformers')}, "
+            f"bitsandbytes {v.get('bitsandbytes')}; Python {machine.get('python')}; {machine.get('os')}."
+            if ram else "")
+
+
+def to_markdown(report: BenchReport, command: Optional[str] = None) -> str:
+    s = report.spec
+    out = [f"### Speed lab: {report.model} on {report.device}", ""]
+    if command:
+        out += ["```sh", command, "```", ""]
+    out.append(f"Prompt set `{s.get('prompts', {}).get('name')}` ({s.get('prompts', {}).get('count')} prompts), "
+               f"{s.get('new_tokens')} new tokens, {s.get('warmup')} warm-up, {s.get('samples')} sample(s) per "
+               f"prompt, seed {s.get('seed')}, temperature {s.get('temperature')}; baseline "
+               f"`{s.get('baseline_config')}`." + (" **Cancelled** — partial results." if report.cancelled else ""))
+    out.append("")
+    out.append(_md_table(*table_rows(report)))
+    if report.sweep:
+        out += ["", f"Batch sweep of `{report.sweep_config}`:", "", _md_table(*sweep_rows(report))]
+    out += ["", f"Machine: {machine_summary(report.machine)}", ""]
+    return "\n".join(out)
+
+
+def to_text(report: BenchReport) -> str:
+    """A plain aligned table for the terminal."""
+    def fmt(headers, rows):
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
+                 "  ".join("-" * w for w in widths)]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+        return "\n".join(line.rstrip() for line in lines)
+
+    out = [fmt(*table_rows(report))]
+    if report.sweep:
+        out += ["", f"batch sweep: {report.sweep_config}", fmt(*sweep_rows(report))]
+    return "\n".join(out)

@@ -1,0 +1,495 @@
+"""The speed lab panel: run configurations side by side, watch them stream, compare and export.
+
+The run itself is ``inference.bench.run_bench`` submitted to the engine thread as
+one task; its progress events (phases, output tokens, finished rows) come back
+through ``EngineThread.progress``. The panel never calls the engine except
+``cancel()``. Past runs are JSON files in a folder the caller hands in.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Optional
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QTextCursor
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPlainTextEdit,
+                               QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter, QTableWidget,
+                               QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget, QComboBox)
+
+from inference.bench import (SEED_PRESET, BenchPhase, BenchReport, BenchRow, BenchSpec, BenchStarted,
+                             BenchSweepRow, BenchToken, ConfigResult, builtin_prompt_sets, list_reports,
+                             load_prompt_set, load_report, parse_configs, run_bench, save_report)
+from inference.bench_export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown
+from inference.errors import RedlineError
+
+from ui.worker import EngineThread
+
+DEFAULT_CONFIGS = "naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32"
+# The raw value behind each column, for sorting numerically rather than by text.
+_SORT_KEYS = {
+    "TTFT p50 ms": "ttft_ms", "tok p50 ms": "p50_ms", "tok p95 ms": "p95_ms", "tok/s": "tokens_per_s",
+    "tok/s range": "tokens_per_s_min", "total s": "total_s", "load s": "load_s", "peak MiB": "peak_memory_bytes",
+    "accept": "acceptance_rate", "acc. len": "mean_accepted_length", "speedup": "speedup",
+    "matches": "diverges_at",
+}
+
+
+class _SortItem(QTableWidgetItem):
+    """A cell that sorts by its raw number (empty cells last), and by text otherwise."""
+
+    def __init__(self, text: str, key):
+        super().__init__(text)
+        self.key = key
+        self.setFlags(self.flags() & ~Qt.ItemIsEditable)
+
+    def __lt__(self, other):
+        a, b = self.key, getattr(other, "key", None)
+        if isinstance(a, (int, float)) or isinstance(b, (int, float)):
+            if a is None:
+                return False
+            if b is None:
+                return True
+            return a < b
+        return self.text() < other.text()
+
+
+def _short(label: str, width: int = 22) -> str:
+    return label if len(label) <= width else label[:width - 1] + "…"
+
+
+_ABBREV = {"speculative": "spec", "prompt-lookup": "lookup"}
+
+
+def _tick(label: str) -> str:
+    """A bar's axis label: the strategy (abbreviated) and precision; options are in the table."""
+    run, sep, config = label.rpartition(" · ")
+    strategy, _, rest = config.partition(":")
+    text = _ABBREV.get(strategy, strategy) + (":" + rest.split("+")[0] if rest else "")
+    return (run[-5:] + " " if sep else "") + text
+
+
+class SpeedLabPanel(QWidget):
+    """Side-by-side comparison of decoding configurations on one model."""
+
+    run_finished = Signal(object)  # BenchReport
+
+    def __init__(self, worker: EngineThread, runs_dir: Optional[Path] = None, model: str = "starter",
+                 parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.worker = worker
+        self.runs_dir = Path(runs_dir) if runs_dir else None
+        self.report: Optional[BenchReport] = None  # the run shown (live or reopened)
+        self.shown: list[ConfigResult] = []  # rows in the table and charts (several runs when comparing)
+        self._task: Optional[int] = None
+        self._cancel: Optional[threading.Event] = None
+        self._columns: list[QPlainTextEdit] = []
+        self._build(model)
+        worker.progress.connect(self._on_progress)
+        worker.done.connect(self._on_done)
+        worker.failed.connect(self._on_failed)
+        self.refresh_history()
+
+    # -- layout ----------------------------------------------------------------
+    def _build(self, model: str) -> None:
+        form = QFormLayout()
+        self.model_edit = QLineEdit(model)
+        self.model_edit.setToolTip("starter, a model folder, a .gguf file or a hub id")
+        self.configs_edit = QLineEdit(DEFAULT_CONFIGS)
+        self.configs_edit.setToolTip("strategy:precision, comma-separated, e.g. naive:fp32,kv:bf16,kv:int8,"
+                                     "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16")
+        self.baseline_spin = QSpinBox(minimum=1, maximum=64, value=1)
+        self.baseline_spin.setToolTip("Which configuration (1 = first) the others are compared with")
+        self.prompts_combo = QComboBox(editable=True)
+        self.prompts_combo.addItems(builtin_prompt_sets())
+        self.prompts_combo.setCurrentText("short" if "short" in builtin_prompt_sets() else "")
+        self.prompts_combo.setToolTip("A built-in prompt set, or the path of your own JSON prompt set")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse_prompts)
+        prompts_row = QHBoxLayout()
+        prompts_row.addWidget(self.prompts_combo, 1)
+        prompts_row.addWidget(browse)
+        self.new_tokens_spin = QSpinBox(minimum=1, maximum=8192, value=64)
+        self.warmup_spin = QSpinBox(minimum=0, maximum=1000, value=1)
+        self.samples_spin = QSpinBox(minimum=1, maximum=1000, value=3)
+        self.seed_spin = QSpinBox(minimum=0, maximum=2**31 - 1, value=0)
+        preset = QPushButton(f"Seed protocol ({SEED_PRESET['warmup']} warm-up / {SEED_PRESET['samples']} samples)")
+        preset.clicked.connect(self.apply_seed_preset)
+        counts = QHBoxLayout()
+        for text, w in (("new tokens", self.new_tokens_spin), ("warm-up", self.warmup_spin),
+                        ("samples", self.samples_spin), ("seed", self.seed_spin)):
+            counts.addWidget(QLabel(text))
+            counts.addWidget(w)
+        counts.addWidget(preset)
+        counts.addStretch(1)
+        self.sweep_edit = QLineEdit()
+        self.sweep_edit.setPlaceholderText("e.g. 1,2,4,8 — batch sweep of the baseline configuration (optional)")
+        form.addRow("Model", self.model_edit)
+        form.addRow("Configurations", self.configs_edit)
+        form.addRow("Baseline", self.baseline_spin)
+        form.addRow("Prompt set", prompts_row)
+        form.addRow("Lengths", counts)
+        form.addRow("Batch sweep", self.sweep_edit)
+
+        self.run_button = QPushButton("Run")
+        self.run_button.clicked.connect(self.start)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.progress_bar = QProgressBar(minimum=0, maximum=1000)
+        self.status_label = QLabel("Ready.")
+        self.status_label.setWordWrap(True)
+        controls = QHBoxLayout()
+        controls.addWidget(self.run_button)
+        controls.addWidget(self.cancel_button)
+        controls.addWidget(self.progress_bar, 1)
+
+        # Outputs side by side, one column per configuration.
+        self.outputs_host = QWidget()
+        self.outputs_layout = QHBoxLayout(self.outputs_host)
+        self.outputs_layout.setContentsMargins(0, 0, 0, 0)
+        outputs_scroll = QScrollArea()
+        outputs_scroll.setWidgetResizable(True)
+        outputs_scroll.setWidget(self.outputs_host)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels([h for h, _ in COLUMNS])
+        self.table.setSortingEnabled(True)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.sweep_table = QTableWidget(0, len(SWEEP_COLUMNS))
+        self.sweep_table.setHorizontalHeaderLabels([h for h, _ in SWEEP_COLUMNS])
+
+        self.charts = QWidget()
+        grid = QGridLayout(self.charts)
+        self.tps_plot = self._plot("Decode tokens/s (median, min–max)", "tokens/s")
+        self.ttft_plot = self._plot("Time to first token (p50)", "ms")
+        self.latency_plot = self._plot("Per-token latency by position (median)", "ms")
+        self.latency_plot.setLabel("bottom", "new token")
+        self.latency_plot.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 210), labelTextColor="k")
+        self.memory_plot = self._plot("Peak memory", "MiB")
+        grid.addWidget(self.tps_plot, 0, 0)
+        grid.addWidget(self.ttft_plot, 0, 1)
+        grid.addWidget(self.latency_plot, 1, 0)
+        grid.addWidget(self.memory_plot, 1, 1)
+
+        self.history = QListWidget()
+        self.history.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.history.itemDoubleClicked.connect(lambda _item: self.open_selected())
+        open_button = QPushButton("Open")
+        open_button.clicked.connect(self.open_selected)
+        compare_button = QPushButton("Compare selected")
+        compare_button.clicked.connect(self.open_selected)
+        history_box = QWidget()
+        hl = QVBoxLayout(history_box)
+        hl.addWidget(QLabel("Past runs (select several to compare them in one table)"))
+        hl.addWidget(self.history, 1)
+        hb = QHBoxLayout()
+        hb.addWidget(open_button)
+        hb.addWidget(compare_button)
+        hb.addStretch(1)
+        hl.addLayout(hb)
+
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.table, "Results")
+        self.tabs.addTab(self.charts, "Charts")
+        self.tabs.addTab(self.sweep_table, "Batch sweep")
+        self.tabs.addTab(history_box, "Past runs")
+
+        export_row = QHBoxLayout()
+        export_row.addWidget(QLabel("Export:"))
+        for fmt in ("CSV", "JSON", "Markdown", "PNG"):
+            b = QPushButton(fmt)
+            b.clicked.connect(lambda _=False, f=fmt.lower(): self._export_dialog(f))
+            export_row.addWidget(b)
+        export_row.addStretch(1)
+
+        splitter = QSplitter(Qt.Vertical)
+        splitter.addWidget(outputs_scroll)
+        splitter.addWidget(self.tabs)
+        splitter.setStretchFactor(1, 2)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(controls)
+        layout.addWidget(self.status_label)
+        layout.addWidget(splitter, 1)
+        layout.addLayout(export_row)
+
+    def _plot(self, title: str, unit: str) -> pg.PlotWidget:
+        w = pg.PlotWidget(title=title)
+        w.setBackground("w")
+        w.setLabel("left", unit)
+        w.showGrid(y=True, alpha=0.3)
+        w.setMinimumHeight(180)
+        font = w.getAxis("bottom").font()
+        font.setPointSizeF(max(6.0, font.pointSizeF() * 0.85))
+        w.getAxis("bottom").setStyle(tickFont=font, autoReduceTextSpace=False)
+        return w
+
+    # -- running ---------------------------------------------------------------
+    def apply_seed_preset(self) -> None:
+        self.warmup_spin.setValue(SEED_PRESET["warmup"])
+        self.samples_spin.setValue(SEED_PRESET["samples"])
+
+    def _browse_prompts(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Prompt set", "", "Prompt sets (*.json)")
+        if path:
+            self.prompts_combo.setCurrentText(path)
+
+    def build_spec(self) -> BenchSpec:
+        configs = parse_configs(self.configs_edit.text())
+        sweep = []
+        if self.sweep_edit.text().strip():
+            try:
+                sweep = [int(s) for s in self.sweep_edit.text().split(",") if s.strip()]
+            except ValueError:
+                raise RedlineError("Batch sizes must be whole numbers, e.g. 1,2,4,8.") from None
+        return BenchSpec(model=self.model_edit.text().strip() or "starter", configs=configs,
+                         prompts=load_prompt_set(self.prompts_combo.currentText().strip() or "short"),
+                         new_tokens=self.new_tokens_spin.value(), warmup=self.warmup_spin.value(),
+                         samples=self.samples_spin.value(), seed=self.seed_spin.value(),
+                         baseline=self.baseline_spin.value() - 1, batch_sizes=sweep)
+
+    def start(self) -> Optional[int]:
+        """Validate the form and submit the run; bad input is reported and nothing is lost."""
+        if self._task is not None:
+            return None
+        try:
+            spec = self.build_spec()
+        except RedlineError as exc:
+            self.status_label.setText(f"<b>Cannot run:</b> {exc}")
+            return None
+        self._cancel = threading.Event()
+        cancel = self._cancel
+        self._reset_outputs(spec)
+        self.report = None
+        self.shown = []
+        self._refresh_views()
+        self.run_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.progress_bar.setValue(0)
+        self.status_label.setText("Starting…")
+
+        def task(engine, report):
+            return run_bench(engine, spec, report, cancel, restore_model=True)
+
+        self._task = self.worker.submit(task)
+        return self._task
+
+    def cancel(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+        self.worker.cancel()
+        self.status_label.setText("Cancelling after the current step…")
+
+    def running(self) -> bool:
+        return self._task is not None
+
+    def _reset_outputs(self, spec: BenchSpec) -> None:
+        while self.outputs_layout.count():
+            item = self.outputs_layout.takeAt(0)
+            if item.widget() is not None:
+                item.widget().deleteLater()
+        self._columns = []
+        for i, c in enumerate(spec.configs):
+            box = QGroupBox(c.label + ("  (baseline)" if i == spec.baseline else ""))
+            box.setMinimumWidth(220)
+            text = QPlainTextEdit()
+            text.setReadOnly(True)
+            QVBoxLayout(box).addWidget(text)
+            self.outputs_layout.addWidget(box)
+            self._columns.append(text)
+
+    def column_texts(self) -> list[str]:
+        return [c.toPlainText() for c in self._columns]
+
+    def _on_progress(self, task_id: int, ev) -> None:
+        if task_id != self._task:
+            return
+        if isinstance(ev, BenchToken):
+            if ev.index < len(self._columns):
+                col = self._columns[ev.index]
+                col.moveCursor(QTextCursor.MoveOperation.End)
+                col.insertPlainText(ev.text)
+        elif isinstance(ev, BenchPhase):
+            self.progress_bar.setValue(int(ev.fraction * 1000))
+            self.status_label.setText(ev.phase)
+        elif isinstance(ev, BenchRow):
+            self.shown = [r for r in self.shown if r.index != ev.result.index] + [ev.result]
+            self.shown.sort(key=lambda r: r.index)
+            r = ev.result
+            if r.status != "ok" and r.index < len(self._columns):
+                self._columns[r.index].appendPlainText(f"\n[{r.status}] {r.error or ''}".rstrip())
+            self._refresh_views()
+        elif isinstance(ev, BenchSweepRow):
+            if self.report is None:
+                self._sweep_live = getattr(self, "_sweep_live", []) + [ev.row]
+                self._fill_sweep(self._sweep_live)
+        elif isinstance(ev, BenchStarted):
+            self._sweep_live = []
+
+    def _on_done(self, task_id: int, report) -> None:
+        if task_id != self._task:
+            return
+        self._task = None
+        self.run_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+        self.progress_bar.setValue(1000)
+        self.show_reports([report])
+        saved = ""
+        if self.runs_dir is not None:
+            try:
+                saved = f" Saved as {save_report(report, self.runs_dir).name}."
+            except OSError as exc:
+                saved = f" Could not save the run: {exc}."
+            self.refresh_history()
+        self.status_label.setText(("Cancelled; finished rows kept." if report.cancelled else
+                                   f"Done in {report.seconds:.0f} s.") + saved)
+        self.run_finished.emit(report)
+
+    def _on_failed(self, task_id: int, message: str, exc) -> None:
+        if task_id != self._task:
+            return
+        self._task = None
+        self.run_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+        self.status_label.setText(f"<b>The run failed:</b> {message}")
+
+    # -- showing results -------------------------------------------------------
+    def show_reports(self, reports: list[BenchReport]) -> None:
+        """Show one run, or several side by side (rows labelled by run)."""
+        if not reports:
+            return
+        self.report = reports[0]
+        if len(reports) == 1:
+            self.shown = list(reports[0].results)
+        else:
+            self.shown = []
+            for rep in reports:
+                tag = rep.started_at.replace("T", " ")[:16]
+                for r in rep.results:
+                    copy = ConfigResult(**r.to_dict())
+                    copy.config = f"{tag} · {r.config}"
+                    self.shown.append(copy)
+        self._refresh_views()
+        self._fill_sweep(reports[0].sweep)
+
+    def _refresh_views(self) -> None:
+        self._fill_table(self.shown)
+        self._fill_charts(self.shown)
+
+    def _fill_table(self, rows: list[ConfigResult]) -> None:
+        self.table.setSortingEnabled(False)
+        self.table.setRowCount(len(rows))
+        for i, r in enumerate(rows):
+            for j, (header, fmt) in enumerate(COLUMNS):
+                key = getattr(r, _SORT_KEYS[header]) if header in _SORT_KEYS else None
+                if header == "matches" and r.matches_baseline:
+                    key = float("inf")  # a full match sorts after any divergence point
+                item = _SortItem(fmt(r), key)
+                if header == "status" and r.status != "ok":
+                    item.setForeground(Qt.red)
+                self.table.setItem(i, j, item)
+        self.table.setSortingEnabled(True)
+        self.table.resizeColumnsToContents()
+
+    def _fill_sweep(self, rows) -> None:
+        self.sweep_table.setRowCount(len(rows))
+        for i, s in enumerate(rows):
+            for j, (_h, fmt) in enumerate(SWEEP_COLUMNS):
+                self.sweep_table.setItem(i, j, _SortItem(fmt(s), None))
+        self.sweep_table.resizeColumnsToContents()
+
+    def chart_data(self) -> dict:
+        """What the charts plot, by chart; rows without a measurement are left out."""
+        ok = [r for r in self.shown if r.tokens_per_s is not None]
+        return {
+            "tokens_per_s": [(r.config, r.tokens_per_s, r.tokens_per_s_min, r.tokens_per_s_max) for r in ok],
+            "ttft_ms": [(r.config, r.ttft_ms) for r in self.shown if r.ttft_ms is not None],
+            "latency_by_position": {r.config: list(r.per_token_ms_by_position) for r in self.shown
+                                    if r.per_token_ms_by_position},
+            "peak_memory_mib": [(r.config, r.peak_memory_bytes / 2**20) for r in self.shown
+                                if r.peak_memory_bytes is not None],
+        }
+
+    def _bars(self, plot: pg.PlotWidget, items: list[tuple], errors: bool = False) -> None:
+        plot.clear()
+        if not items:
+            return
+        xs = list(range(len(items)))
+        ys = [it[1] for it in items]
+        brushes = [pg.intColor(i, hues=max(len(items), 3), alpha=200) for i in xs]
+        plot.addItem(pg.BarGraphItem(x=xs, height=ys, width=0.6, brushes=brushes))
+        if errors:
+            import numpy as np
+            top = np.array([it[3] - it[1] for it in items], dtype=float)
+            bottom = np.array([it[1] - it[2] for it in items], dtype=float)
+            plot.addItem(pg.ErrorBarItem(x=np.array(xs, dtype=float), y=np.array(ys, dtype=float), top=top,
+                                         bottom=bottom, beam=0.25, pen=pg.mkPen("k", width=1.5)))
+        plot.getAxis("bottom").setTicks([[(i, _tick(it[0])) for i, it in enumerate(items)]])
+        plot.setXRange(-0.6, len(items) - 0.4, padding=0)
+
+    def _fill_charts(self, rows: list[ConfigResult]) -> None:
+        data = self.chart_data()
+        self._bars(self.tps_plot, data["tokens_per_s"], errors=True)
+        self._bars(self.ttft_plot, data["ttft_ms"])
+        self._bars(self.memory_plot, data["peak_memory_mib"])
+        self.latency_plot.clear()
+        series = data["latency_by_position"]
+        for i, (label, values) in enumerate(series.items()):
+            pen = pg.mkPen(pg.intColor(i, hues=max(len(series), 3)), width=1.5)
+            self.latency_plot.plot(list(range(1, len(values) + 1)), values, pen=pen, name=_short(label, 30))
+
+    # -- past runs and export ----------------------------------------------------
+    def refresh_history(self) -> None:
+        self.history.clear()
+        if self.runs_dir is None:
+            return
+        for path in list_reports(self.runs_dir):
+            try:
+                rep = load_report(path)
+            except RedlineError:
+                continue  # a foreign or damaged file is skipped, not deleted
+            ok = sum(r.status == "ok" for r in rep.results)
+            item = QListWidgetItem(f"{rep.started_at.replace('T', ' ')} — {rep.model} on {rep.device}: "
+                                   f"{ok}/{len(rep.results)} configurations"
+                                   + (" (cancelled)" if rep.cancelled else ""))
+            item.setData(Qt.UserRole, str(path))
+            self.history.addItem(item)
+
+    def open_selected(self) -> None:
+        items = self.history.selectedItems() or ([self.history.currentItem()] if self.history.currentItem() else [])
+        reports = []
+        for item in items:
+            try:
+                reports.append(load_report(Path(item.data(Qt.UserRole))))
+            except RedlineError as exc:
+                self.status_label.setText(str(exc))
+        if reports:
+            self.show_reports(reports)
+            self.tabs.setCurrentIndex(0)
+
+    def export(self, fmt: str, path: Path) -> Path:
+        """Write the shown run as csv, json, markdown or png (the charts)."""
+        path = Path(path)
+        if fmt == "png":
+            if not self.charts.grab().save(str(path)):
+                raise OSError(f"Could not write {path}.")
+            return path
+        if self.report is None:
+            raise RedlineError("There is no finished run to export.", "Run the lab or open a past run first.")
+        text = {"csv": to_csv, "json": to_json, "markdown": to_markdown}[fmt](self.report)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def _export_dialog(self, fmt: str) -> None:
+        ext = {"csv": "csv", "json": "json", "markdown": "md", "png": "png"}[fmt]
+        path, _ = QFileDialog.getSaveFileName(self, f"Export {fmt}", f"speedlab.{ext}", f"*.{ext}")
+        if not path:
+            return
+        try:
+            self.export(fmt, Path(path))
+            self.status_label.setText(f"Exported {path}.")
+        except (RedlineError, OSError) as exc:
+            QMessageBox.warning(self, "Export", str(exc))
