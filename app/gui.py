@@ -19,7 +19,21 @@ def build_window(model: Optional[str] = None, store: Optional[Store] = None, eng
     store = store or Store()
     engine = EngineThread(engine_factory)
     window = MainWindow(engine, store, settings, save_settings, warning)
+    add_speed_lab(window, engine, settings)
     return window
+
+
+def add_speed_lab(window, engine, settings) -> None:
+    """The speed lab shares the chat's engine thread; built when its tab is first opened."""
+    from ui.lazy_panel import LazyPanel
+
+    from app.private_files import data_dir
+
+    def build():
+        from ui.speedlab import SpeedLabPanel
+        return SpeedLabPanel(engine, runs_dir=data_dir() / "speedlab-runs", model=settings.model or "starter")
+
+    window.add_panel(LazyPanel(build), "Speed lab")
 
 
 def run_gui(model: Optional[str] = None) -> int:

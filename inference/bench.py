@@ -169,8 +169,11 @@ def format_config(c: BenchConfig) -> str:
 
 # -- prompt sets ---------------------------------------------------------------
 def assets_dir() -> Path:
-    """Where the built-in assets live. The one place that knows; packaging will change it."""
-    return Path(__file__).resolve().parent.parent / "assets"
+    """Where the built-in assets live: the installed ``redline_assets`` package (a folder on disk in a
+    wheel, an editable install and the PyInstaller bundle alike)."""
+    from importlib.resources import files
+
+    return Path(str(files("redline_assets")))
 
 
 @dataclass

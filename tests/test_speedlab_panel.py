@@ -99,3 +99,20 @@ def test_cancel_keeps_finished_rows(qtbot, panel, tiny_model_dir):
     assert report.cancelled and report.results[0].status == "ok"
     assert [r.status for r in report.results[1:]] == ["cancelled", "cancelled"]
     assert panel.table.rowCount() == 3 and "Cancelled" in panel.status_label.text()
+
+
+def test_speed_lab_is_a_tab_of_the_main_window_built_on_first_open(qtbot, tmp_path):
+    from app.gui import build_window
+    from app.store import Store
+    from ui.lazy_panel import LazyPanel
+    from ui.speedlab import SpeedLabPanel
+
+    window = build_window(store=Store(tmp_path / "db.sqlite3"))
+    qtbot.addWidget(window)
+    tabs = window.tabs
+    titles = [tabs.tabText(i) for i in range(tabs.count())]
+    assert "Speed lab" in titles
+    lazy = tabs.widget(titles.index("Speed lab"))
+    assert isinstance(lazy, LazyPanel) and lazy.inner is None
+    assert isinstance(lazy.ensure_built(), SpeedLabPanel)
+    window.shutdown()
