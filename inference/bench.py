@@ -304,6 +304,9 @@ class ConfigResult:
     speedup: Optional[float] = None  # decode tokens/s ÷ the baseline's
     matches_baseline: Optional[bool] = None
     diverges_at: Optional[int] = None  # first new-token index that differs from the baseline
+    bytes_per_token: Optional[int] = None  # weights + KV cache one decode step reads (bandwidth.py)
+    bandwidth_bytes_per_s: Optional[float] = None  # measured once on this machine, cached
+    roofline_pct: Optional[float] = None  # decode tokens/s × bytes per token ÷ bandwidth
     per_token_ms_by_position: list[float] = field(default_factory=list)  # median over samples
     outputs: list[str] = field(default_factory=list)  # per prompt, the first measured sample
     token_ids: list[list[int]] = field(default_factory=list)
@@ -520,6 +523,18 @@ def _aggregate(row: ConfigResult, measured: list[tuple[int, GenerationResult]]) 
                 row.notes.append(note)
 
 
+def _roofline(row: ConfigResult, target) -> None:
+    """How close decoding came to the memory-bandwidth bound: tokens/s ≤ bandwidth ÷ bytes per token.
+    With speculative decoding or prompt lookup one step can yield several tokens, so it may pass 100 %."""
+    from .bandwidth import bandwidth, bytes_read_per_token
+
+    context = int((row.prompt_tokens or 0) + (row.new_tokens or 0) / 2)  # the cache read on an average step
+    row.bytes_per_token = bytes_read_per_token(target.model, context)
+    row.bandwidth_bytes_per_s = bandwidth(target.device)
+    if row.tokens_per_s and row.bandwidth_bytes_per_s:
+        row.roofline_pct = 100.0 * row.tokens_per_s * row.bytes_per_token / row.bandwidth_bytes_per_s
+
+
 def _compare(rows: list[ConfigResult], baseline: int) -> None:
     base = rows[baseline] if baseline < len(rows) else None
     for row in rows:
@@ -622,6 +637,7 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
                 else:
                     row.status = "ok"
                     _aggregate(row, measured)
+                    _roofline(row, target)
                     row.outputs = [outputs[p].text for p in sorted(outputs)]
                     row.token_ids = [outputs[p].token_ids for p in sorted(outputs)]
             except Cancelled:

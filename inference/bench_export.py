@@ -59,6 +59,8 @@ COLUMNS: list[tuple[str, Callable[[ConfigResult], str]]] = [
     ("peak MiB", lambda r: _mib(r.peak_memory_bytes)),
     ("accept", lambda r: _pct(r.acceptance_rate)),
     ("acc. len", lambda r: "" if r.mean_accepted_length is None else f"{r.mean_accepted_length:.2f}"),
+    ("MB/token", lambda r: "" if r.bytes_per_token is None else f"{r.bytes_per_token / 1e6:.0f}"),
+    ("% roofline", lambda r: "" if r.roofline_pct is None else f"{r.roofline_pct:.0f}%"),
     ("speedup", lambda r: _x(r.speedup)),
     ("matches", _match),
     ("status", _status),
@@ -80,7 +82,8 @@ RESULT_FIELDS = ["config", "strategy", "precision", "status", "error", "baseline
                  "new_tokens", "ttft_ms", "p50_ms", "p95_ms", "tokens_per_s", "tokens_per_s_min",
                  "tokens_per_s_max", "tokens_per_s_stdev", "total_s", "wall_s", "load_s", "reused_model",
                  "peak_memory_bytes", "model_memory_bytes", "acceptance_rate", "mean_accepted_length", "speedup",
-                 "matches_baseline", "diverges_at", "device"]
+                 "matches_baseline", "diverges_at", "bytes_per_token", "bandwidth_bytes_per_s", "roofline_pct",
+                 "device"]
 
 
 def result_record(r: ConfigResult, full: bool = False) -> dict:

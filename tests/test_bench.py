@@ -246,3 +246,19 @@ def test_starter_kv_matches_naive(starter_dir):
     naive, kv = report.results
     assert naive.status == kv.status == "ok"
     assert kv.matches_baseline is True and naive.outputs[0].strip()
+
+
+def test_rows_report_bytes_per_token_and_roofline(tiny_model_dir):
+    from inference.bench import BenchSpec, load_prompt_set, parse_configs, run_bench
+    from inference.engine import Engine
+
+    prompts = load_prompt_set("short")
+    prompts.prompts = prompts.prompts[:1]
+    spec = BenchSpec(model=str(tiny_model_dir), configs=parse_configs("kv:fp32,fast:fp32"), prompts=prompts,
+                     new_tokens=8, warmup=0, samples=1)
+    report = run_bench(Engine(device="cpu"), spec)
+    for row in report.results:
+        assert row.status == "ok", row.error
+        assert row.bytes_per_token > 0 and row.bandwidth_bytes_per_s > 0
+        assert 0 < row.roofline_pct
+    assert report.results[1].matches_baseline  # fast gives kv's tokens
