@@ -297,7 +297,7 @@ def test_cli_json(capsys, tmp_path):
     for key in ("model", "parameters", "context", "batch", "available_bytes", "estimates", "suggestion"):
         assert key in data
     assert data["parameters"] == 494_032_768 and data["available_bytes"] == 12 << 30
-    assert [e["precision"] for e in data["estimates"]] == ["fp32", "fp16", "bf16", "int8", "nf4", "fp4"]
+    assert [e["precision"] for e in data["estimates"]] == ["fp32", "fp16", "bf16", "int8", "nf4", "fp4", "q8", "q4"]
     for e in data["estimates"]:
         for key in ("precision", "weights_bytes", "kv_cache_bytes", "activation_bytes", "overhead_bytes",
                     "draft_bytes", "total_bytes", "fits"):
