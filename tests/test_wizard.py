@@ -193,3 +193,30 @@ def test_rejected_choices_draft_check_and_tooltips(qtbot, tmp_path, tiny_model_d
     wiz.button(QWizard.FinishButton).click()
     assert window.presets.presets() == []
     window.shutdown()
+
+
+def test_presets_menu_dialog_and_settings_panel(qtbot):
+    window = open_window(qtbot)
+    store = window.presets
+    base = window.settings_values()
+    store.save("Tiny fp32", {**base, "model": "/models/tiny", "precision": "fp32", "context_length": 512})
+    store.save("Starter nf4", {**base, "model": "starter", "precision": "nf4", "strategy": "prompt-lookup"})
+    window._fill_presets_menu()
+    assert [a.text() for a in window.presets_menu.actions() if a.text()][:2] == ["Starter nf4", "Tiny fp32"]
+
+    dialog = window.manage_presets()
+    assert dialog.list.count() == 2 and "starter · nf4" in dialog.detail.text()
+    assert dialog.rename("Tiny fp32", "Tiny exact")
+    assert not dialog.rename("Tiny exact", "Starter nf4")  # taken: refused in place, nothing lost
+    assert "exists already" in dialog.detail.text() and store.get("Tiny exact") is not None
+    dialog.delete("Starter nf4")
+    assert [p.name for p in store.presets()] == ["Tiny exact"]
+    panel = window.settings_panel  # the model selector lists presets; choosing one fills every field
+    assert [panel.preset.itemText(i) for i in range(panel.preset.count())][1:] == ["Tiny exact"]
+    panel.preset.setCurrentIndex(1)
+    panel.preset.activated.emit(1)
+    assert panel.model.currentText() == "/models/tiny" and panel.precision.currentText() == "fp32"
+    assert panel.context_length.value() == 512 and panel.apply_button.isEnabled()
+    assert "reloaded" in panel.reload_note.text()
+    dialog.reject()
+    window.shutdown()

@@ -80,9 +80,11 @@ class PresetsDialog(QDialog):
     def rename(self, old: str, new: str) -> bool:
         try:
             self.store.rename(old, new)
-        except ValueError as exc:  # PresetError
-            QMessageBox.warning(self, "Rename preset", str(exc))
+        except ValueError as exc:  # PresetError: shown in place, the preset stays as it was
+            self.detail.setText(f"Not renamed: {exc}")
+            self.detail.setStyleSheet("color: #c0182b;")
             return False
+        self.detail.setStyleSheet("")
         self.refresh(select=new.strip())
         self.changed.emit()
         return True

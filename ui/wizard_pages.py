@@ -31,6 +31,7 @@ SHOWN_PRECISIONS = ("bf16", "fp16", "fp32", "int8", "nf4", "fp4", "q8", "q4")
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)
 MIN_CONTEXT = 256
 OK, BAD, CLOSE = "#1b7f3b", "#c0182b", "#b26a00"
+PALE = {OK: "#e3f4e8", BAD: "#fdecee", CLOSE: "#fff3dc"}  # the fits column's backgrounds
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 # One sentence per term, shown as tooltips: the wizard is for people who do not know them yet.
@@ -289,8 +290,8 @@ class HardwarePage(QWizardPage):
         self.other = _tip(QRadioButton("Plan for &another GPU:"), "other_gpu")
         self.gpu_list = _tip(QComboBox(), "gpu_list")
         for g in CONSUMER_GPUS:
-            self.gpu_list.addItem(f"{g.name} — {g.memory_bytes / GB:.1f} GB" + ("" if g.bf16 else ", fp16 only"),
-                                  g.name)
+            self.gpu_list.addItem(f"{g.name}  ({g.memory_bytes / GB:.1f} GB, {g.bandwidth_gb_s:.0f} GB/s"
+                                  + ("" if g.bf16 else ", fp16 only") + ")", g.name)
         self.gpu_list.setCurrentIndex(self.gpu_list.findData("RTX 3060 12GB"))
         row.addWidget(self.other)
         row.addWidget(self.gpu_list, 1)
@@ -497,7 +498,7 @@ class ConfigPage(QWizardPage):
                 if col == len(cells) - 1:
                     color = fit_color(e)
                     item.setForeground(QColor(color))
-                    item.setBackground(QColor(color).lighter(190))
+                    item.setBackground(QColor(PALE[color]))
                 self.table.setItem(row, col, item)
         self._filling = False
         s = self.suggestion
@@ -545,7 +546,7 @@ class ConfigPage(QWizardPage):
     def _describe_choice(self) -> None:
         row = self.selected_row()
         if row is None:
-            _colored(self.choice, "Select a row to continue.")
+            _colored(self.choice, "Select a row to continue (one that does not fit can still be tried).")
         else:
             e = self.estimates[row]
             if e.fits:
@@ -598,9 +599,10 @@ class DraftPage(QWizardPage, _CheckedPicker):
         _tip(self.picker, "draft_picker")
         dv.addWidget(self.picker)
         form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldsStayAtSizeHint)
         self.draft_precision = _tip(QComboBox(), "draft_precision")
         self.draft_precision.addItems(SHOWN_PRECISIONS)
-        form.addRow("Draft &precision:", self.draft_precision)
+        form.addRow("Draft pr&ecision:", self.draft_precision)
         self.tokens = _tip(QSpinBox(), "draft_tokens")
         self.tokens.setRange(1, 16)
         self.tokens.setValue(5)
