@@ -31,6 +31,7 @@ test: $(VENV)/.installed
 # Offscreen by default; under a virtual display: xvfb-run -s "-screen 0 1400x900x24" make screenshots
 screenshots: $(VENV)/.installed
 	$(BIN)/python tools/screenshots.py
+	$(BIN)/python tools/wizard_screenshots.py
 
 clean-venv:
 	rm -rf $(VENV)

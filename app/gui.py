@@ -6,11 +6,13 @@ import os
 import sys
 from typing import Optional
 
+from app.presets import PresetStore
 from app.settings import load_settings, save_settings
 from app.store import Store
 
 
-def build_window(model: Optional[str] = None, store: Optional[Store] = None, engine_factory=None):
+def build_window(model: Optional[str] = None, store: Optional[Store] = None, engine_factory=None,
+                 presets: Optional[PresetStore] = None):
     """Create the window (without showing it). Tests use this with their own store and engine."""
     from ui.main_window import MainWindow
     from ui.worker import EngineThread
@@ -18,7 +20,7 @@ def build_window(model: Optional[str] = None, store: Optional[Store] = None, eng
     settings, warning = load_settings()
     store = store or Store()
     engine = EngineThread(engine_factory)
-    window = MainWindow(engine, store, settings, save_settings, warning)
+    window = MainWindow(engine, store, settings, save_settings, warning, presets or PresetStore())
     add_speed_lab(window, engine, settings)
     return window
 

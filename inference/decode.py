@@ -207,25 +207,13 @@ def _generation_config(target: LoadedModel, sampling: SamplingSettings, options:
 
 def check_draft(target: LoadedModel, draft: LoadedModel) -> str:
     """Return how the pair works ("shared" vocabulary or "universal" assisted decoding) or raise why not."""
-    tcfg, dcfg = target.model.config, draft.model.config
-    if getattr(dcfg, "is_encoder_decoder", False) != getattr(tcfg, "is_encoder_decoder", False):
-        raise IncompatibleDraft(
-            f"The draft {draft.name} is {'an encoder-decoder' if dcfg.is_encoder_decoder else 'a decoder-only'} "
-            f"model but the target {target.name} is not.",
-            "Choose a decoder-only causal language model as the draft.")
+    from .draft_check import compare
+
     if draft.device != target.device:
         raise IncompatibleDraft(f"The draft runs on {draft.device} but the target on {target.device}.",
                                 "Load both on the same device.")
-    tv = target.model.config.get_text_config().vocab_size
-    dv = draft.model.config.get_text_config().vocab_size
-    if tv == dv and target.tokenizer.get_vocab() == draft.tokenizer.get_vocab():
-        return "shared"
-    if tv == dv:
-        raise IncompatibleDraft(
-            f"The draft {draft.name} has the same vocabulary size as {target.name} ({tv}) but different tokens, "
-            "and transformers would treat them as one tokenizer.",
-            "Choose a draft from the same model family (same tokenizer).")
-    return "universal"
+    return compare(target.name, target.model.config, target.tokenizer, draft.name, draft.model.config,
+                   draft.tokenizer)
 
 
 def _wrap_candidate_generator(model, stats: _DraftStats):

@@ -108,6 +108,10 @@ class ModelInfo:
     notes: list[str] = field(default_factory=list)
     draft_name: Optional[str] = None
     draft_error: Optional[str] = None
+    # The estimator's prediction for what was loaded (target and draft, one token of context) and the
+    # measured peak of the load it predicts (RSS on CPU; torch reserved + the CUDA context on GPUs).
+    predicted_bytes: Optional[int] = None
+    measured_bytes: Optional[int] = None
 
 
 def load_task(model: str, precision: str, draft_model: Optional[str], draft_precision: str, with_draft: bool):
@@ -135,8 +139,66 @@ def load_task(model: str, precision: str, draft_model: Optional[str], draft_prec
                 info.draft_error = str(exc)
         else:
             engine.unload_draft()
+        info.predicted_bytes, info.measured_bytes = _predicted_vs_measured(engine)
         report(LoadProgress(1.0, "Loaded"))
         return info
+    return task
+
+
+def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
+    from inference.memory_calibration import measured_peak_bytes, predict_loaded
+
+    target, draft = engine.target, engine.draft
+    try:
+        measured = measured_peak_bytes(target, None, draft)
+    except Exception:  # a report only: never fail a load over it
+        measured = None
+    if draft is None:
+        return target.predicted_bytes, measured
+    try:
+        return predict_loaded(target, 1, draft=draft).total_bytes, measured
+    except Exception:
+        return None, measured
+
+
+# -- what the configuration wizard asks the engine thread (torch and tokenizers load there) ------
+
+def describe_task(spec: str):
+    """Validate a model choice and read its shape (``inference.model_probe.describe``)."""
+    def task(engine, report):
+        from inference.model_probe import describe
+        return describe(spec)
+    return task
+
+
+@dataclass
+class MachineInfo:
+    hardware: Any  # inference.hardware.HardwareInfo
+    target: Any  # inference.fit.Target: the memory to plan with on this machine
+    correction_bytes: int  # the estimator's correction learned on this machine
+    reclaimable_bytes: int  # what the model loaded now gives back when replaced
+    device: str
+
+
+def hardware_task():
+    def task(engine, report):
+        from inference.fit import detect_target
+        from inference.hardware import probe
+        from inference.memory_calibration import correction_bytes
+
+        reclaimable = sum(m.memory_bytes for m in (engine.target, engine.draft) if m is not None)
+        hardware = probe()
+        target = detect_target(reclaimable_bytes=reclaimable, device=engine.device)
+        correction = correction_bytes(target.device, key=target.calibration_key) if target.calibration_key else 0
+        return MachineInfo(hardware, target, correction, reclaimable, engine.device)
+    return task
+
+
+def pair_task(target_spec: str, draft_spec: str):
+    """Whether the draft pairs with the target, from configs and tokenizers (``inference.draft_check``)."""
+    def task(engine, report):
+        from inference.draft_check import check_pair
+        return check_pair(target_spec, draft_spec)
     return task
 
 

@@ -25,7 +25,7 @@ from .conversation_list import ConversationList
 from .engine_client import EngineClient, EventChannel, LoadProgress, ModelInfo, TaskFailed, chat_task, load_task
 from .gauges import GaugesPanel
 from .memory_sampler import MemorySampler
-from .protocols import ConversationStore
+from .protocols import ConversationStore, PresetStoreLike
 from .settings_panel import SettingsPanel
 from .style import STYLESHEET
 from .widgets import Banner, LoadBar, MessageInput
@@ -72,9 +72,11 @@ def stats_from_result(result, model: str, draft_spans: list) -> dict:
 class MainWindow(QMainWindow):
     model_loaded = Signal(object)  # ModelInfo
     reply_finished = Signal(object)  # GenerationResult, or None when the reply failed
+    load_progress = Signal(float, str)  # fraction, phase (the wizard's load page follows it)
 
     def __init__(self, engine: EngineThread, store: ConversationStore, settings: Any,
-                 save_settings: Callable[[Any], None], settings_warning: Optional[str] = None):
+                 save_settings: Callable[[Any], None], settings_warning: Optional[str] = None,
+                 presets: Optional[PresetStoreLike] = None):
         super().__init__()
         self.setWindowTitle("Redline")
         self.resize(1280, 800)
@@ -91,12 +93,16 @@ class MainWindow(QMainWindow):
         self.editing_message_id: Optional[int] = None
         self.last_result = None
         self._closed = False
+        self.presets = presets
+        self.last_load_error: Optional[str] = None
+        self.wizard = None
 
         self._build()
         self.sampler = MemorySampler(self)
         self.sampler.sampled.connect(self.gauges.set_memory)
         self._open_latest_conversation()
         self._update_controls()
+        self._refresh_presets()
         self._settings_warning = settings_warning
         if settings_warning:
             self.banner.show_message(settings_warning, "warning")
@@ -172,6 +178,7 @@ class MainWindow(QMainWindow):
 
         self.settings_panel = SettingsPanel(self.settings)
         self.settings_panel.applied.connect(self.apply_settings)
+        self.settings_panel.wizard_requested.connect(self.open_wizard)
         self.settings_dock = QDockWidget("Settings", self)
         self.settings_dock.setObjectName("settingsDock")
         self.settings_dock.setWidget(self.settings_panel)
@@ -191,8 +198,13 @@ class MainWindow(QMainWindow):
         self._action(file_menu, "Export as &JSON…", lambda: self.export("json"))
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.Quit)
-        # "Configure model…" (the wizard) hooks into this menu later.
         self.model_menu = mb.addMenu("&Model")
+        self.wizard_action = self._action(self.model_menu, "&Configure model…", self.open_wizard,
+                                          QKeySequence("Ctrl+Shift+M"))
+        self.presets_menu = self.model_menu.addMenu("&Presets")
+        self.presets_menu.aboutToShow.connect(self._fill_presets_menu)
+        self._fill_presets_menu()
+        self.model_menu.addSeparator()
         self._action(self.model_menu, "&Settings…", self.show_settings, QKeySequence("Ctrl+,"))
         self._action(self.model_menu, "&Reload model", lambda: self.load_model())
         self._action(self.model_menu, "Use the &starter model", self.use_starter)
@@ -215,7 +227,8 @@ class MainWindow(QMainWindow):
     def _shortcuts_help(self) -> None:
         QMessageBox.information(self, "Keyboard shortcuts",
                                 "Enter — send\nShift+Enter — new line\nEsc — stop the reply\n"
-                                "Ctrl+N — new chat\nCtrl+, — settings\nCtrl+Q — quit")
+                                "Ctrl+N — new chat\nCtrl+, — settings\nCtrl+Shift+M — configure model\n"
+                                "Ctrl+Q — quit")
 
     # -- state ----------------------------------------------------------------------
     def _update_controls(self) -> None:
@@ -224,7 +237,7 @@ class MainWindow(QMainWindow):
         self.stop_button.setEnabled(generating)
         if self.loaded is None:
             self.chat_view.set_placeholder("Loading the model…" if self.loading else
-                                           "No model loaded. Choose one in Model → Settings.")
+                                           "No model loaded. Choose one in Model → Configure model… or Model → Settings.")
         else:
             self.chat_view.set_placeholder(f"Chatting with {self.loaded.name}. Type a message below.")
 
@@ -248,7 +261,8 @@ class MainWindow(QMainWindow):
         else:
             prefix = f"{self._settings_warning} " if self._settings_warning else ""
             self.banner.show_message(prefix + STARTER_OFFER, "warning" if prefix else "info", [("Use the starter model", self.use_starter),
-                                                             ("Choose another…", self.show_settings)])
+                                                             ("Choose another…", self.show_settings),
+                                                             ("Configure model…", self.open_wizard)])
 
     def use_starter(self) -> None:
         self.apply_settings(dataclasses.replace(self.settings, model="starter"), force_reload=True)
@@ -268,10 +282,12 @@ class MainWindow(QMainWindow):
             self.load_model()
 
     @asyncSlot()
-    async def load_model(self) -> None:
+    async def load_model(self) -> Optional[ModelInfo]:
+        """Load the configured model; the ModelInfo, or None (``last_load_error`` says why)."""
         s = self.settings
         if not s.model:
-            return
+            return None
+        self.last_load_error = None
         if self.generation is not None:
             self.stop()
         self.banner.hide()
@@ -289,14 +305,16 @@ class MainWindow(QMainWindow):
             if self._closed:
                 return
             original = exc.original
+            self.last_load_error = str(exc)
             if type(original).__name__ == "Cancelled":
+                self.last_load_error = "Loading was cancelled. No model is loaded."
                 self.banner.show_message("Loading was cancelled. No model is loaded.", "warning",
                                          [("Load again", lambda: self.load_model())])
             else:
                 self.banner.show_message(f"The model could not be loaded: {exc}", "error",
                                          [("Open settings", self.show_settings),
                                           ("Use the starter model", self.use_starter)])
-            return
+            return None
         finally:
             if not self._closed:
                 self.loading = False
@@ -318,11 +336,79 @@ class MainWindow(QMainWindow):
             self.banner.show_message("The speculative strategy needs a draft model. Choose one in Settings, "
                                      "or pick another strategy such as prompt-lookup.", "warning",
                                      [("Open settings", self.show_settings)])
+        if self.presets is not None:
+            self.presets.remember_model(s.model)
         self.model_loaded.emit(info)
+        return info
 
     def _on_load_progress(self, obj) -> None:
         if isinstance(obj, LoadProgress):
             self.load_bar.set_progress(obj.fraction, obj.phase)
+            self.load_progress.emit(obj.fraction, obj.phase)
+
+    # -- the configuration wizard and presets ---------------------------------------
+    def open_wizard(self):
+        """Open the configuration wizard (window-modal; it never blocks the event loop)."""
+        from .wizard import ConfigWizard
+
+        if self.wizard is not None and self.wizard.isVisible():
+            self.wizard.raise_()
+            return self.wizard
+        self.wizard = ConfigWizard(self.client, self, self.presets, self)
+        self.wizard.preset_saved.connect(lambda _name: self._refresh_presets())
+        self.wizard.open()
+        return self.wizard
+
+    def settings_values(self) -> dict:
+        return dataclasses.asdict(self.settings)
+
+    def configure(self, values: dict):
+        """Apply settings chosen elsewhere (the wizard, a preset) and load; awaitable: ModelInfo or None."""
+        self.settings = dataclasses.replace(self.settings, **values)
+        self._save_settings(self.settings)
+        self.settings_panel.set_settings(self.settings)
+        return self.load_model()
+
+    def apply_preset(self, name: str) -> None:
+        preset = self.presets.get(name) if self.presets is not None else None
+        if preset is None:
+            self.banner.show_message(f"The preset “{name}” is gone (its file was removed or is unreadable).",
+                                     "warning", [("Configure model…", self.open_wizard)])
+            self._refresh_presets()
+            return
+        new = dataclasses.replace(self.settings, **preset.values)
+        self.statusBar().showMessage(f"Preset “{name}”: {preset.describe()}", 5000)
+        self.apply_settings(new, force_reload=self.loaded is None or self.settings.needs_reload(new))
+
+    def _fill_presets_menu(self) -> None:
+        menu = self.presets_menu
+        menu.clear()
+        presets = self.presets.presets() if self.presets is not None else []
+        for p in presets:
+            action = menu.addAction(p.name)
+            action.setToolTip(p.describe())
+            action.setStatusTip(p.describe())
+            action.triggered.connect(lambda _c=False, n=p.name: self.apply_preset(n))
+        if not presets:
+            empty = menu.addAction("(no presets yet: save one at the end of Configure model…)")
+            empty.setEnabled(False)
+        menu.addSeparator()
+        manage = menu.addAction("&Manage presets…")
+        manage.setEnabled(self.presets is not None)
+        manage.triggered.connect(lambda _c=False: self.manage_presets())
+
+    def manage_presets(self):
+        from .presets_dialog import PresetsDialog
+
+        dialog = PresetsDialog(self.presets, self)
+        dialog.changed.connect(self._refresh_presets)
+        dialog.load_requested.connect(self.apply_preset)
+        dialog.open()
+        return dialog
+
+    def _refresh_presets(self) -> None:
+        if self.presets is not None:
+            self.settings_panel.set_presets(self.presets.presets())
 
     def cancel_load(self) -> None:
         if self.loading:

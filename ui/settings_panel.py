@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
                                QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget)
 
@@ -37,6 +37,7 @@ def _optional_int(lo, hi, special=DEFAULT_TEXT) -> QSpinBox:
 
 class SettingsPanel(QWidget):
     applied = Signal(object)  # the new settings object
+    wizard_requested = Signal()
 
     def __init__(self, settings: Any, parent=None):
         super().__init__(parent)
@@ -46,6 +47,24 @@ class SettingsPanel(QWidget):
         form = QFormLayout()
         outer.addLayout(form)
 
+        # Presets fill every field below; Apply loads them. The wizard makes new ones.
+        self._presets: list = []
+        self.preset = QComboBox()
+        self.preset.setToolTip("A saved configuration (model, precision, context, strategy, draft, sampling): "
+                               "choosing one fills the fields; Apply loads it")
+        self.preset.activated.connect(self._preset_chosen)
+        self.wizard_button = QToolButton()
+        self.wizard_button.setText("Wizard…")
+        self.wizard_button.setToolTip("Configure model…: choose a model, see what fits your memory, load it and "
+                                      "save a preset (Ctrl+Shift+M)")
+        self.wizard_button.clicked.connect(self.wizard_requested)
+        preset_row = QWidget()
+        ph = QHBoxLayout(preset_row)
+        ph.setContentsMargins(0, 0, 0, 0)
+        ph.addWidget(self.preset, 1)
+        ph.addWidget(self.wizard_button)
+        form.addRow("Preset", preset_row)
+        self.set_presets([])
         self.model = QComboBox()
         self.model.setEditable(True)
         self.model.addItem("starter")
@@ -138,8 +157,23 @@ class SettingsPanel(QWidget):
             combo.setCurrentText(path)
 
     # -- values -----------------------------------------------------------------
+    def set_presets(self, presets: list) -> None:
+        self._presets = list(presets)
+        self.preset.clear()
+        self.preset.addItem("(choose a preset)" if presets else "(none yet — the wizard saves them)")
+        for p in self._presets:
+            self.preset.addItem(p.name)
+            self.preset.setItemData(self.preset.count() - 1, p.describe(), Qt.ToolTipRole)
+
+    def _preset_chosen(self, index: int) -> None:
+        if 1 <= index <= len(self._presets):
+            self._fill(dataclasses.replace(self.current, **self._presets[index - 1].values))
+
     def set_settings(self, settings: Any) -> None:
         self.current = settings
+        self._fill(settings)
+
+    def _fill(self, settings: Any) -> None:
         self.model.setCurrentText(settings.model or "starter")
         self.precision.setCurrentText(settings.precision)
         self.strategy.setCurrentText(settings.strategy)

@@ -1,0 +1,148 @@
+"""Save PNGs of each page of the configuration wizard, run for real on the starter model.
+
+Run with `make screenshots` (or `python tools/wizard_screenshots.py`). A throwaway profile, the Qt
+offscreen platform unless DISPLAY is set. The speculative page pairs the starter with a one-layer
+random draft built here from the starter's own tokenizer (a real tokenizer check, not a useful
+draft); the "does not fit" page uses Llama-3-8B's config.json alone, planned for an RTX 4060 Ti 8GB.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "screenshots"
+LLAMA3_8B_CONFIG = ROOT / "tests" / "data" / "llama-3-8b-config.json"
+
+
+def build_draft(starter: Path, dest: Path) -> Path:
+    """One decoder layer on the starter's tokenizer: enough for the wizard's vocabulary check."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(starter)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192,
+                      tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(dest)
+    tok.save_pretrained(dest)
+    return dest
+
+
+def main() -> int:
+    profile = Path(tempfile.mkdtemp(prefix="redline-wizard-shots-"))
+    os.environ["XDG_DATA_HOME"] = str(profile / "data")
+    os.environ["XDG_CONFIG_HOME"] = str(profile / "config")
+    os.environ["REDLINE_DATA_DIR"] = str(profile / "redline-data")  # no learned correction from earlier runs
+    if not os.environ.get("DISPLAY"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    sys.path.insert(0, str(ROOT))
+
+    import qasync
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication, QWizard
+
+    from app.gui import build_window
+    from inference.starter import ensure_starter
+
+    app = QApplication(sys.argv[:1])
+    loop = qasync.QEventLoop(app, already_running=True)
+    asyncio.set_event_loop(loop)
+
+    def wait_until(cond, timeout_s=600.0):
+        deadline = time.monotonic() + timeout_s
+        if cond():
+            return
+        nested = QEventLoop()
+        timer = QTimer()
+        timer.timeout.connect(lambda: (cond() or time.monotonic() > deadline) and nested.quit())
+        timer.start(50)
+        nested.exec()
+        timer.stop()
+        if not cond():
+            raise TimeoutError("timed out waiting for the wizard")
+
+    def settle(seconds=0.3):
+        end = time.monotonic() + seconds
+        wait_until(lambda: time.monotonic() >= end)
+
+    def shot(widget, name):
+        OUT.mkdir(parents=True, exist_ok=True)
+        settle()
+        path = OUT / name
+        widget.grab().save(str(path))
+        print(f"saved {path.relative_to(ROOT)}")
+
+    starter = ensure_starter()
+    draft = build_draft(starter, profile / "draft-1-layer")
+    big = profile / "Meta-Llama-3-8B"
+    big.mkdir()
+    shutil.copy(LLAMA3_8B_CONFIG, big / "config.json")
+
+    window = build_window()
+    window.resize(1280, 800)
+    window.show()
+    window.start()  # no model yet: the starter offer, with "Configure model…"
+    shot(window, "wizard-0-empty-state.png")
+
+    wiz = window.open_wizard()
+    wait_until(wiz.model_page.isComplete)
+    shot(wiz, "wizard-1-model.png")
+    wiz.next()
+    wait_until(lambda: wiz.machine is not None)
+    shot(wiz, "wizard-2-hardware.png")
+    wiz.next()
+    wiz.config_page.context.setValue(4096)
+    shot(wiz, "wizard-3-configuration.png")
+    wiz.next()
+    dp = wiz.draft_page
+    dp.speculative.setChecked(True)
+    dp.picker.folder.setText(str(draft))
+    dp.picker._edited("folder")
+    wait_until(dp.isComplete)
+    shot(wiz, "wizard-4-speculative.png")
+    dp.none.setChecked(True)
+    loaded = []
+    window.model_loaded.connect(loaded.append)
+    wiz.next()
+    wait_until(lambda: wiz.load_page.isComplete() or wiz.load_page.retry_button.isVisible())
+    if not loaded:
+        print(f"the starter did not load: {wiz.load_page.result.text()}", file=sys.stderr)
+        return 1
+    shot(wiz, "wizard-5-load.png")
+    info = loaded[0]
+    print(f"predicted {info.predicted_bytes / 1e6:.0f} MB, measured {info.measured_bytes / 1e6:.0f} MB")
+    wiz.next()
+    shot(wiz, "wizard-6-preset.png")
+    wiz.button(QWizard.FinishButton).click()
+    settle()
+
+    # The "does not fit" path: an 8B model's config, planned for an 8 GB card.
+    wiz = window.open_wizard()
+    mp = wiz.model_page
+    mp.picker.folder.setText(str(big))
+    mp.picker._edited("folder")
+    wait_until(mp.isComplete)
+    wiz.next()
+    wait_until(lambda: wiz.machine is not None)
+    hw = wiz.hardware_page
+    hw.gpu_list.setCurrentIndex(hw.gpu_list.findData("RTX 4060 Ti 8GB"))
+    wiz.next()
+    shot(wiz, "wizard-3-does-not-fit.png")
+    wiz.reject()
+
+    dialog = window.manage_presets()
+    shot(dialog, "wizard-presets-dialog.png")
+    dialog.reject()
+    window.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
