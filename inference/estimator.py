@@ -371,12 +371,15 @@ def accuracy_margin(total_bytes: int) -> int:
 def estimate(shape: ModelShape, spec: PrecisionSpec, context: int, batch: int = 1, device: str = "cpu",
              draft: Optional[ModelShape] = None, draft_spec: Optional[PrecisionSpec] = None,
              correction_bytes: int = 0, prefill_tokens: Optional[int] = None,
-             available_bytes: Optional[int] = None) -> Estimate:
+             available_bytes: Optional[int] = None, baseline_bytes: Optional[int] = None) -> Estimate:
     """Predicted peak memory for ``shape`` at ``spec`` with ``context`` tokens in the KV cache.
 
     ``prefill_tokens``: the prompt length at prefill (default: the prompt fills
     the context, the worst case). A static cache is sized to its full length up
     front, so pass that length as ``context``.
+
+    ``baseline_bytes`` (CPU): the process's measured resident memory before the load, used
+    instead of the default Python/torch baseline — a desktop window holds much more than the CLI.
     """
     if context < 1 or batch < 1:
         raise ValueError("context and batch must be at least 1")
@@ -395,6 +398,8 @@ def estimate(shape: ModelShape, spec: PrecisionSpec, context: int, batch: int = 
         draft_total = dwb.total + kv_cache_bytes(draft.kv_layers or draft.layers, draft.kv_heads, draft.head_dim,
                                                  tokens, batch, ddtype, draft.layer_windows)
     overhead = default_overhead_bytes(device, spec, kv + act) + correction_bytes
+    if baseline_bytes is not None and not device.startswith("cuda"):
+        overhead += int(baseline_bytes) - CPU_BASELINE_BYTES
     load = loading_bytes(shape, spec, device, wb, kv + act)
     total = wb.total + kv + act + overhead + draft_total + load
     est = Estimate(precision=spec.label(), context=context, batch=batch, device=device, weights_bytes=wb.total,

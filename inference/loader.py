@@ -29,6 +29,7 @@ class LoadedModel:
     memory_bytes: int  # measured: device allocated on CUDA, RSS growth on CPU
     peak_memory_bytes: int
     notes: list[str] = field(default_factory=list)
+    baseline_rss_bytes: Optional[int] = None  # process RSS before this load began (the estimator's CPU baseline)
     predicted_bytes: Optional[int] = None  # the estimator's prediction for the load (set by the engine)
 
     @property
@@ -133,6 +134,7 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
     from transformers import AutoModelForCausalLM
 
     device = device or default_device()
+    baseline_rss = process_rss()
     notes = []
     warning = check_supported(precision, device)
     if warning:
@@ -191,4 +193,4 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
     progress(1.0, "Loaded")
     return LoadedModel(model=model, tokenizer=tokenizer, source=source, precision=precision, device=device,
                        folder=folder, load_seconds=time.perf_counter() - started, memory_bytes=memory,
-                       peak_memory_bytes=peak.peak_bytes, notes=notes)
+                       peak_memory_bytes=peak.peak_bytes, notes=notes, baseline_rss_bytes=baseline_rss)

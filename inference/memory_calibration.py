@@ -139,7 +139,7 @@ def predict_loaded(loaded, tokens: int, prompt_tokens: Optional[int] = None, dra
         correction = correction_bytes(loaded.device)
     return estimate(shape, loaded.precision, max(1, tokens), 1, loaded.device, draft=draft_shape,
                     draft_spec=draft.precision if draft is not None else None, correction_bytes=correction,
-                    prefill_tokens=prompt_tokens)
+                    prefill_tokens=prompt_tokens, baseline_bytes=getattr(loaded, "baseline_rss_bytes", None))
 
 
 def measured_peak_bytes(loaded, result=None, draft=None) -> Optional[int]:
