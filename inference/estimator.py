@@ -316,9 +316,7 @@ def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: 
     model runs.
     """
     if device.startswith("cuda"):
-        if spec.name in WEIGHT_ONLY:  # the compute-dtype copy exists before packing: a load-time peak
-            extra = weights.quantised_params * DTYPE_BYTES[weights.unquantised_dtype] - weights.quantised
-            return max(0, extra - running_extra)
+        # q8/q4 load and pack in host memory, then move the packed weights: no device-side peak.
         return 0
     mapped = shape.checkpoint_size()
     views = weights.unquantised if weights.unquantised_dtype == _canonical(shape.stored_dtype) else 0

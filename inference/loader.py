@@ -166,7 +166,9 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
             if precision.name in WEIGHT_ONLY:
                 progress(0.96, "Quantising weights")
                 from .weight_only import quantize_model
-                quantize_model(model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype))
+                quantize_model(model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype),
+                               device=device)
+                model.to(device)  # what stayed unquantised (embeddings, norms) follows the packed layers
                 gc.collect()
     except Cancelled:
         del model

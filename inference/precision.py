@@ -138,8 +138,9 @@ def from_pretrained_kwargs(spec: PrecisionSpec, device: str) -> dict:
     import torch
 
     if spec.name in WEIGHT_ONLY:
-        # Loaded in the compute dtype, then quantised layer by layer (loader.py).
-        return {"dtype": torch_dtype(spec.compute_dtype), "device_map": device}
+        # Loaded in host memory in the compute dtype, then packed layer by layer onto the device
+        # (loader.py), so the GPU never holds the unquantised copy.
+        return {"dtype": torch_dtype(spec.compute_dtype), "device_map": "cpu"}
     if not spec.quantised:
         return {"dtype": torch_dtype(spec.name), "device_map": device}
     from transformers import BitsAndBytesConfig

@@ -22,21 +22,23 @@ INT4_INNER_K_TILES = 2
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, bits: int, compute_dtype: torch.dtype, group_size: int = INT4_GROUP):
+    def __init__(self, linear: nn.Linear, bits: int, compute_dtype: torch.dtype, group_size: int = INT4_GROUP,
+                 device: torch.device | str | None = None):
         super().__init__()
+        device = torch.device(device) if device is not None else linear.weight.device
         if bits not in (8, 4):
             raise ValueError("bits must be 8 or 4")
         self.bits = bits
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = compute_dtype
         w = linear.weight.data.to(torch.float32)
-        bias = linear.bias.data.to(compute_dtype) if linear.bias is not None else None
+        bias = linear.bias.data.to(device=device, dtype=compute_dtype) if linear.bias is not None else None
         self.register_buffer("bias", bias, persistent=False)
         if bits == 8:
             scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
             q = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
-            self.register_buffer("qweight", q, persistent=False)
-            self.register_buffer("scales", scale.to(compute_dtype), persistent=False)
+            self.register_buffer("qweight", q.to(device), persistent=False)
+            self.register_buffer("scales", scale.to(device=device, dtype=compute_dtype), persistent=False)
         else:
             if self.in_features % group_size:
                 raise ValueError(f"in_features {self.in_features} is not a multiple of the int4 group {group_size}")
@@ -48,13 +50,14 @@ class PackedLinear(nn.Module):
             q = q.view(self.out_features, self.in_features)
             zero = lo + scale * 8  # the kernels dequantise as (q - 8) * scale + zero
             sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
-            if linear.weight.device.type == "cpu":
+            # The packed layout is device-specific, so pack where the layer will run.
+            if device.type == "cpu":
                 packed = torch._convert_weight_to_int4pack_for_cpu(q, INT4_INNER_K_TILES)
             else:
                 packed = torch._convert_weight_to_int4pack(
-                    (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), INT4_INNER_K_TILES)
+                    (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8).to(device), INT4_INNER_K_TILES)
             self.register_buffer("qweight", packed, persistent=False)
-            self.register_buffer("scales", sz, persistent=False)
+            self.register_buffer("scales", sz.to(device), persistent=False)
         self.weight_bytes = self.qweight.numel() * self.qweight.element_size() + \
             self.scales.numel() * self.scales.element_size()
 
@@ -95,7 +98,8 @@ class PackedLinear(nn.Module):
         return lambda x: torch.cat([m(x) for m in modules], dim=-1)
 
 
-def quantize_model(model, bits: int, compute_dtype: torch.dtype, include_lm_head: bool = True) -> int:
+def quantize_model(model, bits: int, compute_dtype: torch.dtype, include_lm_head: bool = True,
+                   device: torch.device | str | None = None) -> int:
     """Replace the decoder's linear layers (and the output head) by PackedLinear. Returns their weight bytes.
 
     A tied output head gets its own quantised copy: the embedding table stays for lookups
@@ -113,7 +117,7 @@ def quantize_model(model, bits: int, compute_dtype: torch.dtype, include_lm_head
                     continue  # stays in the compute dtype
                 targets.append((module, child_name, child))
     for parent, child_name, child in targets:
-        packed = PackedLinear(child, bits, compute_dtype)
+        packed = PackedLinear(child, bits, compute_dtype, device=device)
         total += packed.weight_bytes
         setattr(parent, child_name, packed)
         del child
