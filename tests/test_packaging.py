@@ -146,6 +146,16 @@ def test_desktop_file_validates():
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout
 
 
+def test_metainfo_screenshots_exist_in_the_repository():
+    text = (LINUX / f"{APP_ID}.metainfo.xml").read_text()
+    images = re.findall(r"<image>[^<]*/main/([^<]+)</image>", text)
+    assert images, "the AppStream metadata names no screenshot"
+    for rel in images:
+        assert (ROOT / rel).is_file(), f"{rel} (named in the metainfo) is not in the repository"
+    assert re.search(r'<release version="{}"'.format(re.escape(_project_version())), text), \
+        "the metainfo has no release entry for the project's version"
+
+
 def test_metainfo_validates():
     tool = shutil.which("appstreamcli")
     if tool is None:

@@ -38,6 +38,9 @@ SAVE_INTERVAL_S = 1.0  # how often a growing reply is written to the database
 STARTER_OFFER = ("No model is configured yet. Redline can use its built-in starter model, SmolLM2-135M-Instruct "
                  "(about 100 MB to fetch the first time, then offline; it runs on a CPU).")
 
+STILL_LOADING = "The model is still loading; your message stays in the box. Send it once loading ends."
+NOT_LOADED = "No model is loaded. Load one first; your message stays in the box."
+
 
 @dataclass
 class _Generation:
@@ -481,13 +484,13 @@ class MainWindow(QMainWindow):
             return
         if self.loaded is None:
             if self.loading:
-                self.banner.show_message("The model is still loading; your message stays in the box. Send it "
-                                         "once loading ends.", "info")
+                self.banner.show_message(STILL_LOADING, "info")
             else:
-                self.banner.show_message("No model is loaded. Load one first; your message stays in the box.",
-                                         "warning", [("Use the starter model", self.use_starter),
-                                                     ("Open settings", self.show_settings)])
+                self.banner.show_message(NOT_LOADED, "warning", [("Use the starter model", self.use_starter),
+                                                                 ("Open settings", self.show_settings)])
             return
+        if self.banner.label.text() in (STILL_LOADING, NOT_LOADED):
+            self.banner.hide()  # the message it held back is going out now: the notice is stale
         if self.editing_message_id is not None:
             self.store.delete_from(self.editing_message_id)
             self.editing_message_id = None
