@@ -41,8 +41,10 @@ def test_about_dialog_shows_versions_paths_and_hardware(qtbot, profile):
     copied = QGuiApplication.clipboard().text()
     assert f"Version: {__version__}" in copied and "GPU: " in copied
     # A second click raises the same dialog rather than stacking another.
-    window.show_about()
-    assert window.about_dialog is dialog
+    from ui.about import AboutDialog
+    window.about_action.trigger()
+    qtbot.wait(100)
+    assert window.about_dialog is dialog and len(window.findChildren(AboutDialog)) == 1
     dialog.reject()
     qtbot.waitUntil(lambda: window.about_dialog is None, timeout=5000)
     window.shutdown()

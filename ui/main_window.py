@@ -8,8 +8,8 @@ second while it grows, and finalised when it ends.
 """
 from __future__ import annotations
 
-import dataclasses
 import asyncio
+import dataclasses
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
