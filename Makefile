@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_CONSTRAINTS ?=
 MODEL ?= starter
 
-.PHONY: run test lint-imports clean-venv screenshots install-desktop
+.PHONY: run test lint-imports clean-venv screenshots install-desktop dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,17 @@ screenshots: $(VENV)/.installed
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The desktop bundle (PyInstaller, one folder): dist/redline/redline. Not part of `make test`.
+# Big (torch) and slow to build (minutes); see README "Install".
+$(VENV)/.installed-dist: pyproject.toml $(VENV)/.installed
+	$(BIN)/python -m pip install $(PIP_CONSTRAINTS) -e '.[test,dist]'
+	touch $@
+
+dist: $(VENV)/.installed-dist
+	$(BIN)/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/redline.spec
+	dist/redline/redline --version
+	@du -sh dist/redline
 
 # Linux desktop integration for the current user: launcher, icons, AppStream metadata.
 APP_ID := io.github.redline_app.Redline

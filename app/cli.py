@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "With no subcommand, opens the desktop app.")
     parser.add_argument("--version", action="version", version=f"redline {__version__}")
     parser.add_argument("--model", help="open the app with this model loading (same forms as `redline chat`)")
+    # Maintenance: start the real window without a model, check it, exit (used by the packaging tests).
+    parser.add_argument("--smoke-test", action="store_true", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(title="subcommands", dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(sub)
@@ -39,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # `redline bench --markdown` quotes it
+    if args.smoke_test:
+        from app.smoke import run_smoke_test
+        return run_smoke_test()
     if args.command is None:
         return open_gui(args)
     return int(args.func(args) or 0)

@@ -6,9 +6,38 @@ import os
 import sys
 from typing import Optional
 
+from app import __license__, __version__
 from app.presets import PresetStore
-from app.settings import load_settings, save_settings
+from app.settings import load_settings, save_settings, settings_path
 from app.store import Store
+
+APP_ID = "io.github.redline_app.Redline"  # reverse-DNS id: the .desktop file and AppStream metadata use it
+
+
+def configure_application(app) -> None:
+    """Name, icon and desktop-file id of the QApplication (Wayland matches the window to the .desktop file)."""
+    from ui.style import app_icon
+
+    app.setApplicationName("Redline")
+    app.setApplicationDisplayName("Redline")
+    app.setApplicationVersion(__version__)
+    app.setDesktopFileName(APP_ID)
+    app.setWindowIcon(app_icon())
+
+
+def about_info(store: Store, settings_file=None):
+    """What Help → About shows about this installation: version, licence, where its files are."""
+    from huggingface_hub import constants as hf_constants
+
+    from inference.paths import models_dir
+    from ui.about import AboutInfo
+
+    return AboutInfo(version=__version__, licence=__license__, paths=(
+        ("Conversations", str(store.path)),
+        ("Settings", str(settings_file or settings_path())),
+        ("Converted models", str(models_dir(create=False))),
+        ("Hugging Face cache", str(hf_constants.HF_HUB_CACHE)),
+    ))
 
 
 def build_window(model: Optional[str] = None, store: Optional[Store] = None, engine_factory=None,
@@ -20,7 +49,8 @@ def build_window(model: Optional[str] = None, store: Optional[Store] = None, eng
     settings, warning = load_settings()
     store = store or Store()
     engine = EngineThread(engine_factory)
-    window = MainWindow(engine, store, settings, save_settings, warning, presets or PresetStore())
+    window = MainWindow(engine, store, settings, save_settings, warning, presets or PresetStore(),
+                        about=about_info(store))
     add_speed_lab(window, engine, settings)
     return window
 
@@ -43,9 +73,7 @@ def run_gui(model: Optional[str] = None) -> int:
     import qasync
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setApplicationName("Redline")
-    app.setApplicationDisplayName("Redline")
-    app.setDesktopFileName("redline")
+    configure_application(app)
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     store = Store()

@@ -110,5 +110,14 @@ def probe(include_gpus: bool = True) -> HardwareInfo:
     return info
 
 
+def torch_cuda_build() -> Optional[str]:
+    """The CUDA version this torch was built for (e.g. "12.4"); None for a CPU-only build.
+
+    Imports torch: call it off the UI thread.
+    """
+    import torch
+    return torch.version.cuda
+
+
 def default_device() -> str:
     return "cuda" if cuda_available() else "cpu"

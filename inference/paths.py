@@ -9,15 +9,18 @@ import platformdirs
 APP_NAME = "redline"
 
 
-def cache_dir() -> Path:
+def cache_dir(create: bool = True) -> Path:
     """Converted models and downloads (safe to delete; rebuilt on demand)."""
     override = os.environ.get("REDLINE_CACHE_DIR")
     path = Path(override) if override else Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def models_dir() -> Path:
-    path = cache_dir() / "models"
-    path.mkdir(parents=True, exist_ok=True)
+def models_dir(create: bool = True) -> Path:
+    """``create=False`` only names the folder (the About dialog shows it without touching the disk)."""
+    path = cache_dir(create) / "models"
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path

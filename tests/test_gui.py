@@ -136,6 +136,26 @@ def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_p
     assert w.input.toPlainText() == "are you there?"
 
 
+def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir):
+    from ui.main_window import STILL_LOADING
+
+    write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=8)
+    w = open_window(qtbot, wait_loaded=False)
+    try:
+        qtbot.waitUntil(lambda: w.loading, timeout=5000)
+        w.input.setPlainText("held back")
+        w.send()  # an async slot: it runs on the next turn of the loop
+        qtbot.waitUntil(lambda: w.banner.isVisible() and w.banner.label.text() == STILL_LOADING, timeout=5000)
+        assert w.input.toPlainText() == "held back" and w.loading
+        qtbot.waitUntil(lambda: w.loaded is not None, timeout=60_000)
+        with qtbot.waitSignal(w.reply_finished, timeout=60_000):
+            w.send()
+        assert not w.banner.isVisible()  # the notice was about this message, which has gone out
+        assert [m.content for m in w.store.messages(w.conversation_id)][0] == "held back"
+    finally:
+        w.shutdown()
+
+
 def test_corrupt_settings_file_is_reported(qtbot):
     from app.settings import settings_path
     settings_path().parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,7 @@
 """The shipped forms work: the wheel installed (not editable) into a fresh venv, and the desktop metadata."""
+import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -14,54 +16,123 @@ LINUX = ROOT / "packaging" / "linux"
 APP_ID = "io.github.redline_app.Redline"
 
 
+def _build(tmp: Path) -> tuple[Path, Path]:
+    """``python -m build``: the sdist, then the wheel built *from that sdist* (so the sdist must be complete).
+
+    No build isolation: setuptools comes from this environment, so the test needs no network.
+    """
+    out = tmp / "dist"
+    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return next(out.glob("redline-*.whl")), next(out.glob("redline-*.tar.gz"))
+
+
 @pytest.fixture(scope="module")
 def installed_wheel(tmp_path_factory):
     """Build the wheel and install it alone into a fresh venv whose dependencies come from this one."""
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(ROOT)],
-                   check=True, capture_output=True)
-    wheel = next((tmp / "dist").glob("redline-*.whl"))
+    wheel, sdist = _build(tmp)
     env_dir = tmp / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
-    # Dependencies (torch etc.) come from the test's own environment, but not its editable Redline.
+    # Without PYTHONPATH: a checkout on it (and the redline.egg-info the sdist build leaves there) would make
+    # pip think Redline is installed already.
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # Install first: once the .pth below is in place, pip would see this environment's (editable) Redline
+    # and call the requirement satisfied.
+    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+                          capture_output=True, text=True, env=clean_env)
+    assert proc.returncode == 0 and (env_dir / "bin" / "redline").exists(), proc.stdout + proc.stderr
+    # Dependencies (torch etc.) come from the test's own environment. A path line in a .pth does not run
+    # that directory's own .pth files, so this environment's editable Redline stays invisible.
     new_site = Path(subprocess.check_output([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
-                                            text=True).strip())
+                                            text=True, env=clean_env).strip())
     (new_site / "redline_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True,
-                   capture_output=True)
-    return env_dir, wheel
+    return env_dir, wheel, sdist
 
 
-def run_installed(env_dir, *args, cwd):
+def run_installed(env_dir, *args, cwd, timeout=300):
+    """Run the installed ``redline`` outside the checkout, on a throwaway profile (data and config)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["QT_QPA_PLATFORM"] = "offscreen"
+    env["HF_HUB_OFFLINE"] = "1"
+    env["XDG_DATA_HOME"] = str(cwd / "data")
+    env["XDG_CONFIG_HOME"] = str(cwd / "config")
     return subprocess.run([str(env_dir / "bin" / "redline"), *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+                          env=env, timeout=timeout)
+
+
+def _asset_files() -> list[str]:
+    return sorted(str(p.relative_to(ROOT / "assets")) for p in (ROOT / "assets").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
 
 
 def test_wheel_contains_package_data(installed_wheel):
+    import tarfile
     import zipfile
-    names = zipfile.ZipFile(installed_wheel[1]).namelist()
-    assert "redline_assets/icons/redline.svg" in names
+    _, wheel, sdist = installed_wheel
+    names = zipfile.ZipFile(wheel).namelist()
+    for needed in ("icons/redline.svg", "style/redline.qss"):
+        assert f"redline_assets/{needed}" in names
+    # Everything under assets/ ships: a new kind of file there must be added to package-data.
+    missing = [f for f in _asset_files() if f"redline_assets/{f}" not in names]
+    assert not missing, f"not in the wheel (extend [tool.setuptools.package-data]): {missing}"
     for pkg in ("app", "ui", "inference"):
         assert f"{pkg}/__init__.py" in names
-    # every subpackage in the source tree made it into the wheel
-    for init in ROOT.glob("*/**/__init__.py"):
-        rel = init.relative_to(ROOT)
+    # every module in the source tree made it into the wheel
+    for module in ROOT.glob("*/**/*.py"):
+        rel = module.relative_to(ROOT)
         if rel.parts[0] in ("app", "ui", "inference"):
             assert str(rel) in names, rel
+    # The sdist carries what `make install-desktop` and `make dist` need, and the tests.
+    top = sdist.name[:-len(".tar.gz")]
+    in_sdist = tarfile.open(sdist).getnames()
+    for needed in ("Makefile", f"packaging/linux/{APP_ID}.desktop", f"packaging/linux/{APP_ID}.metainfo.xml",
+                   "packaging/linux/render_icons.py", "packaging/redline.spec", "tests/test_packaging.py"):
+        assert f"{top}/{needed}" in in_sdist, needed
 
 
 def test_installed_version_runs_outside_the_source_tree(installed_wheel, tmp_path):
-    env_dir, _ = installed_wheel
+    env_dir = installed_wheel[0]
     proc = run_installed(env_dir, "--version", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("redline ")
+    assert proc.stdout.strip() == f"redline {_project_version()}"
     where = subprocess.check_output([str(env_dir / "bin" / "python"), "-c",
-                                     "import app, redline_assets; print(app.__file__, redline_assets.__file__)"],
-                                    text=True, cwd=tmp_path)
+                                     "import app, redline_assets, ui; "
+                                     "print(app.__file__, redline_assets.__file__, ui.__file__)"],
+                                    text=True, cwd=tmp_path,
+                                    env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert str(ROOT) not in where  # really the installed copy, not the checkout
+
+
+def test_installed_gui_starts_headless(installed_wheel, tmp_path):
+    """The real window from the installed wheel: icon, stylesheet and About dialog found as package data."""
+    proc = run_installed(installed_wheel[0], "--smoke-test", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ok"] and all(report["checks"].values()), report
+    assert report["checks"]["torch_not_imported"]
+    # The smoke test leaves the profile alone: no conversation database, no settings file.
+    assert not (tmp_path / "data" / "redline").exists()
+    assert not (tmp_path / "config" / "redline").exists()
+
+
+@pytest.mark.starter
+def test_installed_estimate_starter(installed_wheel, tmp_path, starter_dir):
+    env_dir = installed_wheel[0]
+    help_text = run_installed(env_dir, "--help", cwd=tmp_path).stdout
+    if not re.search(r"^\s+estimate\b", help_text, re.MULTILINE):
+        pytest.skip("`redline estimate` does not exist yet (issue #4); this check turns on when it is merged")
+    proc = run_installed(env_dir, "estimate", "starter", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(proc.stdout)
+    assert isinstance(record, dict) and record, proc.stdout
+
+
+def _project_version() -> str:
+    text = (ROOT / "pyproject.toml").read_text()
+    return re.search(r'^version = "([^"]+)"', text, re.MULTILINE).group(1)
 
 
 def test_desktop_file_validates():
@@ -73,6 +144,16 @@ def test_desktop_file_validates():
         pytest.skip("desktop-file-validate is not installed (CI installs desktop-file-utils)")
     proc = subprocess.run([tool, str(desktop)], capture_output=True, text=True)
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout
+
+
+def test_metainfo_screenshots_exist_in_the_repository():
+    text = (LINUX / f"{APP_ID}.metainfo.xml").read_text()
+    images = re.findall(r"<image>[^<]*/main/([^<]+)</image>", text)
+    assert images, "the AppStream metadata names no screenshot"
+    for rel in images:
+        assert (ROOT / rel).is_file(), f"{rel} (named in the metainfo) is not in the repository"
+    assert re.search(r'<release version="{}"'.format(re.escape(_project_version())), text), \
+        "the metainfo has no release entry for the project's version"
 
 
 def test_metainfo_validates():

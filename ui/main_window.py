@@ -8,9 +8,11 @@ second while it grows, and finalised when it ends.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -20,6 +22,7 @@ from PySide6.QtWidgets import (QDockWidget, QFileDialog, QHBoxLayout, QLabel, QL
                                QMessageBox, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 from qasync import asyncSlot
 
+from .about import AboutDialog, AboutInfo, probe_hardware
 from .chat_view import ChatView, MessageWidget
 from .conversation_list import ConversationList
 from .engine_client import EngineClient, EventChannel, LoadProgress, ModelInfo, TaskFailed, chat_task, load_task
@@ -27,13 +30,16 @@ from .gauges import GaugesPanel
 from .memory_sampler import MemorySampler
 from .protocols import ConversationStore, PresetStoreLike
 from .settings_panel import SettingsPanel
-from .style import STYLESHEET
+from .style import app_icon, stylesheet
 from .widgets import Banner, LoadBar, MessageInput
 from .worker import EngineThread
 
 SAVE_INTERVAL_S = 1.0  # how often a growing reply is written to the database
 STARTER_OFFER = ("No model is configured yet. Redline can use its built-in starter model, SmolLM2-135M-Instruct "
                  "(about 100 MB to fetch the first time, then offline; it runs on a CPU).")
+
+STILL_LOADING = "The model is still loading; your message stays in the box. Send it once loading ends."
+NOT_LOADED = "No model is loaded. Load one first; your message stays in the box."
 
 
 @dataclass
@@ -69,6 +75,16 @@ def stats_from_result(result, model: str, draft_spans: list) -> dict:
     return stats
 
 
+_ABOUT_EXECUTOR: Optional[ThreadPoolExecutor] = None
+
+
+def _about_executor() -> ThreadPoolExecutor:
+    global _ABOUT_EXECUTOR
+    if _ABOUT_EXECUTOR is None:
+        _ABOUT_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="redline-about")
+    return _ABOUT_EXECUTOR
+
+
 class MainWindow(QMainWindow):
     model_loaded = Signal(object)  # ModelInfo
     reply_finished = Signal(object)  # GenerationResult, or None when the reply failed
@@ -76,11 +92,14 @@ class MainWindow(QMainWindow):
 
     def __init__(self, engine: EngineThread, store: ConversationStore, settings: Any,
                  save_settings: Callable[[Any], None], settings_warning: Optional[str] = None,
-                 presets: Optional[PresetStoreLike] = None):
+                 presets: Optional[PresetStoreLike] = None, about: Optional[AboutInfo] = None):
         super().__init__()
         self.setWindowTitle("Redline")
+        self.setWindowIcon(app_icon())
+        self.about_info = about or AboutInfo(version="unknown", licence="unknown")
+        self.about_dialog: Optional[AboutDialog] = None
         self.resize(1280, 800)
-        self.setStyleSheet(STYLESHEET)
+        self.setStyleSheet(stylesheet())
         self.engine = engine
         self.client = EngineClient(engine, self)
         self.store = store
@@ -210,6 +229,8 @@ class MainWindow(QMainWindow):
         self._action(self.model_menu, "Use the &starter model", self.use_starter)
         help_menu = mb.addMenu("&Help")
         self._action(help_menu, "&Keyboard shortcuts", self._shortcuts_help)
+        help_menu.addSeparator()
+        self.about_action = self._action(help_menu, "&About Redline", self.show_about)
         QShortcut(QKeySequence(Qt.Key_Escape), self, self.escape, context=Qt.WindowShortcut)
 
     def _action(self, menu, text, slot, shortcut=None) -> QAction:
@@ -229,6 +250,30 @@ class MainWindow(QMainWindow):
                                 "Enter — send\nShift+Enter — new line\nEsc — stop the reply\n"
                                 "Ctrl+N — new chat\nCtrl+, — settings\nCtrl+Shift+M — configure model\n"
                                 "Ctrl+Q — quit")
+
+    @asyncSlot()
+    async def show_about(self) -> None:
+        """Opens the About dialog at once; the GPU rows fill in when a worker thread has read them."""
+        if self.about_dialog is not None:
+            self.about_dialog.raise_()
+            self.about_dialog.activateWindow()
+            return
+        dialog = self.about_dialog = AboutDialog(self.about_info, self)
+        dialog.finished.connect(self._about_closed)
+        dialog.show()
+        # probe_hardware imports torch (seconds on a cold start): on a plain worker thread, not this one.
+        # (A Python thread pool rather than qasync's default QThread executor, which outlives the window.)
+        try:
+            hw = await asyncio.wrap_future(_about_executor().submit(probe_hardware))
+        except Exception as exc:  # shown in the dialog as "unknown (why)", never guessed
+            hw = exc
+        if self.about_dialog is dialog:
+            dialog.set_hardware(hw)
+
+    def _about_closed(self, _result: int) -> None:
+        if self.about_dialog is not None:
+            self.about_dialog.deleteLater()
+            self.about_dialog = None
 
     # -- state ----------------------------------------------------------------------
     def _update_controls(self) -> None:
@@ -524,13 +569,13 @@ class MainWindow(QMainWindow):
             return
         if self.loaded is None:
             if self.loading:
-                self.banner.show_message("The model is still loading; your message stays in the box. Send it "
-                                         "once loading ends.", "info")
+                self.banner.show_message(STILL_LOADING, "info")
             else:
-                self.banner.show_message("No model is loaded. Load one first; your message stays in the box.",
-                                         "warning", [("Use the starter model", self.use_starter),
-                                                     ("Open settings", self.show_settings)])
+                self.banner.show_message(NOT_LOADED, "warning", [("Use the starter model", self.use_starter),
+                                                                 ("Open settings", self.show_settings)])
             return
+        if self.banner.label.text() in (STILL_LOADING, NOT_LOADED):
+            self.banner.hide()  # the message it held back is going out now: the notice is stale
         if self.editing_message_id is not None:
             self.store.delete_from(self.editing_message_id)
             self.editing_message_id = None

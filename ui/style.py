@@ -1,21 +1,42 @@
-"""The window's stylesheet: light, quiet, with the accent kept for live figures."""
+"""The window's look, from the packaged assets: the Qt stylesheet and the application icon.
 
-STYLESHEET = """
-QMainWindow { background: #f6f7f9; }
-QWidget#chatInner { background: #ffffff; }
-QFrame#userMessage { background: #eef3fb; border: 1px solid #d9e3f3; border-radius: 8px; }
-QFrame#assistantMessage { background: #ffffff; border: 1px solid #e4e6ea; border-radius: 8px; }
-QFrame#userMessage QTextBrowser { background: #eef3fb; }
-QFrame#assistantMessage QTextBrowser { background: #ffffff; }
-QLabel#roleLabel { font-weight: bold; color: #333; }
-QLabel#partialBadge { color: #b26a00; font-size: 11px; }
-QLabel#statsLabel { color: #6b7280; font-size: 11px; }
-QLabel#panelTitle { font-weight: bold; font-size: 13px; color: #222; }
-QLabel#ttftValue { font-weight: bold; }
-QLabel#chatPlaceholder { color: #6b7280; font-size: 14px; padding: 40px; }
-QLabel#reloadNote { color: #b26a00; }
-QFrame#gaugesPanel { background: #ffffff; border-left: 1px solid #e4e6ea; }
-QPlainTextEdit#messageInput { border: 1px solid #c9ced6; border-radius: 6px; padding: 4px; background: #fff; }
-QPushButton#sendButton { min-width: 70px; }
-QPushButton#stopButton { min-width: 70px; color: #c0182b; }
+Both are read through ``redline_assets.asset()`` (importlib.resources), so they are found the same way in
+a source checkout, an installed wheel and a PyInstaller bundle — never through a path relative to this file.
 """
+from __future__ import annotations
+
+from functools import lru_cache
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QIcon, QImage, QPainter, QPixmap
+from PySide6.QtSvg import QSvgRenderer
+
+from redline_assets import asset
+
+# The sizes a window manager and a task switcher ask for; drawn from the one SVG source.
+ICON_SIZES = (16, 24, 32, 48, 64, 128, 256)
+
+
+@lru_cache(maxsize=1)
+def stylesheet() -> str:
+    return asset("style", "redline.qss").read_text(encoding="utf-8")
+
+
+def app_icon() -> QIcon:
+    """The Redline icon, rendered from assets/icons/redline.svg at the usual sizes.
+
+    Rendered here with QSvgRenderer rather than ``QIcon(path)``: that needs the SVG image-format plugin
+    and a real file on disk, neither of which a frozen bundle or a zipped install guarantees.
+    """
+    renderer = QSvgRenderer(asset("icons", "redline.svg").read_bytes())
+    if not renderer.isValid():
+        raise RuntimeError("the packaged icon assets/icons/redline.svg could not be read")
+    icon = QIcon()
+    for size in ICON_SIZES:
+        image = QImage(size, size, QImage.Format.Format_ARGB32_Premultiplied)
+        image.fill(Qt.GlobalColor.transparent)
+        painter = QPainter(image)
+        renderer.render(painter)
+        painter.end()
+        icon.addPixmap(QPixmap.fromImage(image))
+    return icon
