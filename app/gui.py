@@ -7,22 +7,28 @@ import sys
 from typing import Optional
 
 from app.settings import load_settings, save_settings
-from app.store import Store
+from app.store import Store, open_store
 
 
 def build_window(model: Optional[str] = None, store: Optional[Store] = None, engine_factory=None):
-    """Create the window (without showing it). Tests use this with their own store and engine."""
+    """Create the window (without showing it). Tests use this with their own store and engine.
+
+    Without a store, the conversation database is opened with ``open_store``: a corrupt or locked
+    database never stops the window from opening; the window says what happened."""
     from ui.main_window import MainWindow
     from ui.worker import EngineThread
 
     settings, warning = load_settings()
-    store = store or Store()
+    store_warning = None
+    if store is None:
+        store, store_warning = open_store()
+    notice = " ".join(w for w in (warning, store_warning) if w) or None
     engine = EngineThread(engine_factory)
-    window = MainWindow(engine, store, settings, save_settings, warning)
+    window = MainWindow(engine, store, settings, save_settings, notice)
     return window
 
 
-def run_gui(model: Optional[str] = None) -> int:
+def run_gui(model: Optional[str] = None, engine_factory=None) -> int:
     from PySide6.QtWidgets import QApplication
     import qasync
 
@@ -32,8 +38,8 @@ def run_gui(model: Optional[str] = None) -> int:
     app.setDesktopFileName("redline")
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    store = Store()
-    window = build_window(model, store)
+    window = build_window(model, engine_factory=engine_factory)
+    store = window.store
     window.show()
     window.start(model)
     closed = asyncio.Event()

@@ -2,20 +2,27 @@
 
 A streaming reply only marks its widget dirty; a timer re-renders dirty
 widgets every ``RENDER_INTERVAL_MS``, so a fast model costs at most one render
-per interval however many tokens arrive.
+per interval however many tokens arrive, and never re-renders earlier messages.
+
+A long conversation opens with only its last ``PAGE`` messages as widgets;
+scrolling near the top (or the "Show earlier messages" button) loads the page
+before, keeping what is on screen in place. Opening a 500-message conversation
+therefore costs one page, not 500 Markdown renders.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMenu, QScrollArea, QSizePolicy, QTextBrowser,
-                               QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMenu, QPushButton, QScrollArea, QSizePolicy,
+                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
 from .markdown import SafeDocument, code_blocks, render
 
 RENDER_INTERVAL_MS = 100
+PAGE = 12  # message widgets built per page: one page must render well inside a frame budget
+LOAD_MARGIN_PX = 400  # load the previous page when the view is this close to the top
 
 
 def format_stats(stats: dict) -> str:
@@ -101,6 +108,7 @@ class MessageWidget(QFrame):
         self.streaming = False
         self.draft_spans: list[list[int]] = [list(s) for s in self.stats.get("draft_spans", [])]
         self._dirty = True
+        self.render_count = 0  # how often this message was rendered (streaming must touch only the last)
         self.setObjectName("userMessage" if role == "user" else "assistantMessage")
         self.setFrameShape(QFrame.StyledPanel)
 
@@ -169,6 +177,7 @@ class MessageWidget(QFrame):
 
     def render(self) -> None:
         self._dirty = False
+        self.render_count += 1
         shown = self.text if self.text or not self.streaming else "…"
         render(self.browser.document(), shown, self.draft_spans)
         self.browser._fit()
@@ -201,7 +210,7 @@ class MessageWidget(QFrame):
 
 
 class ChatView(QScrollArea):
-    """The transcript of one conversation."""
+    """The transcript of one conversation, built a page at a time from the end."""
 
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
@@ -215,14 +224,28 @@ class ChatView(QScrollArea):
         self._layout = QVBoxLayout(self._inner)
         self._layout.setContentsMargins(12, 12, 12, 12)
         self._layout.setSpacing(10)
+        self.earlier_button = QPushButton()
+        self.earlier_button.setObjectName("earlierButton")
+        self.earlier_button.setFlat(True)
+        self.earlier_button.clicked.connect(self.load_earlier)
+        self.earlier_button.hide()
+        self._layout.addWidget(self.earlier_button)
         self.placeholder = QLabel()
         self.placeholder.setObjectName("chatPlaceholder")
         self.placeholder.setAlignment(Qt.AlignCenter)
         self.placeholder.setWordWrap(True)
         self._layout.addWidget(self.placeholder)
+        self._first_message_index = self._layout.count()  # message widgets start here
         self._layout.addStretch(1)
         self.setWidget(self._inner)
         self.widgets: list[MessageWidget] = []
+        # (before_position, limit) -> older messages, oldest first; set by show_messages.
+        self._loader: Optional[Callable[[int, int], list]] = None
+        self._earlier = 0  # messages older than the first widget, not built yet
+        self._oldest_position: Optional[int] = None
+        self._anchor_from_bottom: Optional[int] = None
+        self._setting_scroll = False
+        self._load_pending = False
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
@@ -241,18 +264,80 @@ class ChatView(QScrollArea):
             w.setParent(None)
             w.deleteLater()
         self.widgets = []
+        self._loader = None
+        self._earlier = 0
+        self._oldest_position = None
+        self._anchor_from_bottom = None
         self._follow = True
+        self.earlier_button.hide()
         self.placeholder.setVisible(bool(self.placeholder.text()))
 
-    def add_message(self, message_id, role, text="", stats=None, partial=False) -> MessageWidget:
+    def show_messages(self, messages: Sequence, earlier: int = 0,
+                      loader: Optional[Callable[[int, int], list]] = None) -> None:
+        """Show ``messages`` (the newest page); ``earlier`` older ones are fetched through ``loader`` on demand.
+        Messages need id, role, content, stats, partial and position."""
+        self.clear()
+        for m in messages:
+            self.add_message(m.id, m.role, m.content, m.stats, m.partial)
+        self._loader = loader
+        self._earlier = earlier
+        self._oldest_position = messages[0].position if messages else None
+        self._update_earlier_button()
+        self.render_dirty()
+
+    def _update_earlier_button(self) -> None:
+        self.earlier_button.setVisible(self._earlier > 0)
+        self.earlier_button.setText(f"Show earlier messages ({self._earlier})")
+
+    def load_earlier(self) -> int:
+        """Build the page before the first shown message; keep the view where it is. Returns how many."""
+        if self._earlier <= 0 or self._loader is None or self._oldest_position is None:
+            return 0
+        older = self._loader(self._oldest_position, PAGE)
+        if not older:
+            self._earlier = 0
+            self._update_earlier_button()
+            return 0
+        bar = self.verticalScrollBar()
+        self._anchor_from_bottom = bar.maximum() - bar.value()
+        self._follow = False
+        built = []
+        for i, m in enumerate(older):
+            w = self._make(m.id, m.role, m.content, m.stats, m.partial)
+            self._layout.insertWidget(self._first_message_index + i, w)
+            built.append(w)
+            w.render()
+        self.widgets[:0] = built
+        self._oldest_position = older[0].position
+        self._earlier = max(0, self._earlier - len(older))
+        self._update_earlier_button()
+        return len(older)
+
+    def _make(self, message_id, role, text, stats, partial) -> MessageWidget:
         w = MessageWidget(message_id, role, text, stats, partial)
         w.regenerate_requested.connect(self.regenerate_requested)
         w.edit_requested.connect(self.edit_requested)
+        return w
+
+    def add_message(self, message_id, role, text="", stats=None, partial=False) -> MessageWidget:
+        w = self._make(message_id, role, text, stats, partial)
         self._layout.insertWidget(self._layout.count() - 1, w)
         self.widgets.append(w)
         self.placeholder.setVisible(False)
         self._follow = True
+        self._anchor_from_bottom = None
         return w
+
+    def remove_from(self, message_id: int) -> None:
+        """Drop a message's widget and every later one (regenerate, edit-and-resend)."""
+        for i, w in enumerate(self.widgets):
+            if w.message_id == message_id:
+                for gone in self.widgets[i:]:
+                    gone.setParent(None)
+                    gone.deleteLater()
+                del self.widgets[i:]
+                break
+        self.placeholder.setVisible(bool(self.placeholder.text()) and not self.widgets)
 
     def widget_for(self, message_id: int) -> Optional[MessageWidget]:
         return next((w for w in self.widgets if w.message_id == message_id), None)
@@ -263,9 +348,27 @@ class ChatView(QScrollArea):
                 w.render()
 
     def _on_range(self, _lo, hi) -> None:
-        if self._follow:
-            self.verticalScrollBar().setValue(hi)
+        self._setting_scroll = True
+        try:
+            if self._follow:
+                self.verticalScrollBar().setValue(hi)
+            elif self._anchor_from_bottom is not None:
+                # Older messages were put above: keep the messages on screen where they were.
+                self.verticalScrollBar().setValue(hi - self._anchor_from_bottom)
+        finally:
+            self._setting_scroll = False
 
     def _on_scroll(self, value) -> None:
-        # Follow the reply only while the user is at the bottom; scrolling up to read stops following.
-        self._follow = value >= self.verticalScrollBar().maximum() - 8
+        bar = self.verticalScrollBar()
+        if not self._setting_scroll:
+            self._anchor_from_bottom = None
+            # Follow the reply only while the user is at the bottom; scrolling up to read stops following.
+            self._follow = value >= bar.maximum() - 8
+        if (value < LOAD_MARGIN_PX and self._earlier > 0 and bar.maximum() > 0 and not self._setting_scroll
+                and not self._load_pending):
+            self._load_pending = True
+            QTimer.singleShot(0, self._load_earlier_later)  # not inside the scroll bar's own signal
+
+    def _load_earlier_later(self) -> None:
+        self._load_pending = False
+        self.load_earlier()

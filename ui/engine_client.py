@@ -140,6 +140,14 @@ def load_task(model: str, precision: str, draft_model: Optional[str], draft_prec
     return task
 
 
+def unload_task():
+    """Free the model and draft (weights, caches, allocator pages) on the engine thread."""
+    def task(engine, report):
+        engine.unload()
+        return None
+    return task
+
+
 def chat_task(messages: list[dict], sampling: dict, options: dict, context: Optional[int], channel: EventChannel):
     def task(engine, report):
         from inference.decode import DecodeOptions, SamplingSettings
