@@ -21,8 +21,9 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMenu, QPushButton, 
 from .markdown import SafeDocument, code_blocks, render
 
 RENDER_INTERVAL_MS = 100
-PAGE = 12  # message widgets built per page: one page must render well inside a frame budget
-LOAD_MARGIN_PX = 400  # load the previous page when the view is this close to the top
+PAGE = 12  # message widgets built when a conversation opens (fills a tall window)
+SCROLL_CHUNK = 2  # built per event-loop turn while scrolling up: each turn stays far below a 50 ms stall
+LOAD_MARGIN_PX = 600  # keep building older messages while the view is this close to the top
 
 
 def format_stats(stats: dict) -> str:
@@ -289,11 +290,11 @@ class ChatView(QScrollArea):
         self.earlier_button.setVisible(self._earlier > 0)
         self.earlier_button.setText(f"Show earlier messages ({self._earlier})")
 
-    def load_earlier(self) -> int:
-        """Build the page before the first shown message; keep the view where it is. Returns how many."""
+    def load_earlier(self, count: int = PAGE) -> int:
+        """Build ``count`` messages before the first shown one; keep the view where it is. Returns how many."""
         if self._earlier <= 0 or self._loader is None or self._oldest_position is None:
             return 0
-        older = self._loader(self._oldest_position, PAGE)
+        older = self._loader(self._oldest_position, count)
         if not older:
             self._earlier = 0
             self._update_earlier_button()
@@ -306,7 +307,6 @@ class ChatView(QScrollArea):
             w = self._make(m.id, m.role, m.content, m.stats, m.partial)
             self._layout.insertWidget(self._first_message_index + i, w)
             built.append(w)
-            w.render()
         self.widgets[:0] = built
         self._oldest_position = older[0].position
         self._earlier = max(0, self._earlier - len(older))
@@ -371,4 +371,9 @@ class ChatView(QScrollArea):
 
     def _load_earlier_later(self) -> None:
         self._load_pending = False
-        self.load_earlier()
+        self.load_earlier(SCROLL_CHUNK)
+        # A few messages per turn, so the wheel and the timers keep running in between; go on in the next
+        # turn while the view is still near the top.
+        if self._earlier > 0 and self.verticalScrollBar().value() < LOAD_MARGIN_PX:
+            self._load_pending = True
+            QTimer.singleShot(0, self._load_earlier_later)

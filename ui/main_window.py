@@ -493,7 +493,7 @@ class MainWindow(QMainWindow):
             self.conversation_id = conv.id
             self.conversations.select(conv.id)
         user = self.store.add_message(self.conversation_id, "user", text)
-        self.chat_view.add_message(user.id, "user", text).render()
+        self.chat_view.add_message(user.id, "user", text)
         self.input.clear()
         await self._generate(self.conversation_id)
 
