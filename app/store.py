@@ -181,17 +181,23 @@ class Store:
 
     # -- messages -----------------------------------------------------------------
     def messages(self, conversation_id: int, limit: Optional[int] = None,
-                 before_position: Optional[int] = None) -> list[Message]:
-        """In order. With ``limit``: only the last ``limit`` messages (before ``before_position`` if given),
-        so a long conversation opens with the page on screen and older pages load on scroll."""
-        if limit is None and before_position is None:
+                 before_position: Optional[int] = None, after_position: Optional[int] = None) -> list[Message]:
+        """In order. With ``limit``: the last ``limit`` messages (before ``before_position`` if given), or with
+        ``after_position`` the first ``limit`` after it; a long conversation is shown a window at a time."""
+        if limit is None and before_position is None and after_position is None:
             rows = self._conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
                                       (conversation_id,)).fetchall()
+            return [self._message(r) for r in rows]
+        n = -1 if limit is None else limit
+        if after_position is not None:
+            rows = self._conn.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? AND position > ? ORDER BY position LIMIT ?",
+                (conversation_id, after_position, n)).fetchall()
             return [self._message(r) for r in rows]
         before = before_position if before_position is not None else 2 ** 62
         rows = self._conn.execute(
             "SELECT * FROM messages WHERE conversation_id = ? AND position < ? ORDER BY position DESC LIMIT ?",
-            (conversation_id, before, -1 if limit is None else limit)).fetchall()
+            (conversation_id, before, n)).fetchall()
         return [self._message(r) for r in reversed(rows)]
 
     def message_count(self, conversation_id: int, before_position: Optional[int] = None) -> int:

@@ -217,7 +217,7 @@ def test_store_pages_messages(profile):
 @pytest.mark.usefixtures("aloop", "profile")
 def test_long_conversation_opens_one_page_and_loads_older_on_demand(qtbot, tiny_model_dir):
     from app.store import Store
-    from ui.chat_view import PAGE
+    from ui.chat_view import MAX_BUILT, PAGE
 
     s = Store()
     c = s.create_conversation("long one")
@@ -234,9 +234,15 @@ def test_long_conversation_opens_one_page_and_loads_older_on_demand(qtbot, tiny_
         view.earlier_button.click()
         assert len(view.widgets) == 2 * PAGE
         assert view.widgets[0].text == f"message number {100 - 2 * PAGE}"
-        # Scrolling to the top loads the page before.
-        view.verticalScrollBar().setValue(0)
-        qtbot.waitUntil(lambda: len(view.widgets) == 3 * PAGE, timeout=5000)
+        # Scrolling up builds older messages; never more than MAX_BUILT widgets exist at once.
+        bar = view.verticalScrollBar()
+        qtbot.waitUntil(lambda: (bar.setValue(0), view._earlier == 0 and bar.value() == 0)[1], timeout=30_000)
+        assert view.widgets[0].text == "message number 0" and len(view.widgets) <= MAX_BUILT
+        assert view._later == 100 - len(view.widgets) and view.later_button.isVisible()
+        # ... and scrolling back down builds the newer ones again, dropping the oldest.
+        qtbot.waitUntil(lambda: (bar.setValue(bar.maximum()), view._later == 0)[1], timeout=30_000)
+        assert view.widgets[-1].text == "message number 99" and len(view.widgets) <= MAX_BUILT
+        assert [w.position for w in view.widgets] == list(range(100 - len(view.widgets), 100))
 
         # Streaming a reply renders the new reply only, never the messages above it.
         counts = [x.render_count for x in view.widgets]

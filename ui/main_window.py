@@ -394,8 +394,8 @@ class MainWindow(QMainWindow):
         cid = self.conversation_id
         page = self.store.messages(cid, limit=PAGE)
         earlier = self.store.message_count(cid, page[0].position) if page else 0
-        self.chat_view.show_messages(page, earlier,
-                                     lambda before, n: self.store.messages(cid, limit=n, before_position=before))
+        self.chat_view.show_messages(page, earlier, lambda before, after, n: self.store.messages(
+            cid, limit=n, before_position=before, after_position=after))
         if gen is not None and gen.conversation_id == cid:
             w = self.chat_view.widget_for(gen.message_id)
             if w is not None:
@@ -493,7 +493,7 @@ class MainWindow(QMainWindow):
             self.conversation_id = conv.id
             self.conversations.select(conv.id)
         user = self.store.add_message(self.conversation_id, "user", text)
-        self.chat_view.add_message(user.id, "user", text)
+        self.chat_view.add_message(user.id, "user", text, position=user.position)
         self.input.clear()
         await self._generate(self.conversation_id)
 
@@ -521,7 +521,8 @@ class MainWindow(QMainWindow):
         gen = _Generation(conversation_id, placeholder.id, channel, model=self.loaded.name)
         self.generation = gen
         if self._showing(conversation_id):  # only the new reply's widget is built; earlier ones stay as they are
-            self._attach_stream(gen, self.chat_view.add_message(placeholder.id, "assistant", "", None, True))
+            self._attach_stream(gen, self.chat_view.add_message(placeholder.id, "assistant", "", None, True,
+                                                                placeholder.position))
         self.gauges.start_reply()
         self.sampler.set_fast(True)
         self._update_controls()
