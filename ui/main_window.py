@@ -593,7 +593,7 @@ class MainWindow(QMainWindow):
         if error:
             self.banner.show_message(f"The reply failed: {error} Your conversation is kept.", "error",
                                      [("Open settings", self.show_settings)])
-        self.conversations.refresh()
+        self.conversations.touch(gen.conversation_id)
         self.last_result = result
         self._update_controls()
         self.reply_finished.emit(result)
