@@ -411,6 +411,19 @@ class MainWindow(QMainWindow):
     def _showing(self, conversation_id: int) -> bool:
         return self.conversation_id == conversation_id
 
+    def _stream_widget(self, gen: "_Generation") -> Optional[MessageWidget]:
+        """The widget showing the growing reply, if it is built: scrolling far up drops it from the view's
+        window, and scrolling back down builds it again from the store, so look it up when it is gone."""
+        if gen.widget is not None and gen.widget in self.chat_view.widgets:
+            return gen.widget
+        gen.widget = None
+        if self._showing(gen.conversation_id):
+            w = self.chat_view.widget_for(gen.message_id)
+            if w is not None:
+                self._attach_stream(gen, w)
+                return w
+        return None
+
     def _on_deleted(self, conversation_id: int) -> None:
         if self.generation is not None and self.generation.conversation_id == conversation_id:
             self.stop()
@@ -555,10 +568,11 @@ class MainWindow(QMainWindow):
             elif kind == "StatsEvent":
                 self.gauges.live(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens)
         self.gauges.add_latencies(latencies)
-        if gen.widget is not None:
-            gen.widget.text = gen.text
-            gen.widget.draft_spans = gen.draft_spans
-            gen.widget._dirty = True
+        w = self._stream_widget(gen)
+        if w is not None:
+            w.text = gen.text
+            w.draft_spans = gen.draft_spans
+            w._dirty = True
         now = time.monotonic()
         if now - gen.last_save >= SAVE_INTERVAL_S:
             gen.last_save = now
@@ -578,7 +592,7 @@ class MainWindow(QMainWindow):
         else:
             stats = {"finish_reason": "error", "error": error, "model": gen.model, "draft_spans": gen.draft_spans}
             partial = True
-        shown = gen.widget if gen.widget is not None and self._showing(gen.conversation_id) else None
+        shown = self._stream_widget(gen)
         if gen.text:
             self.store.update_message(gen.message_id, gen.text, partial, stats)
             if shown is not None:
