@@ -406,6 +406,10 @@ class ChatView(QScrollArea):
         self._update_buttons()
         self.placeholder.setVisible(bool(self.placeholder.text()) and not self.widgets)
 
+    def showing_latest(self) -> bool:
+        """Is the end of the conversation built (not scrolled far up)?"""
+        return self._later == 0
+
     def widget_for(self, message_id: int) -> Optional[MessageWidget]:
         return next((w for w in self.widgets if w.message_id == message_id), None)
 

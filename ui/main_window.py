@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QDockWidget, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
                                QMessageBox, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
@@ -48,6 +48,7 @@ class _Generation:
     last_token_time: Optional[float] = 0.0
     last_save: float = field(default_factory=time.monotonic)
     model: str = ""
+    position: int = 0  # the reply's place in its conversation
 
     def append(self, delta: str, from_draft: bool) -> None:
         if from_draft and delta:
@@ -411,6 +412,12 @@ class MainWindow(QMainWindow):
     def _showing(self, conversation_id: int) -> bool:
         return self.conversation_id == conversation_id
 
+    def _show_reply(self, gen: "_Generation") -> None:
+        if self.generation is gen and self._showing(gen.conversation_id) and \
+                self.chat_view.widget_for(gen.message_id) is None:
+            self._attach_stream(gen, self.chat_view.add_message(gen.message_id, "assistant", "", None, True,
+                                                                gen.position))
+
     def _stream_widget(self, gen: "_Generation") -> Optional[MessageWidget]:
         """The widget showing the growing reply, if it is built: scrolling far up drops it from the view's
         window, and scrolling back down builds it again from the store, so look it up when it is gone."""
@@ -531,11 +538,13 @@ class MainWindow(QMainWindow):
         placeholder = self.store.add_message(conversation_id, "assistant", "", partial=True,
                                              stats={"finish_reason": "interrupted", "model": self.loaded.name})
         channel = EventChannel(self._on_events)
-        gen = _Generation(conversation_id, placeholder.id, channel, model=self.loaded.name)
+        gen = _Generation(conversation_id, placeholder.id, channel, model=self.loaded.name,
+                          position=placeholder.position)
         self.generation = gen
-        if self._showing(conversation_id):  # only the new reply's widget is built; earlier ones stay as they are
-            self._attach_stream(gen, self.chat_view.add_message(placeholder.id, "assistant", "", None, True,
-                                                                placeholder.position))
+        if self._showing(conversation_id):
+            # Only the new reply's widget is built; earlier ones stay as they are. In the next event-loop turn:
+            # the user's message widget was just built in this one, and each costs a frame's worth of time.
+            QTimer.singleShot(0, lambda: self._show_reply(gen))
         self.gauges.start_reply()
         self.sampler.set_fast(True)
         self._update_controls()
@@ -595,6 +604,10 @@ class MainWindow(QMainWindow):
         shown = self._stream_widget(gen)
         if gen.text:
             self.store.update_message(gen.message_id, gen.text, partial, stats)
+            if shown is None and self._showing(gen.conversation_id) and self.chat_view.showing_latest() \
+                    and self.chat_view.widget_for(gen.message_id) is None:
+                # It ended before its widget was due to be built.
+                shown = self.chat_view.add_message(gen.message_id, "assistant", gen.text, stats, partial, gen.position)
             if shown is not None:
                 shown.streaming = False
                 shown.set_content(gen.text, stats, partial)
