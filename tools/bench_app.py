@@ -385,7 +385,7 @@ def child_history(long_id: int, tiny: str) -> None:
     rerendered = sum(1 for x, c in before if x.render_count != c or x not in view.widgets)
     w.shutdown()
     report(conversations=n_conv, listed=listed, found=found, warning=warning, t_open=t_open, t_window=t_window,
-           t_search=t_search, t_open_long=t_open_long, first_page=first_page, built=built,
+           t_search=t_search, t_open_long=t_open_long, first_page=first_page,
            scroll=scroll,
            rerendered=rerendered, stream_tokens=result.new_tokens, stream_longest_stall_ms=gui.longest_gap_ms)
 
@@ -565,14 +565,17 @@ def main() -> int:
         print(f"  built 1,000 conversations / 50,000 messages in {time.perf_counter() - t0:.1f} s "
               f"({history_db.stat().st_size / MB:.0f} MB)", flush=True)
     started = time.monotonic()
-    if "startup" in phases:
-        phase_startup(table, work, history_db)
-    if "history" in phases:
-        phase_history(table, work, history_db)
-    if "unload" in phases:
-        phase_unload(table, work, args.switches)
-    if "soak" in phases:
-        phase_soak(table, work, args.soak_replies, args.soak_tokens)
+    runs = [("startup", lambda: phase_startup(table, work, history_db)),
+            ("history", lambda: phase_history(table, work, history_db)),
+            ("unload", lambda: phase_unload(table, work, args.switches)),
+            ("soak", lambda: phase_soak(table, work, args.soak_replies, args.soak_tokens))]
+    for name, run in runs:
+        if name in phases:
+            try:
+                run()
+            except Exception as exc:  # one phase failing must not hide the others' figures
+                print(f"  phase {name} failed: {exc}", file=sys.stderr, flush=True)
+                table.add(f"{name}: the phase itself", f"crashed ({type(exc).__name__})", "runs", False)
     load1 = os.getloadavg()
     table.print()
     print(f"\n{len(table.rows)} figures in {time.monotonic() - started:.0f} s; load average {load1[0]:.2f} "
