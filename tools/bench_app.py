@@ -403,6 +403,8 @@ def run_child(args: list[str], profile: Path, timeout: float = 7200) -> tuple[di
     proc = subprocess.run([sys.executable, __file__, "--child", *args], env=env, stdout=subprocess.PIPE,
                           stderr=None, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if lines:  # the raw figures, next to the profiles, for anyone who wants more than the table
+        (profile.parent / f"{args[0]}-{int(launched)}.json").write_text(lines[-1][len("RESULT "):])
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"phase {args[0]} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):]), launched
@@ -497,6 +499,8 @@ def phase_soak(table: Table, work: Path, replies: int, max_new_tokens: int) -> N
               rss_end < rss10 * 1.05)
     tf = statistics.mean(r["tokens_per_s"] or 0 for r in first)
     tl = statistics.mean(r["tokens_per_s"] or 0 for r in last)
+    print("  decode tokens/s of replies 1-10: " + ", ".join(f"{r['tokens_per_s'] or 0:.1f}" for r in first)
+          + "; of the last 10: " + ", ".join(f"{r['tokens_per_s'] or 0:.1f}" for r in last), flush=True)
     table.add("soak: decode tokens/s, last 10 vs first 10 replies", f"{tl:.1f} vs {tf:.1f} ({(tl / tf - 1) * 100:+.1f} %)",
               "within ±10 %", abs(tl / tf - 1) <= 0.10 if tf else False)
     table.add(f"soak: longest UI stall over {len(rows)} replies ({out['seconds']:.0f} s, {out['ticks']} ticks)",
