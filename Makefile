@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_CONSTRAINTS ?=
 MODEL ?= starter
 
-.PHONY: run test lint-imports clean-venv screenshots install-desktop dist
+.PHONY: run test lint-imports clean-venv screenshots install-desktop dist bench-app
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test: $(VENV)/.installed
 screenshots: $(VENV)/.installed
 	$(BIN)/python tools/screenshots.py
 	$(BIN)/python tools/wizard_screenshots.py
+
+# Does Redline stay fast over a long day? Start-up, unloading, a 200-reply soak, a 50,000-message history:
+# each figure printed against its budget (takes a while on a CPU; see README "Staying fast all day").
+BENCH_APP_ARGS ?=
+bench-app: $(VENV)/.installed
+	$(BIN)/python tools/bench_app.py $(BENCH_APP_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

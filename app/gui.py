@@ -9,7 +9,7 @@ from typing import Optional
 from app import __license__, __version__
 from app.presets import PresetStore
 from app.settings import load_settings, save_settings, settings_path
-from app.store import Store
+from app.store import Store, open_store
 
 APP_ID = "io.github.redline_app.Redline"  # reverse-DNS id: the .desktop file and AppStream metadata use it
 
@@ -42,14 +42,20 @@ def about_info(store: Store, settings_file=None):
 
 def build_window(model: Optional[str] = None, store: Optional[Store] = None, engine_factory=None,
                  presets: Optional[PresetStore] = None):
-    """Create the window (without showing it). Tests use this with their own store and engine."""
+    """Create the window (without showing it). Tests use this with their own store and engine.
+
+    Without a store, the conversation database is opened with ``open_store``: a corrupt or locked
+    database never stops the window from opening; the window says what happened."""
     from ui.main_window import MainWindow
     from ui.worker import EngineThread
 
     settings, warning = load_settings()
-    store = store or Store()
+    store_warning = None
+    if store is None:
+        store, store_warning = open_store()
+    notice = " ".join(w for w in (warning, store_warning) if w) or None
     engine = EngineThread(engine_factory)
-    window = MainWindow(engine, store, settings, save_settings, warning, presets or PresetStore(),
+    window = MainWindow(engine, store, settings, save_settings, notice, presets or PresetStore(),
                         about=about_info(store))
     add_speed_lab(window, engine, settings)
     return window
@@ -68,7 +74,7 @@ def add_speed_lab(window, engine, settings) -> None:
     window.add_panel(LazyPanel(build), "Speed lab")
 
 
-def run_gui(model: Optional[str] = None) -> int:
+def run_gui(model: Optional[str] = None, engine_factory=None) -> int:
     from PySide6.QtWidgets import QApplication
     import qasync
 
@@ -76,8 +82,8 @@ def run_gui(model: Optional[str] = None) -> int:
     configure_application(app)
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    store = Store()
-    window = build_window(model, store)
+    window = build_window(model, engine_factory=engine_factory)
+    store = window.store
     window.show()
     window.start(model)
     closed = asyncio.Event()

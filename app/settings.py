@@ -15,6 +15,8 @@ from typing import Optional
 
 import platformdirs
 
+from app.private_files import write_private
+
 APP_NAME = "redline"
 STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup")
 
@@ -117,9 +119,5 @@ def load_settings(path: Optional[Path] = None) -> tuple[Settings, Optional[str]]
 
 
 def save_settings(settings: Settings, path: Optional[Path] = None) -> None:
-    """Write atomically: a crash mid-write leaves the old file, never half a file."""
-    path = path or settings_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(settings.to_dict(), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write atomically and privately (0600 in a 0700 folder): a crash mid-write leaves the old file."""
+    write_private(path or settings_path(), json.dumps(settings.to_dict(), indent=2) + "\n")

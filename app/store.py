@@ -3,11 +3,20 @@
 Every change is one transaction (``with self._conn``), so a crash leaves either
 the old state or the new one. A reply in progress is written as a *partial*
 message and updated as it grows; it stays partial if it was stopped or the app
-went away mid-reply.
+went away mid-reply (even killed with SIGKILL: a committed transaction is in the
+WAL file before ``commit`` returns).
+
+``open_store`` never stops the app from starting: a database that is not a
+database (or fails its quick check) is moved aside as
+``conversations.sqlite3.corrupt-<time>`` (kept, never deleted) and a fresh one is
+created; a database another program holds locked is left untouched and this
+session uses a temporary in-memory database instead. Either way the caller gets a
+message for the user. The database and its folder are private (0600 / 0700).
 """
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
@@ -15,6 +24,8 @@ from pathlib import Path
 from typing import Optional
 
 import platformdirs
+
+from app.private_files import private_dir
 
 APP_NAME = "redline"
 SCHEMA = """
@@ -36,12 +47,28 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
+-- the conversation list is ordered by last activity: with thousands of conversations, no sort on open
+CREATE INDEX IF NOT EXISTS conversations_by_updated ON conversations(updated DESC, id DESC);
 """
+# How long to wait for another connection's write lock when opening, and afterwards. Opening is
+# short so a locked database cannot hold up the window; later writes (one small transaction each)
+# wait a little longer for another Redline instance's transaction to finish.
+OPEN_TIMEOUT_S = 0.5
+BUSY_TIMEOUT_MS = 2000
+IN_MEMORY = ":memory:"
 
 
 def data_dir() -> Path:
     """platformdirs honours XDG_DATA_HOME on Linux."""
     return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+
+class DatabaseLocked(Exception):
+    """Another program holds the database's write lock."""
+
+
+class DatabaseCorrupt(Exception):
+    """The file is not a usable SQLite database."""
 
 
 def default_db_path() -> Path:
@@ -69,16 +96,53 @@ class Message:
     created: float = 0.0
 
 
+def _create_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (its -wal/-shm files copy the mode)."""
+    private_dir(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    try:
+        os.chmod(path, 0o600)
+    except OSError:
+        pass
+
+
 class Store:
-    def __init__(self, path: Optional[Path] = None):
-        self.path = Path(path) if path else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA foreign_keys = ON")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        with self._conn:
-            self._conn.executescript(SCHEMA)
+    """``Store(path)`` raises DatabaseLocked / DatabaseCorrupt; the app opens it with ``open_store``."""
+
+    def __init__(self, path: Optional[Path | str] = None):
+        self.in_memory = path == IN_MEMORY
+        self.path = Path(path) if path and not self.in_memory else (None if self.in_memory else default_db_path())
+        if not self.in_memory:
+            _create_private(self.path)
+        self._conn = sqlite3.connect(IN_MEMORY if self.in_memory else self.path, timeout=OPEN_TIMEOUT_S)
+        try:
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            # Commits go to the WAL without an fsync each (writes happen on the UI thread, every second while a
+            # reply grows): a killed app loses nothing committed; only a power cut can lose the last commits.
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            with self._conn:
+                self._conn.executescript(SCHEMA)
+            # Can we write? Another program's exclusive transaction shows up here, not on reads in WAL mode.
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("ROLLBACK")
+            (check,) = self._conn.execute("PRAGMA quick_check(1)").fetchone()
+            if check != "ok":
+                raise DatabaseCorrupt(check)
+            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        except sqlite3.OperationalError as exc:
+            self._conn.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise DatabaseLocked(str(exc)) from exc
+            raise DatabaseCorrupt(str(exc)) from exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
+            self._conn.close()
+            raise DatabaseCorrupt(str(exc)) from exc
+        except DatabaseCorrupt:
+            self._conn.close()
+            raise
 
     def close(self) -> None:
         self._conn.close()
@@ -119,10 +183,31 @@ class Store:
             self._conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # -- messages -----------------------------------------------------------------
-    def messages(self, conversation_id: int) -> list[Message]:
-        rows = self._conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
-                                  (conversation_id,)).fetchall()
-        return [self._message(r) for r in rows]
+    def messages(self, conversation_id: int, limit: Optional[int] = None,
+                 before_position: Optional[int] = None, after_position: Optional[int] = None) -> list[Message]:
+        """In order. With ``limit``: the last ``limit`` messages (before ``before_position`` if given), or with
+        ``after_position`` the first ``limit`` after it; a long conversation is shown a window at a time."""
+        if limit is None and before_position is None and after_position is None:
+            rows = self._conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
+                                      (conversation_id,)).fetchall()
+            return [self._message(r) for r in rows]
+        n = -1 if limit is None else limit
+        if after_position is not None:
+            rows = self._conn.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? AND position > ? ORDER BY position LIMIT ?",
+                (conversation_id, after_position, n)).fetchall()
+            return [self._message(r) for r in rows]
+        before = before_position if before_position is not None else 2 ** 62
+        rows = self._conn.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? AND position < ? ORDER BY position DESC LIMIT ?",
+            (conversation_id, before, n)).fetchall()
+        return [self._message(r) for r in reversed(rows)]
+
+    def message_count(self, conversation_id: int, before_position: Optional[int] = None) -> int:
+        before = before_position if before_position is not None else 2 ** 62
+        (n,) = self._conn.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ? AND position < ?",
+                                  (conversation_id, before)).fetchone()
+        return int(n)
 
     def message(self, message_id: int) -> Optional[Message]:
         row = self._conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
@@ -198,3 +283,47 @@ class Store:
                 bits += [str(s[k]) for k in ("strategy", "precision") if s.get(k)]
                 out += ["*" + " · ".join(bits) + "*", ""]
         return "\n".join(out)
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename a bad database (and its WAL/shared-memory files) out of the way; return the new name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    backup = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while backup.exists():
+        n += 1
+        backup = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    os.replace(path, backup)
+    for suffix in ("-wal", "-shm"):
+        extra = path.with_name(path.name + suffix)
+        if extra.exists():
+            os.replace(extra, backup.with_name(backup.name + suffix))
+    return backup
+
+
+def open_store(path: Optional[Path] = None) -> tuple[Store, Optional[str]]:
+    """Open the conversation database for the app: (store, message for the user or None). Never raises for
+    a corrupt or locked database: the user's data is kept and the app still starts."""
+    path = Path(path) if path else default_db_path()
+    try:
+        return Store(path), None
+    except DatabaseLocked:
+        return Store(IN_MEMORY), (
+            f"The conversation database {path} is locked by another program (another Redline window?). "
+            "It was left untouched; this session's chats are kept in memory only and are lost when you quit. "
+            "Close the other program and restart Redline to use your saved conversations.")
+    except DatabaseCorrupt as exc:
+        try:
+            backup = _move_aside(path)
+        except OSError as move_exc:
+            return Store(IN_MEMORY), (
+                f"The conversation database {path} is unreadable ({exc}) and could not be moved aside "
+                f"({move_exc}); this session's chats are kept in memory only.")
+        try:
+            store = Store(path)
+        except (DatabaseLocked, DatabaseCorrupt) as again:
+            return Store(IN_MEMORY), (f"The conversation database {path} was unreadable ({exc}) and was kept as "
+                                      f"{backup}; a new one could not be created ({again}), so this session's "
+                                      "chats are kept in memory only.")
+        return store, (f"The conversation database was unreadable ({exc}). It was kept as {backup} and a new, "
+                       "empty one was started.")

@@ -79,13 +79,19 @@ class Engine:
 
     def unload_draft(self) -> None:
         if self.draft is not None:
-            self.draft = None
+            draft, self.draft = self.draft, None
+            draft.release()
+            del draft
             free_memory(self.device)
 
     def unload(self) -> None:
+        """Free the target and draft: weights, the fast path's fused weights and KV cache, and (via
+        ``free_memory``) the allocator's cached pages, so memory returns to where it was before loading."""
         self.unload_draft()
         if self.target is not None:
-            self.target = None
+            target, self.target = self.target, None
+            target.release()
+            del target
             free_memory(self.device)
 
     # -- predicted vs measured memory ----------------------------------------

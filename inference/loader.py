@@ -1,8 +1,10 @@
 """Load a model and its tokenizer at a chosen precision, with progress, cancel and measured memory."""
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,13 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)
     baseline_rss_bytes: Optional[int] = None  # process RSS before this load began (the estimator's CPU baseline)
     predicted_bytes: Optional[int] = None  # the estimator's prediction for the load (set by the engine)
+    fast_decoder: Any = None  # inference.fastpath.FastDecoder, built on first use (fused weights, KV cache)
+
+    def release(self) -> None:
+        """Drop every tensor this object holds, so memory is freed even if something still refers to it."""
+        self.fast_decoder = None
+        self.model = None
+        self.tokenizer = None
 
     @property
     def name(self) -> str:
@@ -53,10 +62,38 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def free_memory(device: str) -> None:
+    """Give freed model memory back: collect cycles, empty torch's CUDA cache, and trim the C heap.
+
+    On Linux, glibc keeps freed memory in its heaps (arenas) for reuse, so after a model is dropped the
+    process's resident memory would stay near its peak; ``malloc_trim(0)`` returns the free pages of every
+    arena to the system.
+    """
     gc.collect()
     if device.startswith("cuda"):
         import torch
         torch.cuda.empty_cache()
+    trim_c_heap()
+
+
+def trim_c_heap() -> bool:
+    """``malloc_trim(0)`` where the C library is glibc; a no-op (False) elsewhere."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        _MALLOC_TRIM = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL("libc.so.6")
+                _MALLOC_TRIM = libc.malloc_trim
+                _MALLOC_TRIM.argtypes = [ctypes.c_size_t]
+            except (OSError, AttributeError):  # musl and others have no malloc_trim
+                _MALLOC_TRIM = False
+    if _MALLOC_TRIM is False:
+        return False
+    _MALLOC_TRIM(0)
+    return True
+
+
+_MALLOC_TRIM = None
 
 
 def read_config(folder: Path) -> dict:

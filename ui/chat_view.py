@@ -2,20 +2,32 @@
 
 A streaming reply only marks its widget dirty; a timer re-renders dirty
 widgets every ``RENDER_INTERVAL_MS``, so a fast model costs at most one render
-per interval however many tokens arrive.
+per interval however many tokens arrive, and never re-renders earlier messages.
+
+A long conversation is shown through a window of at most ``MAX_BUILT`` message
+widgets: it opens with its last ``PAGE`` messages; scrolling near the top (or the
+"Show earlier messages" button) builds older ones a couple per event-loop turn
+and drops the newest beyond the window, and scrolling back down does the
+reverse, keeping what is on screen in place. Opening a 500-message conversation
+costs one page, and scrolling through it never lays out more than the window.
 """
 from __future__ import annotations
 
-from typing import Optional
+from types import SimpleNamespace
+from typing import Callable, Optional, Sequence
 
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMenu, QScrollArea, QSizePolicy, QTextBrowser,
-                               QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMenu, QPushButton, QScrollArea, QSizePolicy,
+                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
 from .markdown import SafeDocument, code_blocks, render
 
 RENDER_INTERVAL_MS = 100
+PAGE = 12  # message widgets built when a conversation opens (fills a tall window)
+SCROLL_CHUNK = 2  # built per event-loop turn while scrolling up: each turn stays far below a 50 ms stall
+LOAD_MARGIN_PX = 600  # keep building messages while the view is this close to the top (or bottom)
+MAX_BUILT = 48  # message widgets alive at once: layout cost stays flat however long the conversation
 
 
 def format_stats(stats: dict) -> str:
@@ -113,6 +125,8 @@ class MessageWidget(QFrame):
         self.streaming = False
         self.draft_spans: list[list[int]] = [list(s) for s in self.stats.get("draft_spans", [])]
         self._dirty = True
+        self.render_count = 0  # how often this message was rendered (streaming must touch only the last)
+        self.position: int = 0  # its place in the conversation (set by the view)
         self.setObjectName("userMessage" if role == "user" else "assistantMessage")
         self.setFrameShape(QFrame.StyledPanel)
 
@@ -181,6 +195,7 @@ class MessageWidget(QFrame):
 
     def render(self) -> None:
         self._dirty = False
+        self.render_count += 1
         shown = self.text if self.text or not self.streaming else "…"
         render(self.browser.document(), shown, self.draft_spans)
         self.browser._fit()
@@ -212,8 +227,11 @@ class MessageWidget(QFrame):
         menu.exec(self.copy_code_button.mapToGlobal(self.copy_code_button.rect().bottomLeft()))
 
 
+Loader = Callable[[Optional[int], Optional[int], int], list]  # (before, after, limit) -> messages, oldest first
+
+
 class ChatView(QScrollArea):
-    """The transcript of one conversation."""
+    """The transcript of one conversation, built a window at a time."""
 
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
@@ -227,14 +245,33 @@ class ChatView(QScrollArea):
         self._layout = QVBoxLayout(self._inner)
         self._layout.setContentsMargins(12, 12, 12, 12)
         self._layout.setSpacing(10)
+        self.earlier_button = QPushButton()
+        self.earlier_button.setObjectName("earlierButton")
+        self.earlier_button.setFlat(True)
+        self.earlier_button.clicked.connect(lambda: self.load_earlier())
+        self.earlier_button.hide()
+        self._layout.addWidget(self.earlier_button)
         self.placeholder = QLabel()
         self.placeholder.setObjectName("chatPlaceholder")
         self.placeholder.setAlignment(Qt.AlignCenter)
         self.placeholder.setWordWrap(True)
         self._layout.addWidget(self.placeholder)
+        self._first_message_index = self._layout.count()  # message widgets start here
+        self.later_button = QPushButton("Jump to the latest messages")
+        self.later_button.setObjectName("laterButton")
+        self.later_button.setFlat(True)
+        self.later_button.clicked.connect(self.jump_to_latest)
+        self.later_button.hide()
+        self._layout.addWidget(self.later_button)
         self._layout.addStretch(1)
         self.setWidget(self._inner)
         self.widgets: list[MessageWidget] = []
+        self._loader: Optional[Loader] = None
+        self._earlier = 0  # messages older than the first widget, not built
+        self._later = 0  # messages newer than the last widget, not built (only after scrolling far up)
+        self._anchor: Optional[tuple[MessageWidget, int]] = None  # keep this widget at this offset on screen
+        self._setting_scroll = False
+        self._load_pending = False
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
@@ -248,23 +285,142 @@ class ChatView(QScrollArea):
         self.placeholder.setText(text)
         self.placeholder.setVisible(bool(text) and not self.widgets)
 
-    def clear(self) -> None:
-        for w in self.widgets:
+    def _drop(self, widgets: list[MessageWidget]) -> None:
+        for w in widgets:
             w.setParent(None)
             w.deleteLater()
+
+    def clear(self) -> None:
+        self._drop(self.widgets)
         self.widgets = []
+        self._loader = None
+        self._earlier = self._later = 0
+        self._anchor = None
         self._follow = True
+        self._update_buttons()
         self.placeholder.setVisible(bool(self.placeholder.text()))
 
-    def add_message(self, message_id, role, text="", stats=None, partial=False) -> MessageWidget:
-        w = MessageWidget(message_id, role, text, stats, partial)
+    def show_messages(self, messages: Sequence, earlier: int = 0, loader: Optional[Loader] = None) -> None:
+        """Show ``messages`` (the newest page); ``earlier`` older ones are fetched through ``loader`` on demand.
+        Messages need id, role, content, stats, partial and position."""
+        self.clear()
+        for m in messages:
+            self._append(self._make(m))
+        self._loader = loader
+        self._earlier = earlier
+        self._update_buttons()
+        self.placeholder.setVisible(bool(self.placeholder.text()) and not self.widgets)
+
+    def _update_buttons(self) -> None:
+        self.earlier_button.setVisible(self._earlier > 0)
+        self.earlier_button.setText(f"Show earlier messages ({self._earlier})")
+        self.later_button.setVisible(self._later > 0)
+
+    def _set_anchor(self) -> None:
+        """Remember where the first widget on screen is, so building or dropping others does not move it."""
+        value = self.verticalScrollBar().value()
+        ref = next((w for w in self.widgets if w.y() + w.height() > value), None)
+        self._anchor = (ref, ref.y() - value) if ref is not None else None
+        self._follow = False
+
+    def load_earlier(self, count: int = PAGE) -> int:
+        """Build ``count`` messages before the first built one; keep the view where it is. Returns how many."""
+        if self._earlier <= 0 or self._loader is None or not self.widgets:
+            return 0
+        older = self._loader(self.widgets[0].position, None, count)
+        if not older:
+            self._earlier = 0
+            self._update_buttons()
+            return 0
+        self._set_anchor()
+        built = [self._make(m) for m in older]
+        for i, w in enumerate(built):
+            self._layout.insertWidget(self._first_message_index + i, w)
+        self.widgets[:0] = built
+        self._earlier = max(0, self._earlier - len(older))
+        extra = len(self.widgets) - MAX_BUILT
+        if extra > 0:  # drop the newest beyond the window; they are rebuilt when scrolled back to
+            self._drop(self.widgets[-extra:])
+            del self.widgets[-extra:]
+            self._later += extra
+        self._update_buttons()
+        return len(older)
+
+    def load_later(self, count: int = PAGE) -> int:
+        """Build ``count`` messages after the last built one (after scrolling far up and back down)."""
+        if self._later <= 0 or self._loader is None or not self.widgets:
+            return 0
+        newer = self._loader(None, self.widgets[-1].position, count)
+        if not newer:
+            self._later = 0
+            self._update_buttons()
+            return 0
+        self._set_anchor()
+        for m in newer:
+            self._append(self._make(m))
+        self._later = max(0, self._later - len(newer))
+        extra = len(self.widgets) - MAX_BUILT
+        if extra > 0:
+            if self._anchor is not None and self._anchor[0] in self.widgets[:extra]:
+                self._anchor = (self.widgets[extra], self._anchor[1] + self.widgets[extra].y() - self._anchor[0].y())
+            self._drop(self.widgets[:extra])
+            del self.widgets[:extra]
+            self._earlier += extra
+        self._update_buttons()
+        return len(newer)
+
+    def jump_to_latest(self) -> None:
+        """Show the newest page again, following the bottom."""
+        if self._loader is None:
+            return
+        loader = self._loader
+        newest = loader(None, None, PAGE)
+        total = self._earlier + len(self.widgets) + self._later
+        self.show_messages(newest, max(0, total - len(newest)), loader)
+
+    def _make(self, m) -> MessageWidget:
+        w = MessageWidget(m.id, m.role, m.content, m.stats, m.partial)
+        w.position = m.position
         w.regenerate_requested.connect(self.regenerate_requested)
         w.edit_requested.connect(self.edit_requested)
-        self._layout.insertWidget(self._layout.count() - 1, w)
+        return w
+
+    def _append(self, w: MessageWidget) -> None:
+        self._layout.insertWidget(self._layout.count() - 2, w)  # before the "latest" button and the stretch
         self.widgets.append(w)
+
+    def add_message(self, message_id, role, text="", stats=None, partial=False, position=None) -> MessageWidget:
+        """A new message at the end of the conversation (sent, or a reply starting): the view follows it."""
+        if self._later > 0:
+            self.jump_to_latest()  # the tail is not built: show it (the new message is already stored)
+            existing = self.widget_for(message_id)
+            if existing is not None:
+                self._follow = True
+                return existing
+        if position is None:
+            position = self.widgets[-1].position + 1 if self.widgets else 0
+        w = self._make(SimpleNamespace(id=message_id, role=role, content=text, stats=stats, partial=partial,
+                                       position=position))
+        self._append(w)
         self.placeholder.setVisible(False)
         self._follow = True
+        self._anchor = None
         return w
+
+    def remove_from(self, message_id: int) -> None:
+        """Drop a message's widget and every later one (regenerate, edit-and-resend)."""
+        for i, w in enumerate(self.widgets):
+            if w.message_id == message_id:
+                self._drop(self.widgets[i:])
+                del self.widgets[i:]
+                self._later = 0  # the store deleted those too
+                break
+        self._update_buttons()
+        self.placeholder.setVisible(bool(self.placeholder.text()) and not self.widgets)
+
+    def showing_latest(self) -> bool:
+        """Is the end of the conversation built (not scrolled far up)?"""
+        return self._later == 0
 
     def widget_for(self, message_id: int) -> Optional[MessageWidget]:
         return next((w for w in self.widgets if w.message_id == message_id), None)
@@ -275,9 +431,43 @@ class ChatView(QScrollArea):
                 w.render()
 
     def _on_range(self, _lo, hi) -> None:
-        if self._follow:
-            self.verticalScrollBar().setValue(hi)
+        self._setting_scroll = True
+        try:
+            if self._follow:
+                self.verticalScrollBar().setValue(hi)
+            elif self._anchor is not None and self._anchor[0] in self.widgets:
+                # Messages were built or dropped around the one on screen: keep it where it was.
+                ref, offset = self._anchor
+                self.verticalScrollBar().setValue(ref.y() - offset)
+        finally:
+            self._setting_scroll = False
 
     def _on_scroll(self, value) -> None:
+        bar = self.verticalScrollBar()
+        if self._setting_scroll:
+            return
+        self._anchor = None
         # Follow the reply only while the user is at the bottom; scrolling up to read stops following.
-        self._follow = value >= self.verticalScrollBar().maximum() - 8
+        self._follow = value >= bar.maximum() - 8 and self._later == 0
+        if not self._load_pending and bar.maximum() > 0 and self._wants_more():
+            self._load_pending = True
+            QTimer.singleShot(0, self._load_more)  # not inside the scroll bar's own signal
+
+    def _wants_more(self) -> bool:
+        bar = self.verticalScrollBar()
+        return ((self._earlier > 0 and bar.value() < LOAD_MARGIN_PX)
+                or (self._later > 0 and bar.value() > bar.maximum() - LOAD_MARGIN_PX))
+
+    def _load_more(self) -> None:
+        self._load_pending = False
+        bar = self.verticalScrollBar()
+        if self._earlier > 0 and bar.value() < LOAD_MARGIN_PX:
+            self.load_earlier(SCROLL_CHUNK)
+        elif self._later > 0 and bar.value() > bar.maximum() - LOAD_MARGIN_PX:
+            self.load_later(SCROLL_CHUNK)
+        else:
+            return
+        # A few messages per turn, so the wheel and the timers keep running in between; go on in the next
+        # turn while the view is still near the edge.
+        self._load_pending = True
+        QTimer.singleShot(0, self._load_more)

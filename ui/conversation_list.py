@@ -35,6 +35,7 @@ class ConversationList(QWidget):
         self.list = QListWidget()
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)  # long titles are elided instead
         self.list.setTextElideMode(Qt.ElideRight)
+        self.list.setUniformItemSizes(True)  # one row height: no per-item measuring with thousands of chats
         self.list.currentItemChanged.connect(self._on_current)
         self.list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
@@ -71,7 +72,34 @@ class ConversationList(QWidget):
         self.delete_button.setEnabled(has)
 
     def select(self, conversation_id: int) -> None:
-        self.refresh(select=conversation_id)
+        self.touch(conversation_id, select=True)
+
+    def touch(self, conversation_id: int, select: bool = False) -> None:
+        """A conversation was just active: move it to the top (the list is newest first) without rebuilding
+        thousands of rows. With a search filter in place, the filtered list is read again instead."""
+        conv = self.store.conversation(conversation_id)
+        if self.search.text() or conv is None:
+            self.refresh(select=conversation_id if select else None)
+            return
+        keep = conversation_id if select else self.current_id()
+        self._silent = True
+        item = None
+        for i in range(self.list.count()):
+            if self.list.item(i).data(Qt.UserRole) == conversation_id:
+                item = self.list.takeItem(i)
+                break
+        if item is None:
+            item = QListWidgetItem()
+            item.setData(Qt.UserRole, conversation_id)
+        item.setText(conv.title)
+        item.setToolTip(conv.title)
+        self.list.insertItem(0, item)
+        if keep == conversation_id:
+            self.list.setCurrentItem(item)
+        self._silent = False
+        has = self.current_id() is not None
+        self.rename_button.setEnabled(has)
+        self.delete_button.setEnabled(has)
 
     def _on_current(self, current, _previous) -> None:
         has = current is not None

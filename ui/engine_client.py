@@ -199,6 +199,13 @@ def pair_task(target_spec: str, draft_spec: str):
     def task(engine, report):
         from inference.draft_check import check_pair
         return check_pair(target_spec, draft_spec)
+
+
+def unload_task():
+    """Free the model and draft (weights, caches, allocator pages) on the engine thread."""
+    def task(engine, report):
+        engine.unload()
+        return None
     return task
 
 

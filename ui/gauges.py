@@ -9,8 +9,8 @@ import math
 from collections import deque
 from typing import Optional
 
-from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QFont, QPainter, QPen
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QFont, QPainter, QPen, QPolygonF
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 SPARK_POINTS = 200
@@ -112,6 +112,44 @@ class StackedBar(QWidget):
         p.end()
 
 
+class Sparkline(QWidget):
+    """The last ``SPARK_POINTS`` per-token latencies as a line, with the scale's top and bottom labelled."""
+
+    AXIS_W = 42
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.values: list[float] = []
+        self.setFixedHeight(70)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+
+    def setData(self, values) -> None:  # noqa: N802 - the name the plotting library used
+        self.values = list(values)
+        self.update()
+
+    def paintEvent(self, _event):  # noqa: N802
+        p = QPainter(self)
+        p.setRenderHint(QPainter.Antialiasing)
+        plot = QRectF(self.AXIS_W, 4, max(1, self.width() - self.AXIS_W - 4), max(1, self.height() - 8))
+        p.setPen(QPen(QColor(190, 190, 195)))
+        p.drawLine(plot.bottomLeft(), plot.bottomRight())
+        p.drawLine(plot.bottomLeft(), plot.topLeft())
+        if self.values:
+            top = _nice_max(max(self.values))
+            p.setPen(QColor(110, 110, 115))
+            p.drawText(QRectF(0, plot.top() - 6, self.AXIS_W - 4, 14), Qt.AlignRight | Qt.AlignVCenter,
+                       f"{top:g}")
+            p.drawText(QRectF(0, plot.bottom() - 8, self.AXIS_W - 4, 14), Qt.AlignRight | Qt.AlignVCenter, "0")
+            n = len(self.values)
+            step = plot.width() / max(1, SPARK_POINTS - 1)
+            x0 = plot.right() - step * (n - 1)
+            points = [QPointF(x0 + i * step, plot.bottom() - plot.height() * min(v, top) / top)
+                      for i, v in enumerate(self.values)]
+            p.setPen(QPen(ACCENT, 1.5))
+            p.drawPolyline(QPolygonF(points))
+        p.end()
+
+
 class GaugesPanel(QFrame):
     THIS = QColor(214, 40, 57)
     OTHER = QColor(240, 160, 60)
@@ -171,16 +209,10 @@ class GaugesPanel(QFrame):
         self.rate_updates = 0  # how many live readings arrived (tests check the gauges are fed)
 
     def _make_sparkline(self):
-        import pyqtgraph as pg
-
-        w = pg.PlotWidget(background=None)
-        w.setFixedHeight(70)
-        w.setMenuEnabled(False)
-        w.setMouseEnabled(False, False)
-        w.hideButtons()
-        w.getPlotItem().hideAxis("bottom")
-        w.getPlotItem().getAxis("left").setWidth(42)
-        self._curve = w.plot(pen=pg.mkPen(ACCENT, width=1.5))
+        # Painted by hand: a plotting library here cost a second of start-up (its import pulls numpy and
+        # wraps all of Qt) and a re-plot per batch of tokens; a polyline of 200 points costs neither.
+        w = Sparkline(self)
+        self._curve = w
         return w
 
     # -- speed ----------------------------------------------------------------------

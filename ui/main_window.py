@@ -16,16 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QDockWidget, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
                                QMessageBox, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 from qasync import asyncSlot
 
 from .about import AboutDialog, AboutInfo, probe_hardware
-from .chat_view import ChatView, MessageWidget
+from .chat_view import PAGE, ChatView, MessageWidget
 from .conversation_list import ConversationList
-from .engine_client import EngineClient, EventChannel, LoadProgress, ModelInfo, TaskFailed, chat_task, load_task
+from .engine_client import (EngineClient, EventChannel, LoadProgress, ModelInfo, TaskFailed, chat_task, load_task,
+                            unload_task)
 from .gauges import GaugesPanel
 from .memory_sampler import MemorySampler
 from .protocols import ConversationStore, PresetStoreLike
@@ -53,6 +54,7 @@ class _Generation:
     last_token_time: Optional[float] = 0.0
     last_save: float = field(default_factory=time.monotonic)
     model: str = ""
+    position: int = 0  # the reply's place in its conversation
 
     def append(self, delta: str, from_draft: bool) -> None:
         if from_draft and delta:
@@ -89,6 +91,7 @@ class MainWindow(QMainWindow):
     model_loaded = Signal(object)  # ModelInfo
     reply_finished = Signal(object)  # GenerationResult, or None when the reply failed
     load_progress = Signal(float, str)  # fraction, phase (the wizard's load page follows it)
+    model_unloaded = Signal()
 
     def __init__(self, engine: EngineThread, store: ConversationStore, settings: Any,
                  save_settings: Callable[[Any], None], settings_warning: Optional[str] = None,
@@ -226,6 +229,7 @@ class MainWindow(QMainWindow):
         self.model_menu.addSeparator()
         self._action(self.model_menu, "&Settings…", self.show_settings, QKeySequence("Ctrl+,"))
         self._action(self.model_menu, "&Reload model", lambda: self.load_model())
+        self._action(self.model_menu, "&Unload model (free its memory)", lambda: self.unload_model())
         self._action(self.model_menu, "Use the &starter model", self.use_starter)
         help_menu = mb.addMenu("&Help")
         self._action(help_menu, "&Keyboard shortcuts", self._shortcuts_help)
@@ -386,6 +390,27 @@ class MainWindow(QMainWindow):
         self.model_loaded.emit(info)
         return info
 
+    @asyncSlot()
+    async def unload_model(self) -> None:
+        """Free the model's memory; the settings keep it, so Reload brings it back."""
+        if self.loading:
+            return
+        if self.generation is not None:
+            self.stop()
+        try:
+            await self.client.run(unload_task())
+        except TaskFailed as exc:  # pragma: no cover - unload does not raise in practice
+            self.banner.show_message(f"Unloading failed: {exc}", "error")
+            return
+        if self._closed:
+            return
+        self.loaded = None
+        self.sampler.set_device("cpu" if self.engine.engine is None else self.engine.engine.device)
+        self.gauges.set_device("no model loaded")
+        self._status()
+        self._update_controls()
+        self.model_unloaded.emit()
+
     def _on_load_progress(self, obj) -> None:
         if isinstance(obj, LoadProgress):
             self.load_bar.set_progress(obj.fraction, obj.phase)
@@ -473,7 +498,7 @@ class MainWindow(QMainWindow):
         self.editing_message_id = None
         self.edit_bar.hide()
         self.system_prompt.setText("")
-        self.chat_view.clear()
+        self._rebuild_view()
         self.conversations.list.clearSelection()
         self.conversations.list.setCurrentItem(None)
         self.input.setFocus()
@@ -491,19 +516,51 @@ class MainWindow(QMainWindow):
         self._rebuild_view()
 
     def _rebuild_view(self) -> None:
-        self.chat_view.clear()
-        if self.conversation_id is None:
-            return
+        """Show the open conversation: its newest page of messages; older pages load on scroll."""
         gen = self.generation
-        for m in self.store.messages(self.conversation_id):
-            if gen is not None and m.id == gen.message_id:
-                w = self.chat_view.add_message(m.id, "assistant", gen.text, None, True)
-                w.streaming = True
-                w.draft_spans = gen.draft_spans
-                gen.widget = w
-            else:
-                self.chat_view.add_message(m.id, m.role, m.content, m.stats, m.partial)
-        self.chat_view.render_dirty()
+        if gen is not None:
+            gen.widget = None
+        if self.conversation_id is None:
+            self.chat_view.clear()
+            return
+        cid = self.conversation_id
+        page = self.store.messages(cid, limit=PAGE)
+        earlier = self.store.message_count(cid, page[0].position) if page else 0
+        self.chat_view.show_messages(page, earlier, lambda before, after, n: self.store.messages(
+            cid, limit=n, before_position=before, after_position=after))
+        if gen is not None and gen.conversation_id == cid:
+            w = self.chat_view.widget_for(gen.message_id)
+            if w is not None:
+                self._attach_stream(gen, w)
+
+    def _attach_stream(self, gen: "_Generation", w: MessageWidget) -> None:
+        w.streaming = True
+        w.text = gen.text
+        w.draft_spans = gen.draft_spans
+        w.render()
+        gen.widget = w
+
+    def _showing(self, conversation_id: int) -> bool:
+        return self.conversation_id == conversation_id
+
+    def _show_reply(self, gen: "_Generation") -> None:
+        if self.generation is gen and self._showing(gen.conversation_id) and \
+                self.chat_view.widget_for(gen.message_id) is None:
+            self._attach_stream(gen, self.chat_view.add_message(gen.message_id, "assistant", "", None, True,
+                                                                gen.position))
+
+    def _stream_widget(self, gen: "_Generation") -> Optional[MessageWidget]:
+        """The widget showing the growing reply, if it is built: scrolling far up drops it from the view's
+        window, and scrolling back down builds it again from the store, so look it up when it is gone."""
+        if gen.widget is not None and gen.widget in self.chat_view.widgets:
+            return gen.widget
+        gen.widget = None
+        if self._showing(gen.conversation_id):
+            w = self.chat_view.widget_for(gen.message_id)
+            if w is not None:
+                self._attach_stream(gen, w)
+                return w
+        return None
 
     def _on_deleted(self, conversation_id: int) -> None:
         if self.generation is not None and self.generation.conversation_id == conversation_id:
@@ -578,6 +635,7 @@ class MainWindow(QMainWindow):
             self.banner.hide()  # the message it held back is going out now: the notice is stale
         if self.editing_message_id is not None:
             self.store.delete_from(self.editing_message_id)
+            self.chat_view.remove_from(self.editing_message_id)
             self.editing_message_id = None
             self.edit_bar.hide()
         if self.conversation_id is None:
@@ -585,7 +643,8 @@ class MainWindow(QMainWindow):
             conv = self.store.create_conversation(title, self.system_prompt.text())
             self.conversation_id = conv.id
             self.conversations.select(conv.id)
-        self.store.add_message(self.conversation_id, "user", text)
+        user = self.store.add_message(self.conversation_id, "user", text)
+        self.chat_view.add_message(user.id, "user", text, position=user.position)
         self.input.clear()
         await self._generate(self.conversation_id)
 
@@ -597,6 +656,8 @@ class MainWindow(QMainWindow):
         if m is None or m.role != "assistant":
             return
         self.store.delete_from(message_id)
+        if self._showing(m.conversation_id):
+            self.chat_view.remove_from(message_id)
         await self._generate(m.conversation_id)
 
     async def _generate(self, conversation_id: int) -> None:
@@ -608,10 +669,13 @@ class MainWindow(QMainWindow):
         placeholder = self.store.add_message(conversation_id, "assistant", "", partial=True,
                                              stats={"finish_reason": "interrupted", "model": self.loaded.name})
         channel = EventChannel(self._on_events)
-        gen = _Generation(conversation_id, placeholder.id, channel, model=self.loaded.name)
+        gen = _Generation(conversation_id, placeholder.id, channel, model=self.loaded.name,
+                          position=placeholder.position)
         self.generation = gen
-        if self.conversation_id == conversation_id:
-            self._rebuild_view()
+        if self._showing(conversation_id):
+            # Only the new reply's widget is built; earlier ones stay as they are. In the next event-loop turn:
+            # the user's message widget was just built in this one, and each costs a frame's worth of time.
+            QTimer.singleShot(0, lambda: self._show_reply(gen))
         self.gauges.start_reply()
         self.sampler.set_fast(True)
         self._update_controls()
@@ -644,10 +708,11 @@ class MainWindow(QMainWindow):
             elif kind == "StatsEvent":
                 self.gauges.live(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens)
         self.gauges.add_latencies(latencies)
-        if gen.widget is not None:
-            gen.widget.text = gen.text
-            gen.widget.draft_spans = gen.draft_spans
-            gen.widget._dirty = True
+        w = self._stream_widget(gen)
+        if w is not None:
+            w.text = gen.text
+            w.draft_spans = gen.draft_spans
+            w._dirty = True
         now = time.monotonic()
         if now - gen.last_save >= SAVE_INTERVAL_S:
             gen.last_save = now
@@ -667,16 +732,26 @@ class MainWindow(QMainWindow):
         else:
             stats = {"finish_reason": "error", "error": error, "model": gen.model, "draft_spans": gen.draft_spans}
             partial = True
+        shown = self._stream_widget(gen)
         if gen.text:
             self.store.update_message(gen.message_id, gen.text, partial, stats)
+            if shown is None and self._showing(gen.conversation_id) and self.chat_view.showing_latest() \
+                    and self.chat_view.widget_for(gen.message_id) is None:
+                # It ended before its widget was due to be built.
+                shown = self.chat_view.add_message(gen.message_id, "assistant", gen.text, stats, partial, gen.position)
+            if shown is not None:
+                shown.streaming = False
+                shown.set_content(gen.text, stats, partial)
+                shown.render()
         else:  # nothing came out: an empty message would only be clutter
             self.store.delete_from(gen.message_id)
+            if shown is not None:
+                self.chat_view.remove_from(gen.message_id)
+        gen.widget = None
         if error:
             self.banner.show_message(f"The reply failed: {error} Your conversation is kept.", "error",
                                      [("Open settings", self.show_settings)])
-        if self.conversation_id == gen.conversation_id:
-            self._rebuild_view()
-        self.conversations.refresh()
+        self.conversations.touch(gen.conversation_id)
         self.last_result = result
         self._update_controls()
         self.reply_finished.emit(result)
