@@ -18,7 +18,7 @@ import platformdirs
 from app.private_files import write_private
 
 APP_NAME = "redline"
-STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup")
+STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")  # = inference.decode.STRATEGIES (a test checks)
 
 # Changing any of these means the model (or draft) has to be loaded again.
 RELOAD_FIELDS = ("model", "precision", "draft_model", "draft_precision")

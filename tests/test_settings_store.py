@@ -102,3 +102,13 @@ def test_export_markdown_and_json(dirs):
     assert data["title"] == "Export me"
     assert [m["content"] for m in data["messages"]] == ["Hi", "Hello **there**"]
     assert data["messages"][1]["partial"] is True
+
+
+def test_settings_offer_every_engine_strategy_and_precision():
+    from inference.decode import STRATEGIES
+    from inference.precision import PRECISIONS
+    from app.settings import STRATEGIES as SETTINGS_STRATEGIES
+    from ui.settings_panel import PRECISION_CHOICES, STRATEGY_CHOICES
+
+    assert set(SETTINGS_STRATEGIES) == set(STRATEGIES) == set(STRATEGY_CHOICES)
+    assert set(PRECISIONS) <= set(PRECISION_CHOICES)

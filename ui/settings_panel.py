@@ -13,8 +13,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
                                QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget)
 
-PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32", "int8", "nf4", "fp4", "nf4+keep=lm_head")
-STRATEGY_CHOICES = ("kv", "naive", "static", "speculative", "prompt-lookup")
+PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32", "int8", "nf4", "fp4", "nf4+keep=lm_head", "q8", "q4")
+STRATEGY_CHOICES = ("kv", "fast", "naive", "static", "speculative", "prompt-lookup")
 DEFAULT_TEXT = "model default"
 
 
