@@ -165,7 +165,10 @@ def test_rejected_choices_draft_check_and_tooltips(qtbot, tmp_path, tiny_model_d
     draft.speculative.setChecked(True)
     assert draft.draft_box.isEnabled() and draft.draft_precision.currentText() == "fp32"
     type_into(qtbot, draft.picker.folder, str(tiny_other_tokenizer_dir))
-    qtbot.waitUntil(draft.isComplete, timeout=60_000)
+    try:
+        qtbot.waitUntil(draft.isComplete, timeout=60_000)
+    except Exception:
+        raise AssertionError("draft page never completed: " + draft.status.text())
     assert "universal assisted decoding" in draft.status.text()
     type_into(qtbot, draft.picker.folder, str(tiny_draft_dir))
     qtbot.waitUntil(draft.isComplete, timeout=60_000)

@@ -154,7 +154,7 @@ def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
     except Exception:  # a report only: never fail a load over it
         measured = None
     if draft is None:
-        return target.predicted_bytes, measured
+        return getattr(target, "predicted_bytes", None), measured
     try:
         return predict_loaded(target, 1, draft=draft).total_bytes, measured
     except Exception:
@@ -199,6 +199,7 @@ def pair_task(target_spec: str, draft_spec: str):
     def task(engine, report):
         from inference.draft_check import check_pair
         return check_pair(target_spec, draft_spec)
+    return task
 
 
 def unload_task():
