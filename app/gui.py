@@ -10,6 +10,7 @@ from app import __license__, __version__
 from app.presets import PresetStore
 from app.settings import load_settings, save_settings, settings_path
 from app.store import Store, open_store
+from app.trust_store import TrustStore
 
 APP_ID = "io.github.redline_app.Redline"  # reverse-DNS id: the .desktop file and AppStream metadata use it
 
@@ -56,7 +57,7 @@ def build_window(model: Optional[str] = None, store: Optional[Store] = None, eng
     notice = " ".join(w for w in (warning, store_warning) if w) or None
     engine = EngineThread(engine_factory)
     window = MainWindow(engine, store, settings, save_settings, notice, presets or PresetStore(),
-                        about=about_info(store))
+                        about=about_info(store), trust=TrustStore())
     add_speed_lab(window, engine, settings)
     return window
 

@@ -69,6 +69,9 @@ def confirm_open_link(parent, address: str) -> bool:
     return answer == QMessageBox.Open
 
 
+SHOWN_CHARS = 50_000  # longest message text typeset in the view
+
+
 class MessageBrowser(QTextBrowser):
     """A read-only rich-text view that is exactly as tall as its content."""
 
@@ -197,6 +200,9 @@ class MessageWidget(QFrame):
         self._dirty = False
         self.render_count += 1
         shown = self.text if self.text or not self.streaming else "…"
+        if len(shown) > SHOWN_CHARS:  # typesetting megabytes would freeze the window; the store keeps it all
+            shown = (shown[:SHOWN_CHARS] + f"\n\n*… {len(self.text) - SHOWN_CHARS:,} more characters not shown "
+                     "(the whole message is saved and exported).*")
         render(self.browser.document(), shown, self.draft_spans)
         self.browser._fit()
         self.stats_label.setText(format_stats(self.stats))

@@ -114,15 +114,27 @@ class ModelInfo:
     measured_bytes: Optional[int] = None
 
 
-def load_task(model: str, precision: str, draft_model: Optional[str], draft_precision: str, with_draft: bool):
+def load_task(model: str, precision: str, draft_model: Optional[str], draft_precision: str, with_draft: bool,
+              is_trusted: Optional[Callable[[Any], bool]] = None):
+    """``is_trusted(NeedsOptIn) -> bool`` says whether the user already opted in for that folder's code or
+    pickle weights (as they are now); without it, such a model is refused with NeedsOptIn."""
     def task(engine, report):
         from inference.engine import default_precision
-        from inference.errors import Cancelled, RedlineError
+        from inference.errors import Cancelled, NeedsOptIn, RedlineError
         from inference.precision import parse_precision
 
         share = 0.75 if (with_draft and draft_model) else 1.0
         spec = parse_precision(default_precision(engine.device) if precision == "auto" else precision)
-        loaded = engine.load(model, spec, lambda f, phase: report(LoadProgress(f * share, phase)))
+        flags = {}
+        while True:
+            try:
+                loaded = engine.load(model, spec, lambda f, phase: report(LoadProgress(f * share, phase)), **flags)
+                break
+            except NeedsOptIn as exc:
+                key = "trust_remote_code" if exc.kind == "remote_code" else "allow_pickle"
+                if key in flags or is_trusted is None or not is_trusted(exc):
+                    raise
+                flags[key] = True
         info = ModelInfo(loaded.name, loaded.device, loaded.precision.label(), loaded.memory_bytes,
                          loaded.load_seconds, list(loaded.notes))
         if with_draft and draft_model:

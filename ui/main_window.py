@@ -29,7 +29,7 @@ from .engine_client import (EngineClient, EventChannel, LoadProgress, ModelInfo,
                             unload_task)
 from .gauges import GaugesPanel
 from .memory_sampler import MemorySampler
-from .protocols import ConversationStore, PresetStoreLike
+from .protocols import ConversationStore, PresetStoreLike, TrustDecisions
 from .settings_panel import SettingsPanel
 from .style import app_icon, stylesheet
 from .widgets import Banner, LoadBar, MessageInput
@@ -87,6 +87,20 @@ def _about_executor() -> ThreadPoolExecutor:
     return _ABOUT_EXECUTOR
 
 
+def confirm_opt_in(parent, exc) -> bool:
+    """Ask before running code from a model folder, naming exactly what would run (tests replace this)."""
+    what = ("run this Python code shipped with the model" if exc.kind == "remote_code"
+            else "unpickle these weight files (loaded with weights_only=True)")
+    files = "\n".join(f"  • {name}" for name in exc.files) or "  (none listed)"
+    box = QMessageBox(QMessageBox.Warning, "Run code from this model?",
+                      f"{exc.message}\n\nTo load it, Redline would {what}:\n{files}\n\nin {exc.folder}\n\n"
+                      "Only do this if you trust where the model came from. Redline remembers your answer for "
+                      "this folder and asks again if any of these files change.",
+                      QMessageBox.Yes | QMessageBox.No, parent)
+    box.setDefaultButton(QMessageBox.No)
+    return box.exec() == QMessageBox.Yes
+
+
 class MainWindow(QMainWindow):
     model_loaded = Signal(object)  # ModelInfo
     reply_finished = Signal(object)  # GenerationResult, or None when the reply failed
@@ -95,7 +109,8 @@ class MainWindow(QMainWindow):
 
     def __init__(self, engine: EngineThread, store: ConversationStore, settings: Any,
                  save_settings: Callable[[Any], None], settings_warning: Optional[str] = None,
-                 presets: Optional[PresetStoreLike] = None, about: Optional[AboutInfo] = None):
+                 presets: Optional[PresetStoreLike] = None, about: Optional[AboutInfo] = None,
+                 trust: Optional[TrustDecisions] = None):
         super().__init__()
         self.setWindowTitle("Redline")
         self.setWindowIcon(app_icon())
@@ -116,6 +131,7 @@ class MainWindow(QMainWindow):
         self.last_result = None
         self._closed = False
         self.presets = presets
+        self.trust = trust
         self.last_load_error: Optional[str] = None
         self.wizard = None
 
@@ -347,7 +363,13 @@ class MainWindow(QMainWindow):
         self.sampler.set_fast(True)
         self._status()
         self._update_controls()
-        task = load_task(s.model, s.precision, s.draft_model, s.draft_precision, s.strategy == "speculative")
+        is_trusted = None
+        if self.trust is not None:
+            trust = self.trust
+            is_trusted = lambda exc: trust.is_trusted(exc.folder, exc.kind, exc.fingerprint)  # noqa: E731
+        task = load_task(s.model, s.precision, s.draft_model, s.draft_precision, s.strategy == "speculative",
+                         is_trusted)
+        ask_opt_in = None
         try:
             info = await self.client.run(task, self._on_load_progress)
         except TaskFailed as exc:
@@ -355,7 +377,9 @@ class MainWindow(QMainWindow):
                 return
             original = exc.original
             self.last_load_error = str(exc)
-            if type(original).__name__ == "Cancelled":
+            if type(original).__name__ == "NeedsOptIn" and self.trust is not None:
+                ask_opt_in = original  # asked below, once the load bar is gone
+            elif type(original).__name__ == "Cancelled":
                 self.last_load_error = "Loading was cancelled. No model is loaded."
                 self.banner.show_message("Loading was cancelled. No model is loaded.", "warning",
                                          [("Load again", lambda: self.load_model())])
@@ -363,7 +387,8 @@ class MainWindow(QMainWindow):
                 self.banner.show_message(f"The model could not be loaded: {exc}", "error",
                                          [("Open settings", self.show_settings),
                                           ("Use the starter model", self.use_starter)])
-            return None
+            if ask_opt_in is None:
+                return None
         finally:
             if not self._closed:
                 self.loading = False
@@ -371,6 +396,14 @@ class MainWindow(QMainWindow):
                 self.sampler.set_fast(False)
                 self._status()
                 self._update_controls()
+        if ask_opt_in is not None:
+            if confirm_opt_in(self, ask_opt_in):
+                self.trust.remember(ask_opt_in.folder, ask_opt_in.kind, ask_opt_in.fingerprint, ask_opt_in.files)
+                return await self.load_model()
+            self.banner.show_message(f"The model was not loaded: {self.last_load_error}", "warning",
+                                     [("Open settings", self.show_settings),
+                                      ("Use the starter model", self.use_starter)])
+            return None
         self.loaded = info
         self.sampler.set_device(info.device)
         self.gauges.set_device(f"{info.device} · {info.name} ({info.precision}), loaded in "
@@ -621,7 +654,7 @@ class MainWindow(QMainWindow):
 
     @asyncSlot()
     async def send(self) -> None:
-        text = self.input.toPlainText().strip()
+        text = self.input.message_text().strip()
         if not text or self.generation is not None:
             return
         if self.loaded is None:

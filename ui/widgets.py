@@ -5,17 +5,46 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QToolButton
 
 
+LARGE_PASTE_CHARS = 100_000  # a paste beyond this is held aside, not typeset into the editor
+
+
 class MessageInput(QPlainTextEdit):
-    """Enter sends, Shift+Enter starts a new line."""
+    """Enter sends, Shift+Enter starts a new line.
+
+    A very large paste (a log, a whole file) is not typeset into the editor — laying out megabytes of
+    text would freeze the window. It is kept aside and shown as one placeholder line; ``message_text()``
+    puts it back in when the message is sent. Deleting the placeholder drops the paste.
+    """
 
     submitted = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self._pastes: dict[str, str] = {}
         self.setObjectName("messageInput")
         self.setPlaceholderText("Message — Enter sends, Shift+Enter adds a line, Esc stops")
         self.setTabChangesFocus(True)
         self.setFixedHeight(84)
+
+    def insertFromMimeData(self, source):  # noqa: N802 - Qt override
+        text = source.text() if source.hasText() else ""
+        if len(text) <= LARGE_PASTE_CHARS:
+            super().insertFromMimeData(source)
+            return
+        marker = f"[pasted text #{len(self._pastes) + 1}: {len(text):,} characters]"
+        self._pastes[marker] = text
+        self.insertPlainText(marker)
+
+    def message_text(self) -> str:
+        """What the user means to send: the editor's text with held-aside pastes put back."""
+        text = self.toPlainText()
+        for marker, pasted in self._pastes.items():
+            text = text.replace(marker, pasted)
+        return text
+
+    def clear(self) -> None:
+        self._pastes.clear()
+        super().clear()
 
     def keyPressEvent(self, event):  # noqa: N802
         if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not (event.modifiers() & Qt.ShiftModifier):
