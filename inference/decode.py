@@ -407,8 +407,13 @@ def _fast_loop(target: LoadedModel, prompt: list[int], cfg, collector: "_Collect
     collector.put(history)  # generate() hands the streamer the prompt first; keep the same contract
     logits = dec.forward(torch.tensor(prompt, dtype=torch.long, device=dec.device), 0)
     pos = len(prompt)
+    min_new = cfg.min_new_tokens or 0
+    eos_ids = torch.tensor(sorted(eos_set), dtype=torch.long) if eos_set else None
     for step in range(max_new):
         scores = logits[None]
+        if step < min_new and eos_ids is not None:  # as MinNewTokensLengthLogitsProcessor does in generate()
+            scores = scores.clone()
+            scores[:, eos_ids] = -float("inf")
         if procs:
             scores = procs(history, scores)
         if cfg.do_sample:
@@ -418,7 +423,7 @@ def _fast_loop(target: LoadedModel, prompt: list[int], cfg, collector: "_Collect
         collector.put(torch.tensor([tok]))
         if procs:
             history = torch.cat([history, torch.tensor([[tok]])], dim=1)
-        if tok in eos_set or collector.decoder.stopped_at_string or step == max_new - 1:
+        if (tok in eos_set and step >= min_new) or collector.decoder.stopped_at_string or step == max_new - 1:
             return
         if cancel.should_cancel is not None and cancel.should_cancel():
             cancel.cancelled = True

@@ -132,3 +132,20 @@ def test_packed_int8_linear_is_close_to_float():
         packed = PackedLinear(src, bits, torch.bfloat16 if bits == 4 else torch.float32)
         err = (packed(x) - ref).abs().max() / ref.abs().max()
         assert err < tol, (bits, float(err))
+
+
+def test_fast_honours_a_fixed_output_length(engine):
+    """The speed lab suppresses end-of-sequence to compare equal work; fast must do as generate() does."""
+    # a prompt after which this tiny model ends its reply early, so suppression has something to do
+    for words in range(1, 60):
+        msgs = [{"role": "user", "content": " ".join(["lazy dog"] * words)}]
+        free = engine.chat(msgs, SamplingSettings(max_new_tokens=60, temperature=0), DecodeOptions("fast"))
+        if free.finish_reason == "eos":
+            break
+    else:
+        pytest.skip("the tiny model never ended a reply early")
+    s = SamplingSettings(max_new_tokens=60, temperature=0, min_new_tokens=60)
+    kv = engine.chat(msgs, s, DecodeOptions("kv"))
+    fast = engine.chat(msgs, s, DecodeOptions("fast"))
+    assert kv.new_tokens == fast.new_tokens == 60
+    assert fast.token_ids == kv.token_ids
