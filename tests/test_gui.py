@@ -136,9 +136,22 @@ def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_p
     assert w.input.toPlainText() == "are you there?"
 
 
-def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir):
+def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir, monkeypatch):
+    import threading
+
+    from ui import main_window
     from ui.main_window import STILL_LOADING
 
+    # Hold the load on the engine thread until the message has been typed and sent, so the test does not
+    # depend on how fast a tiny model loads.
+    release = threading.Event()
+    real_load_task = main_window.load_task
+
+    def held_load_task(*args, **kwargs):
+        task = real_load_task(*args, **kwargs)
+        return lambda engine, report: (release.wait(30), task(engine, report))[1]
+
+    monkeypatch.setattr(main_window, "load_task", held_load_task)
     write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=8)
     w = open_window(qtbot, wait_loaded=False)
     try:
@@ -147,6 +160,7 @@ def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tin
         w.send()  # an async slot: it runs on the next turn of the loop
         qtbot.waitUntil(lambda: w.banner.isVisible() and w.banner.label.text() == STILL_LOADING, timeout=5000)
         assert w.input.toPlainText() == "held back" and w.loading
+        release.set()
         qtbot.waitUntil(lambda: w.loaded is not None, timeout=60_000)
         with qtbot.waitSignal(w.reply_finished, timeout=60_000):
             w.send()

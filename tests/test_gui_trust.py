@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("aloop", "profile")
 
 @pytest.fixture
 def custom_model(tiny_model_dir, tmp_path, monkeypatch):
-    folder = tmp_path / "toy"
+    folder = tmp_path / f"toy_{tmp_path.name}"  # transformers caches custom modules by folder name
     shutil.copytree(tiny_model_dir, folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg.update(model_type="redline_toy", architectures=["ToyForCausalLM"],

@@ -35,7 +35,9 @@ class ToyForCausalLM(LlamaForCausalLM):
 
 @pytest.fixture
 def custom_model(tiny_model_dir, tmp_path, monkeypatch):
-    folder = tmp_path / "toy"
+    # A folder name of its own: transformers caches custom modules by folder name, and the marker must
+    # prove that *this* test's code ran.
+    folder = tmp_path / f"toy_{tmp_path.name}"
     shutil.copytree(tiny_model_dir, folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["model_type"] = "redline_toy"
