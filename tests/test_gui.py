@@ -205,3 +205,21 @@ def test_switching_precision_reloads(qtbot, tiny_window):
     w.settings_panel.apply_button.click()
     assert w.settings.max_new_tokens == 5 and not w.loading and not loads
     assert dataclasses.asdict(w.settings)["precision"] == "bf16"
+
+
+def test_stop_before_the_reply_starts_is_not_lost(tiny_model_dir):
+    """Stop pressed while a reply still waits on the engine thread (the engine clears its own flag when
+    a task starts): the reply's channel keeps the request, and the reply stops at its first token."""
+    from inference.engine import Engine
+    from inference.precision import PrecisionSpec
+    from ui.engine_client import EventChannel, chat_task
+
+    engine = Engine(device="cpu")
+    engine.load(str(tiny_model_dir), PrecisionSpec("fp32"))
+    channel = EventChannel(lambda events: None)
+    channel.cancelled = True  # the user pressed Stop before the task ran
+    task = chat_task([{"role": "user", "content": "hello"}], {"max_new_tokens": 50, "temperature": 0},
+                     {"strategy": "kv"}, None, channel)
+    engine.cancel()
+    result = task(engine, lambda obj: None)
+    assert result.finish_reason == "cancelled" and result.new_tokens <= 2

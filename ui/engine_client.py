@@ -34,6 +34,10 @@ class EventChannel:
         self._buffer: list = []
         self._woken = False
         self.report: Optional[Callable[[object], None]] = None
+        # Set by the UI when the user stops this reply. The engine's own flag is cleared when a task
+        # starts, so a stop pressed while the reply still waited behind a load would be lost; this one
+        # belongs to the reply and is re-applied from the worker on every event.
+        self.cancelled = False
 
     def push(self, event) -> None:  # worker thread
         with self._lock:
@@ -233,6 +237,11 @@ def chat_task(messages: list[dict], sampling: dict, options: dict, context: Opti
             raise IncompatibleDraft("Speculative decoding needs a draft model, and none is loaded.",
                                     "Choose a draft model in Settings (a small model of the same family), "
                                     "or pick another strategy such as prompt-lookup.")
+        def on_event(event):
+            if channel.cancelled:
+                engine.cancel()
+            channel.push(event)
+
         return engine.chat(messages, SamplingSettings(**sampling), DecodeOptions(**opts),
-                           on_event=channel.push, context=context)
+                           on_event=on_event, context=context)
     return task

@@ -639,6 +639,7 @@ class MainWindow(QMainWindow):
 
     def stop(self) -> None:
         if self.generation is not None:
+            self.generation.channel.cancelled = True  # holds even if the reply has not started yet
             self.client.cancel()
 
     def edit_message(self, message_id: int) -> None:
