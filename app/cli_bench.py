@@ -1,7 +1,6 @@
 """`redline bench`: the speed lab without the window — same runner, same table."""
 from __future__ import annotations
 
-import argparse
 import shlex
 import signal
 import sys

@@ -8,7 +8,7 @@ import sys
 from inference.decode import STRATEGIES, DecodeOptions, SamplingSettings
 from inference.engine import Engine, default_precision
 from inference.errors import RedlineError
-from inference.events import FinishedEvent, TokenEvent
+from inference.events import TokenEvent
 from inference.precision import PRECISIONS, parse_precision
 from inference.sources import ACCEPTED_FORMS
 

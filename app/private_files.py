@@ -23,14 +23,16 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def config_dir() -> Path:
-    """Settings, presets and trust decisions (honours XDG_CONFIG_HOME)."""
-    return private_dir(Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)))
+def config_dir(create: bool = True) -> Path:
+    """Settings, presets and trust decisions (honours XDG_CONFIG_HOME). ``create=False`` only names it."""
+    path = Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+    return private_dir(path) if create else path
 
 
-def data_dir() -> Path:
-    """The conversation database and speed-lab runs (honours XDG_DATA_HOME)."""
-    return private_dir(Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)))
+def data_dir(create: bool = True) -> Path:
+    """The conversation database and speed-lab runs (honours XDG_DATA_HOME). ``create=False`` only names it."""
+    path = Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    return private_dir(path) if create else path
 
 
 def write_private(path: Path, data: bytes | str) -> None:

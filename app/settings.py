@@ -13,11 +13,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
-import platformdirs
 
-from app.private_files import write_private
+from app.private_files import config_dir, write_private
 
-APP_NAME = "redline"
 STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")  # = inference.decode.STRATEGIES (a test checks)
 
 # Changing any of these means the model (or draft) has to be loaded again.
@@ -89,12 +87,8 @@ class Settings:
             raise ValueError("num_draft_tokens and max_new_tokens must be at least 1")
 
 
-def config_dir() -> Path:
-    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
-
-
 def settings_path() -> Path:
-    return config_dir() / "settings.json"
+    return config_dir(create=False) / "settings.json"
 
 
 def load_settings(path: Optional[Path] = None) -> tuple[Settings, Optional[str]]:

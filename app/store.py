@@ -23,11 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import platformdirs
 
-from app.private_files import private_dir
+from app.private_files import data_dir, private_dir
 
-APP_NAME = "redline"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids are never reused: a stale id cannot hit a new row
@@ -58,11 +56,6 @@ BUSY_TIMEOUT_MS = 2000
 IN_MEMORY = ":memory:"
 
 
-def data_dir() -> Path:
-    """platformdirs honours XDG_DATA_HOME on Linux."""
-    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
-
-
 class DatabaseLocked(Exception):
     """Another program holds the database's write lock."""
 
@@ -72,7 +65,7 @@ class DatabaseCorrupt(Exception):
 
 
 def default_db_path() -> Path:
-    return data_dir() / "conversations.sqlite3"
+    return data_dir(create=False) / "conversations.sqlite3"
 
 
 @dataclass

@@ -6,8 +6,9 @@ import time
 
 
 class TerminalProgress:
-    def __init__(self, stream=sys.stderr, width: int = 30):
-        self.stream = stream
+    def __init__(self, stream=None, width: int = 30):
+        # sys.stderr is looked up now, not when this module was imported: it may have been replaced since.
+        self.stream = stream if stream is not None else sys.stderr
         self.width = width
         self.last_draw = 0.0
         self.last_phase = ""

@@ -30,7 +30,7 @@ from .engine import Engine, default_precision
 from .errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
 from .events import GenerationResult, TokenEvent
 from .hardware import probe
-from .loader import free_memory
+from .loader import free_memory, is_oom
 from .precision import PrecisionSpec, parse_precision
 from .sources import resolve
 
@@ -648,7 +648,7 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
             except RedlineError as exc:
                 row.status, row.error = "error", str(exc)
             except Exception as exc:  # one broken configuration must not lose the others' results
-                if _is_oom(exc):
+                if is_oom(exc):
                     row.status, row.error = "oom", f"Out of memory: {exc}"
                 else:
                     row.status, row.error = "error", f"{type(exc).__name__}: {exc}"
@@ -705,14 +705,6 @@ def _restore(engine: Engine, previous, previous_draft) -> None:
             engine.unload_draft()
     except RedlineError:
         pass
-
-
-def _is_oom(exc: BaseException) -> bool:
-    from .loader import is_oom
-    try:
-        return is_oom(exc)
-    except Exception:  # pragma: no cover
-        return False
 
 
 def save_report(report: BenchReport, folder: Path) -> Path:

@@ -22,10 +22,9 @@ decode speed, and compile/warm-up time is reported apart from both.
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
 from .errors import IncompatibleDraft, RedlineError, UnsupportedConfiguration
@@ -449,6 +448,3 @@ def _fill_timing(result: GenerationResult, chunks: list[tuple[float, int]]) -> N
     span = chunks[-1][0] - chunks[0][0]
     result.tokens_per_s = after_first / span if span > 0 and after_first else None
 
-
-def median(values: Sequence[float]) -> Optional[float]:
-    return statistics.median(values) if values else None

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError, UnsupportedConfiguration
+from .errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError
 from .hardware import default_device
 from .memory import PeakMemory, process_rss
 from .precision import WEIGHT_ONLY, PrecisionSpec, check_supported, from_pretrained_kwargs, torch_dtype
@@ -33,6 +33,7 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)
     baseline_rss_bytes: Optional[int] = None  # process RSS before this load began (the estimator's CPU baseline)
     predicted_bytes: Optional[int] = None  # the estimator's prediction for the load (set by the engine)
+    estimate_shape: Any = None  # inference.estimator.ModelShape, read once for predicted-vs-measured
     fast_decoder: Any = None  # inference.fastpath.FastDecoder, built on first use (fused weights, KV cache)
 
     def release(self) -> None:

@@ -6,7 +6,6 @@ kernel's lifetime peak (ru_maxrss) cannot be reset between generations.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -103,6 +102,3 @@ class PeakMemory:
             return self.peak_reserved
         return self.peak_rss
 
-
-def wait_ms(ms: float) -> None:  # pragma: no cover - helper for tests
-    time.sleep(ms / 1000)

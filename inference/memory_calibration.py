@@ -133,8 +133,14 @@ def predict_loaded(loaded, tokens: int, prompt_tokens: Optional[int] = None, dra
     from .estimate_sources import shape_for_folder
     from .estimator import estimate
 
-    shape = shape_for_folder(loaded.folder, loaded.name)
-    draft_shape = shape_for_folder(draft.folder, draft.name) if draft is not None else None
+    def shape_of(model):
+        # The shape of a loaded model never changes: read its config and weight sizes once, not every reply.
+        if getattr(model, "estimate_shape", None) is None:
+            model.estimate_shape = shape_for_folder(model.folder, model.name)
+        return model.estimate_shape
+
+    shape = shape_of(loaded)
+    draft_shape = shape_of(draft) if draft is not None else None
     if correction is None:
         correction = correction_bytes(loaded.device)
     return estimate(shape, loaded.precision, max(1, tokens), 1, loaded.device, draft=draft_shape,

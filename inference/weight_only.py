@@ -15,7 +15,6 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 INT4_GROUP = 32
 INT4_INNER_K_TILES = 2

@@ -126,7 +126,6 @@ def test_packed_int8_linear_is_close_to_float():
     x = torch.randn(3, 64)
     ref = lin(x)
     for bits, tol in ((8, 0.02), (4, 0.25)):
-        packed = PackedLinear(torch.nn.Linear(64, 48).requires_grad_(False), bits, torch.bfloat16)
         src = torch.nn.Linear(64, 48)
         src.load_state_dict(lin.state_dict())
         packed = PackedLinear(src, bits, torch.bfloat16 if bits == 4 else torch.float32)

@@ -1,31 +1,13 @@
 """The window asks before running a model's own code, names the files, and remembers the answer;
 a multi-megabyte paste is handled without freezing the window."""
-import json
-import shutil
 import time
 
 import pytest
 
 from gui_helpers import aloop, open_window, profile, send, write_settings  # noqa: F401 - fixtures
-from test_trust import CONFIG_PY, MODELING_PY
+from custom_model import custom_model  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("aloop", "profile")
-
-
-@pytest.fixture
-def custom_model(tiny_model_dir, tmp_path, monkeypatch):
-    folder = tmp_path / f"toy_{tmp_path.name}"  # transformers caches custom modules by folder name
-    shutil.copytree(tiny_model_dir, folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(model_type="redline_toy", architectures=["ToyForCausalLM"],
-               auto_map={"AutoConfig": "configuration_toy.ToyConfig",
-                         "AutoModelForCausalLM": "modeling_toy.ToyForCausalLM"})
-    (folder / "config.json").write_text(json.dumps(cfg))
-    (folder / "configuration_toy.py").write_text(CONFIG_PY)
-    (folder / "modeling_toy.py").write_text(MODELING_PY)
-    marker = tmp_path / "marker"
-    monkeypatch.setenv("REDLINE_TOY_MARKER", str(marker))
-    return folder, marker
 
 
 def test_custom_code_needs_confirmation_naming_the_files(qtbot, custom_model, monkeypatch):

@@ -5,54 +5,18 @@ temporary folder) and the Qt offscreen platform unless DISPLAY is set (e.g. unde
 """
 from __future__ import annotations
 
-import asyncio
-import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "docs" / "screenshots"
+from screenshot_session import OUT, ROOT, qt_app, throwaway_profile, wait_until  # noqa: E402
 
 
 def main() -> int:
-    profile = Path(tempfile.mkdtemp(prefix="redline-shots-"))
-    os.environ["XDG_DATA_HOME"] = str(profile / "data")
-    os.environ["XDG_CONFIG_HOME"] = str(profile / "config")
-    if not os.environ.get("DISPLAY"):
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    sys.path.insert(0, str(ROOT))
-
-    import qasync
-    from PySide6.QtCore import QEventLoop, QTimer
-    from PySide6.QtWidgets import QApplication
-
+    throwaway_profile("redline-shots-")
     from app.gui import build_window
     from app.settings import Settings, save_settings
 
-    app = QApplication(sys.argv[:1])
-    loop = qasync.QEventLoop(app, already_running=True)
-    asyncio.set_event_loop(loop)
-
-    def wait_until(cond, timeout_s=600.0):
-        """Run the Qt event loop until cond() holds (a nested loop, as pytest-qt's waitUntil does)."""
-        deadline = time.monotonic() + timeout_s
-        if cond():
-            return
-        nested = QEventLoop()
-        timer = QTimer()
-
-        def check():
-            if cond() or time.monotonic() > deadline:
-                nested.quit()
-
-        timer.timeout.connect(check)
-        timer.start(50)
-        nested.exec()
-        timer.stop()
-        if not cond():
-            raise TimeoutError("timed out waiting for the window")
+    app = qt_app()  # noqa: F841 - the application must stay alive
 
     def settle(seconds=0.4):
         end = time.monotonic() + seconds

@@ -7,16 +7,12 @@ draft); the "does not fit" page uses Llama-3-8B's config.json alone, planned for
 """
 from __future__ import annotations
 
-import asyncio
-import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "docs" / "screenshots"
+from screenshot_session import OUT, ROOT, qt_app, throwaway_profile, wait_until  # noqa: E402
 LLAMA3_8B_CONFIG = ROOT / "tests" / "data" / "llama-3-8b-config.json"
 
 
@@ -36,37 +32,13 @@ def build_draft(starter: Path, dest: Path) -> Path:
 
 
 def main() -> int:
-    profile = Path(tempfile.mkdtemp(prefix="redline-wizard-shots-"))
-    os.environ["XDG_DATA_HOME"] = str(profile / "data")
-    os.environ["XDG_CONFIG_HOME"] = str(profile / "config")
-    os.environ["REDLINE_DATA_DIR"] = str(profile / "redline-data")  # no learned correction from earlier runs
-    if not os.environ.get("DISPLAY"):
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    sys.path.insert(0, str(ROOT))
-
-    import qasync
-    from PySide6.QtCore import QEventLoop, QTimer
-    from PySide6.QtWidgets import QApplication, QWizard
+    profile = throwaway_profile("redline-wizard-shots-")
+    from PySide6.QtWidgets import QWizard
 
     from app.gui import build_window
     from inference.starter import ensure_starter
 
-    app = QApplication(sys.argv[:1])
-    loop = qasync.QEventLoop(app, already_running=True)
-    asyncio.set_event_loop(loop)
-
-    def wait_until(cond, timeout_s=600.0):
-        deadline = time.monotonic() + timeout_s
-        if cond():
-            return
-        nested = QEventLoop()
-        timer = QTimer()
-        timer.timeout.connect(lambda: (cond() or time.monotonic() > deadline) and nested.quit())
-        timer.start(50)
-        nested.exec()
-        timer.stop()
-        if not cond():
-            raise TimeoutError("timed out waiting for the wizard")
+    app = qt_app()  # noqa: F841 - the application must stay alive
 
     def settle(seconds=0.3):
         end = time.monotonic() + seconds

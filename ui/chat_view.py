@@ -21,7 +21,7 @@ from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMenu, QPushButton, QScrollArea, QSizePolicy,
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
-from .markdown import SafeDocument, code_blocks, render
+from .markdown import SafeDocument, append_reply, code_blocks, render
 
 RENDER_INTERVAL_MS = 100
 PAGE = 12  # message widgets built when a conversation opens (fills a tall window)
@@ -175,13 +175,7 @@ class MessageWidget(QFrame):
 
     # -- content --------------------------------------------------------------------
     def append(self, delta: str, from_draft: bool = False) -> None:
-        if from_draft and delta:
-            start = len(self.text)
-            if self.draft_spans and self.draft_spans[-1][1] == start:
-                self.draft_spans[-1][1] = start + len(delta)
-            else:
-                self.draft_spans.append([start, start + len(delta)])
-        self.text += delta
+        self.text = append_reply(self.text, self.draft_spans, delta, from_draft)
         self._dirty = True
 
     def set_content(self, text: str, stats: Optional[dict] = None, partial: Optional[bool] = None) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from qasync import asyncSlot
 
 from .about import AboutDialog, AboutInfo, probe_hardware
 from .chat_view import PAGE, ChatView, MessageWidget
+from .markdown import append_reply
 from .conversation_list import ConversationList
 from .engine_client import (EngineClient, EventChannel, LoadProgress, ModelInfo, TaskFailed, chat_task, load_task,
                             unload_task)
@@ -57,13 +57,7 @@ class _Generation:
     position: int = 0  # the reply's place in its conversation
 
     def append(self, delta: str, from_draft: bool) -> None:
-        if from_draft and delta:
-            start = len(self.text)
-            if self.draft_spans and self.draft_spans[-1][1] == start:
-                self.draft_spans[-1][1] = start + len(delta)
-            else:
-                self.draft_spans.append([start, start + len(delta)])
-        self.text += delta
+        self.text = append_reply(self.text, self.draft_spans, delta, from_draft)
 
 
 def stats_from_result(result, model: str, draft_spans: list) -> dict:

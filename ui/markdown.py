@@ -48,6 +48,17 @@ def images_as_links(text: str) -> str:
     return "```".join(parts)
 
 
+def append_reply(text: str, spans: list, delta: str, from_draft: bool) -> str:
+    """``text + delta``; a drafted delta extends ``spans`` (merged with a span that ends where it starts)."""
+    if from_draft and delta:
+        start = len(text)
+        if spans and spans[-1][1] == start:
+            spans[-1][1] = start + len(delta)
+        else:
+            spans.append([start, start + len(delta)])
+    return text + delta
+
+
 def render(doc: QTextDocument, text: str, draft_spans: Sequence[Sequence[int]] = ()) -> None:
     """Render ``text`` as Markdown into ``doc``, highlight code blocks, tint draft spans."""
     doc.setMarkdown(images_as_links(text), MARKDOWN_FEATURES)

@@ -28,15 +28,23 @@ def app_icon() -> QIcon:
     Rendered here with QSvgRenderer rather than ``QIcon(path)``: that needs the SVG image-format plugin
     and a real file on disk, neither of which a frozen bundle or a zipped install guarantees.
     """
+    icon = QIcon()
+    for image in icon_images(ICON_SIZES):
+        icon.addPixmap(QPixmap.fromImage(image))
+    return icon
+
+
+def icon_images(sizes) -> list[QImage]:
+    """The icon drawn at each size from the one SVG source (the window icon and the desktop files' PNGs)."""
     renderer = QSvgRenderer(asset("icons", "redline.svg").read_bytes())
     if not renderer.isValid():
         raise RuntimeError("the packaged icon assets/icons/redline.svg could not be read")
-    icon = QIcon()
-    for size in ICON_SIZES:
+    images = []
+    for size in sizes:
         image = QImage(size, size, QImage.Format.Format_ARGB32_Premultiplied)
         image.fill(Qt.GlobalColor.transparent)
         painter = QPainter(image)
         renderer.render(painter)
         painter.end()
-        icon.addPixmap(QPixmap.fromImage(image))
-    return icon
+        images.append(image)
+    return images

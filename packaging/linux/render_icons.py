@@ -14,22 +14,15 @@ SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
 
 
 def render(out_dir: Path) -> list[Path]:
-    from PySide6.QtCore import Qt
-    from PySide6.QtGui import QGuiApplication, QImage, QPainter
-    from PySide6.QtSvg import QSvgRenderer
+    from PySide6.QtGui import QGuiApplication
 
     from redline_assets import asset
+    from ui.style import icon_images
 
     app = QGuiApplication.instance() or QGuiApplication([])  # noqa: F841 - QPainter needs an app
     svg = asset("icons", "redline.svg")
-    renderer = QSvgRenderer(svg.read_bytes())
     written = []
-    for size in SIZES:
-        image = QImage(size, size, QImage.Format.Format_ARGB32)
-        image.fill(Qt.GlobalColor.transparent)
-        painter = QPainter(image)
-        renderer.render(painter)
-        painter.end()
+    for size, image in zip(SIZES, icon_images(SIZES)):
         target = out_dir / "hicolor" / f"{size}x{size}" / "apps" / f"{APP_ID}.png"
         target.parent.mkdir(parents=True, exist_ok=True)
         image.save(str(target))

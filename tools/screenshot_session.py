@@ -1,0 +1,51 @@
+"""What both screenshot tools need: a throwaway profile, a Qt app on qasync's loop, and a way to wait."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "screenshots"
+
+
+def throwaway_profile(prefix: str) -> Path:
+    """Conversations, settings and learned corrections go to a temporary folder, never the user's.
+    Offscreen unless DISPLAY is set (e.g. under xvfb-run)."""
+    profile = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["XDG_DATA_HOME"] = str(profile / "data")
+    os.environ["XDG_CONFIG_HOME"] = str(profile / "config")
+    os.environ["REDLINE_DATA_DIR"] = str(profile / "redline-data")
+    if not os.environ.get("DISPLAY"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    sys.path.insert(0, str(ROOT))
+    return profile
+
+
+def qt_app():
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication(sys.argv[:1])
+    asyncio.set_event_loop(qasync.QEventLoop(app, already_running=True))
+    return app
+
+
+def wait_until(cond, timeout_s: float = 600.0, what: str = "the window") -> None:
+    """Run the Qt event loop until cond() holds (a nested loop, as pytest-qt's waitUntil does)."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    deadline = time.monotonic() + timeout_s
+    if cond():
+        return
+    nested = QEventLoop()
+    timer = QTimer()
+    timer.timeout.connect(lambda: (cond() or time.monotonic() > deadline) and nested.quit())
+    timer.start(50)
+    nested.exec()
+    timer.stop()
+    if not cond():
+        raise TimeoutError(f"timed out waiting for {what}")
