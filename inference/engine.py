@@ -7,7 +7,7 @@ Cancellation is a flag that the decode loop and the loader check.
 from __future__ import annotations
 
 import threading
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .chat import build_prompt
 from .decode import DecodeOptions, EventFn, SamplingSettings, check_draft, generate
@@ -119,21 +119,31 @@ class Engine:
             raise RedlineError("No model is loaded.", "Load a model first.")
         return self.target
 
+    def _should_cancel(self, request_cancelled: Optional[Callable[[], bool]]) -> Callable[[], bool]:
+        """The engine's flag (cleared as each operation starts), or the request's own flag, which a
+        caller sets when the user stops a request that may not have started yet."""
+        if request_cancelled is None:
+            return self.cancelled
+        return lambda: self.cancelled() or request_cancelled()
+
     def generate_ids(self, input_ids: Sequence[int], sampling: SamplingSettings, options: DecodeOptions,
-                     on_event: Optional[EventFn] = None, context: Optional[int] = None) -> GenerationResult:
+                     on_event: Optional[EventFn] = None, context: Optional[int] = None,
+                     request_cancelled: Optional[Callable[[], bool]] = None) -> GenerationResult:
         target = self._require_target()
         self._cancel.clear()
-        result = generate(target, input_ids, sampling, options, self.draft, on_event, self.cancelled, context)
+        result = generate(target, input_ids, sampling, options, self.draft, on_event,
+                          self._should_cancel(request_cancelled), context)
         return self._check_memory(result)
 
     def chat(self, messages: Sequence[dict], sampling: SamplingSettings, options: DecodeOptions,
-             on_event: Optional[EventFn] = None, context: Optional[int] = None) -> GenerationResult:
+             on_event: Optional[EventFn] = None, context: Optional[int] = None,
+             request_cancelled: Optional[Callable[[], bool]] = None) -> GenerationResult:
         target = self._require_target()
         context = min(context or target.context_limit, target.context_limit)
         prompt = build_prompt(target.tokenizer, messages, context, sampling.max_new_tokens)
         self._cancel.clear()
-        result = generate(target, prompt.input_ids, sampling, options, self.draft, on_event, self.cancelled,
-                          context)
+        result = generate(target, prompt.input_ids, sampling, options, self.draft, on_event,
+                          self._should_cancel(request_cancelled), context)
         result.dropped_messages = prompt.dropped_messages
         if prompt.dropped_messages:
             result.notes.append(f"{prompt.dropped_messages} earlier message(s) did not fit the context of "

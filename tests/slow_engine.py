@@ -50,12 +50,13 @@ class SlowEngine:
     def unload(self) -> None:
         self.target = None
 
-    def chat(self, messages, sampling, options, on_event=None, context=None) -> GenerationResult:
+    def chat(self, messages, sampling, options, on_event=None, context=None,
+             request_cancelled=None) -> GenerationResult:
         self._cancel.clear()
         start = time.perf_counter()
         text, finish = "", "length"
         for i in range(min(self.tokens, sampling.max_new_tokens)):
-            if self._cancel.is_set():
+            if self._cancel.is_set() or (request_cancelled is not None and request_cancelled()):
                 finish = "cancelled"
                 break
             time.sleep(self.interval_s)

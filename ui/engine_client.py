@@ -34,9 +34,8 @@ class EventChannel:
         self._buffer: list = []
         self._woken = False
         self.report: Optional[Callable[[object], None]] = None
-        # Set by the UI when the user stops this reply. The engine's own flag is cleared when a task
-        # starts, so a stop pressed while the reply still waited behind a load would be lost; this one
-        # belongs to the reply and is re-applied from the worker on every event.
+        # Set by the UI when the user stops this reply; the decode loop reads it every step. The engine's
+        # own flag is cleared when a task starts, so a stop pressed while the reply still waited would be lost.
         self.cancelled = False
 
     def push(self, event) -> None:  # worker thread
@@ -237,11 +236,6 @@ def chat_task(messages: list[dict], sampling: dict, options: dict, context: Opti
             raise IncompatibleDraft("Speculative decoding needs a draft model, and none is loaded.",
                                     "Choose a draft model in Settings (a small model of the same family), "
                                     "or pick another strategy such as prompt-lookup.")
-        def on_event(event):
-            if channel.cancelled:
-                engine.cancel()
-            channel.push(event)
-
         return engine.chat(messages, SamplingSettings(**sampling), DecodeOptions(**opts),
-                           on_event=on_event, context=context)
+                           on_event=channel.push, context=context, request_cancelled=lambda: channel.cancelled)
     return task
