@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional, Sequence
 
+from .memory_policy import bound_kernel_caches, returning_freed_memory
 from .chat import build_prompt
 from .decode import DecodeOptions, EventFn, SamplingSettings, check_draft, generate
 from .errors import IncompatibleDraft, RedlineError
@@ -31,6 +32,7 @@ def default_precision(device: str) -> str:
 
 class Engine:
     def __init__(self, device: Optional[str] = None):
+        bound_kernel_caches()  # before the first product: a day of prompt lengths must not grow them
         self.device = device or default_device()
         self.target: Optional[LoadedModel] = None
         self.draft: Optional[LoadedModel] = None
@@ -70,8 +72,9 @@ class Engine:
         try:
             check_draft(self.target, draft)
         except IncompatibleDraft:
-            del draft
-            free_memory(self.device)
+            with returning_freed_memory():
+                draft = None
+                free_memory(self.device)
             raise
         self.draft = draft
         self._predict(draft)
@@ -79,20 +82,20 @@ class Engine:
 
     def unload_draft(self) -> None:
         if self.draft is not None:
-            draft, self.draft = self.draft, None
-            draft.release()
-            del draft
-            free_memory(self.device)
+            with returning_freed_memory():
+                draft, self.draft = self.draft, None
+                draft.release()  # its tensors go even if something else still holds the object
+                free_memory(self.device)
 
     def unload(self) -> None:
         """Free the target and draft: weights, the fast path's fused weights and KV cache, and (via
         ``free_memory``) the allocator's cached pages, so memory returns to where it was before loading."""
         self.unload_draft()
         if self.target is not None:
-            target, self.target = self.target, None
-            target.release()
-            del target
-            free_memory(self.device)
+            with returning_freed_memory():
+                target, self.target = self.target, None
+                target.release()
+                free_memory(self.device)
 
     # -- predicted vs measured memory ----------------------------------------
     def _predict(self, loaded: LoadedModel) -> None:

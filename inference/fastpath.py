@@ -23,6 +23,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from .memory_policy import weights_in_own_mappings
+
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
 
 
@@ -219,8 +221,10 @@ class FastDecoder:
 def get_decoder(loaded, needed_context: int) -> FastDecoder:
     """One FastDecoder per loaded model (weights fused once); its cache grows when needed."""
     dec = getattr(loaded, "fast_decoder", None)
-    if dec is None:
-        dec = FastDecoder(loaded.model, needed_context)
-        loaded.fast_decoder = dec
-    dec.ensure_context(needed_context)
+    # The fused weights and the cache are model memory: mappings of their own, returned whole on unload.
+    with weights_in_own_mappings():
+        if dec is None:
+            dec = FastDecoder(loaded.model, needed_context)
+            loaded.fast_decoder = dec
+        dec.ensure_context(needed_context)
     return dec

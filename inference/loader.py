@@ -1,15 +1,14 @@
 """Load a model and its tokenizer at a chosen precision, with progress, cancel and measured memory."""
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .memory_policy import returning_freed_memory, trim, weights_in_own_mappings
 from .errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError
 from .hardware import default_device
 from .memory import PeakMemory, process_rss
@@ -38,9 +37,10 @@ class LoadedModel:
 
     def release(self) -> None:
         """Drop every tensor this object holds, so memory is freed even if something still refers to it."""
-        self.fast_decoder = None
-        self.model = None
-        self.tokenizer = None
+        with returning_freed_memory():
+            self.fast_decoder = None
+            self.model = None
+            self.tokenizer = None
 
     @property
     def name(self) -> str:
@@ -63,38 +63,14 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def free_memory(device: str) -> None:
-    """Give freed model memory back: collect cycles, empty torch's CUDA cache, and trim the C heap.
-
-    On Linux, glibc keeps freed memory in its heaps (arenas) for reuse, so after a model is dropped the
-    process's resident memory would stay near its peak; ``malloc_trim(0)`` returns the free pages of every
-    arena to the system.
-    """
-    gc.collect()
-    if device.startswith("cuda"):
-        import torch
-        torch.cuda.empty_cache()
-    trim_c_heap()
-
-
-def trim_c_heap() -> bool:
-    """``malloc_trim(0)`` where the C library is glibc; a no-op (False) elsewhere."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        _MALLOC_TRIM = False
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL("libc.so.6")
-                _MALLOC_TRIM = libc.malloc_trim
-                _MALLOC_TRIM.argtypes = [ctypes.c_size_t]
-            except (OSError, AttributeError):  # musl and others have no malloc_trim
-                _MALLOC_TRIM = False
-    if _MALLOC_TRIM is False:
-        return False
-    _MALLOC_TRIM(0)
-    return True
-
-
-_MALLOC_TRIM = None
+    """Give freed model memory back: collect cycles, empty torch's CUDA cache, and return the C heap's free
+    pages to the system (see ``memory_policy`` for why glibc would otherwise keep them)."""
+    with returning_freed_memory():
+        gc.collect()
+        if device.startswith("cuda"):
+            import torch
+            torch.cuda.empty_cache()
+        trim()
 
 
 def read_config(folder: Path) -> dict:
@@ -193,7 +169,8 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
     rss_before = process_rss()
     model = None
     try:
-        with PeakMemory(device) as peak:
+        # Weights in mappings of their own, which go back to the system whole when the model is unloaded.
+        with PeakMemory(device) as peak, weights_in_own_mappings():
             with transformers_progress(progress, 0.35, 0.95, "Loading weights", should_cancel):
                 model = AutoModelForCausalLM.from_pretrained(
                     str(folder), trust_remote_code=trust_remote_code,
@@ -209,14 +186,16 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
                 model.to(device)  # what stayed unquantised (embeddings, norms) follows the packed layers
                 gc.collect()
     except Cancelled:
-        del model
-        free_memory(device)
+        with returning_freed_memory():
+            model = None
+            free_memory(device)
         raise
     except RedlineError:
         raise
     except Exception as exc:
-        del model
-        free_memory(device)
+        with returning_freed_memory():
+            model = None
+            free_memory(device)
         if is_oom(exc):
             raise OutOfMemory(
                 f"Out of memory while loading {source.name} in {precision.name}.",

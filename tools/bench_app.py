@@ -8,13 +8,16 @@ engine thread, the SQLite store, Qt's offscreen platform (or a real display if D
   start-up   from the parent's launch of ``python -m app`` style start to the child's report that the window
              is shown and a key typed into the message box has arrived (the starter starts loading at once,
              on the engine thread). Median of 3 launches; also with the large history database.
-  unload     RSS before each load, loaded, and after unload, over 10 switches (starter bf16 / fp32 in turn),
-             through the window (Model -> Unload). Baseline: the engine running with its libraries in use (one
-             load and unload of a 2-layer tiny model first), no model loaded.
+  unload     RSS before each load, loaded, and after unload, over 10 switches (starter bf16 / fp32 in turn, one
+             reply each in a new chat, so that what stays is the model's and not a conversation growing in the
+             window), through the window (Model -> Unload). Baseline: the engine running with its libraries in
+             use (one load, reply and unload of a 2-layer tiny model first), no model loaded.
   soak       200 replies from the starter (greedy, 16 new tokens, short prompts) through the window: 20
              conversations of the same 10 prompts, so the first 10 and the last 10 replies see the same contexts.
              RSS growth after the first 10, decode tokens/s of the last 10 vs the first 10, and the longest gap
-             between ticks of a 5 ms UI timer over the whole run.
+             between ticks of a 5 ms UI timer over the whole run. Right after each of the first and last 10
+             replies, a second process (a fresh engine, same model, same conversation) makes the same reply:
+             the drift that counts is the window's relative to it, because the machine's own speed moves.
   history    1,000 conversations / 50,000 messages written with executemany into the real schema; open + list
              + search; open a 500-message conversation; scroll it to the top (longest step); stream a reply
              (tiny model) into it and count re-renders of earlier messages.
@@ -225,6 +228,7 @@ def child_unload(switches: int, tiny: str) -> None:
         w.apply_settings(dataclasses.replace(w.settings, model="starter", precision=precision), force_reload=True)
         gui.wait_until(lambda: bool(loaded), 900, "the starter to load")
         w.model_loaded.disconnect(loaded.append)
+        w.new_chat()  # a chat of its own: what stays is the model's, not a conversation growing in the window
         result = gui.send(w, PROMPTS[k % len(PROMPTS)])
         peak = rss_mb()
         unload()
@@ -240,10 +244,74 @@ def child_unload(switches: int, tiny: str) -> None:
 # phase: soak (child)
 # ---------------------------------------------------------------------------------------------------------------
 
+class Reference:
+    """A second process with a plain engine and the same model, asked for the same reply right after each of the
+    soak's first and last 10: the machine's speed at those moments. On a shared machine the speed of the
+    CPUs moves by 2x within minutes, so the soak's drift is judged against this fresh process's."""
+
+    def __init__(self, max_new_tokens: int):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p))
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", "reference", str(max_new_tokens)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self._read("READY")
+
+    def _read(self, tag: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(tag):
+                return line[len(tag):].strip()
+        raise RuntimeError(f"the reference process ended (exit {self.proc.wait()})")
+
+    def reply(self, gui: Gui, i: int) -> float:
+        """Run reply ``i`` there; the event loop keeps running (and the stall meter ticking) meanwhile."""
+        import threading
+
+        out = []
+        self.proc.stdin.write(f"{i}\n")
+        self.proc.stdin.flush()
+        reader = threading.Thread(target=lambda: out.append(float(self._read("RATE"))))
+        reader.start()
+        gui.wait_until(lambda: not reader.is_alive(), 900, "the reference reply")
+        return out[0]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def child_reference(max_new_tokens: int) -> None:
+    """The soak's reference: the same conversations as the window's, through Engine.chat on a worker thread."""
+    import threading
+
+    from inference.decode import DecodeOptions, SamplingSettings
+    from inference.engine import Engine, default_precision
+    from inference.precision import parse_precision
+
+    def work():
+        engine = Engine()
+        engine.record_memory = False
+        engine.load("starter", parse_precision(default_precision(engine.device)))
+        print("READY", flush=True)
+        history: list[dict] = []
+        for line in sys.stdin:
+            i = int(line)
+            if i % len(PROMPTS) == 0:
+                history = []
+            history.append({"role": "user", "content": PROMPTS[i % len(PROMPTS)]})
+            result = engine.chat(history, SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0),
+                                 DecodeOptions())
+            history.append({"role": "assistant", "content": result.text})
+            print(f"RATE {result.tokens_per_s or 0}", flush=True)
+
+    thread = threading.Thread(target=work)  # as in the app: the engine on a thread of its own
+    thread.start()
+    thread.join()
+
+
 def child_soak(replies: int, max_new_tokens: int) -> None:
     gui = Gui()
     write_settings(model="starter", temperature=0.0, max_new_tokens=max_new_tokens)
     w = gui.open_window()
+    reference = Reference(max_new_tokens)
     gui.start_meter()
     rows = []
     started = time.monotonic()
@@ -256,10 +324,13 @@ def child_soak(replies: int, max_new_tokens: int) -> None:
         result = gui.send(w, PROMPTS[i % len(PROMPTS)])
         rows.append(dict(tokens_per_s=result.tokens_per_s, new_tokens=result.new_tokens, rss=rss_mb(),
                          finish=result.finish_reason))
+        if i < 10 or i >= replies - 10:
+            rows[-1]["reference_tokens_per_s"] = reference.reply(gui, i)
         if (i + 1) % 10 == 0:
             print(f"  {i + 1} replies, {time.monotonic() - started:.0f} s, RSS {rows[-1]['rss']:.0f} MB, "
                   f"longest stall {gui.longest_gap_ms:.0f} ms", file=sys.stderr, flush=True)
     gui.stop_meter()
+    reference.close()
     w.shutdown()
     near_edges = sum(1 for t, gap in gui.stalls if any(-0.05 <= t - e <= gap / 1000 + 0.05 for e in edges))
     report(rows=rows, longest_stall_ms=gui.longest_gap_ms, gaps_over_50=gui.gaps_over_50, ticks=gui.ticks,
@@ -497,12 +568,20 @@ def phase_soak(table: Table, work: Path, replies: int, max_new_tokens: int) -> N
     table.add(f"soak: RSS growth from reply 10 to reply {len(rows)}",
               f"{rss10:.0f} → {rss_end:.0f} MB ({(rss_end / rss10 - 1) * 100:+.1f} %)", "< +5 %",
               rss_end < rss10 * 1.05)
-    tf = statistics.mean(r["tokens_per_s"] or 0 for r in first)
-    tl = statistics.mean(r["tokens_per_s"] or 0 for r in last)
-    print("  decode tokens/s of replies 1-10: " + ", ".join(f"{r['tokens_per_s'] or 0:.1f}" for r in first)
-          + "; of the last 10: " + ", ".join(f"{r['tokens_per_s'] or 0:.1f}" for r in last), flush=True)
-    table.add("soak: decode tokens/s, last 10 vs first 10 replies", f"{tl:.1f} vs {tf:.1f} ({(tl / tf - 1) * 100:+.1f} %)",
-              "within ±10 %", abs(tl / tf - 1) <= 0.10 if tf else False)
+    tf = statistics.median(r["tokens_per_s"] or 0 for r in first)
+    tl = statistics.median(r["tokens_per_s"] or 0 for r in last)
+    rf = statistics.median(r["reference_tokens_per_s"] for r in first)
+    rl = statistics.median(r["reference_tokens_per_s"] for r in last)
+    for name, part in (("first", first), ("last", last)):
+        print(f"  decode tokens/s of the {name} 10 replies (window / fresh reference process right after): "
+              + ", ".join(f"{r['tokens_per_s'] or 0:.1f}/{r['reference_tokens_per_s']:.1f}" for r in part), flush=True)
+    table.add("soak: decode tokens/s, last 10 vs first 10 replies (medians, as measured)",
+              f"{tl:.1f} vs {tf:.1f} ({(tl / tf - 1) * 100:+.1f} %)", "info: the machine's speed moves too", None)
+    table.add("soak: the same replies in a fresh process alongside (the machine's drift)",
+              f"{rl:.1f} vs {rf:.1f} ({(rl / rf - 1) * 100:+.1f} %)", "—", None)
+    drift = (tl / rl) / (tf / rf) - 1 if tf and rf and rl else float("nan")
+    table.add("soak: decode tokens/s, last 10 vs first 10, relative to the fresh process",
+              f"{drift * 100:+.1f} %", "within ±10 %", abs(drift) <= 0.10)
     table.add(f"soak: longest UI stall over {len(rows)} replies ({out['seconds']:.0f} s, {out['ticks']} ticks)",
               f"{out['longest_stall_ms']:.0f} ms ({out['gaps_over_50']} gaps over 50 ms, "
               f"{out.get('stalls_at_reply_edges', '?')} of them at a reply's start or end)", "≤ 50 ms",
@@ -544,6 +623,8 @@ def main() -> int:
             child_unload(int(rest[0]), rest[1])
         elif phase == "soak":
             child_soak(int(rest[0]), int(rest[1]))
+        elif phase == "reference":
+            child_reference(int(rest[0]))
         elif phase == "history":
             child_history(int(rest[0]), rest[1])
         return 0

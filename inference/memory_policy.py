@@ -1,0 +1,108 @@
+"""How the process holds memory between models, so that a long day of loading, chatting and unloading
+ends near where it started. Two things on CPU builds of torch keep memory that no model owns:
+
+1. The C heap. On Linux, glibc serves allocations under a threshold from its heaps (arenas) and larger ones
+   from mappings of their own. The threshold is dynamic: it rises to the size of each large block freed, up to
+   32 MiB. A model's weights are mostly blocks of 0.1-32 MiB, so after the first load they land in the heaps;
+   freed, they stay there, and ``malloc_trim`` cannot return the free top of a worker thread's heap (it trims
+   only the main heap's top). Measured on the starter in bf16: 50-100 MB stayed resident after every unload.
+   So, on glibc:
+     * while weights are created (loading, the fast path's fused copies and cache), every block of 128 KiB
+       or more gets its own mapping, which goes back to the system whole when the model is freed;
+     * while a model is freed, a heap's free top is returned as soon as it passes 128 KiB;
+     * the rest of the time the thresholds sit at glibc's own maximums (32 MiB / 64 MiB, where the dynamic
+       setting ends up in a warm process), so the per-token temporaries of decoding reuse heap memory instead
+       of mapping and faulting in fresh pages each step (tight thresholds throughout made decoding slower
+       here: tools/memory_policy_bench.py --part heap).
+   Elsewhere (macOS, Windows, musl) these are no-ops.
+
+2. Kernel caches. oneDNN (bf16/fp16 matrix products on CPU) and torch's ideep layer each keep a cache of
+   compiled kernels keyed by shape, 1024 entries by default. Every new prompt length is a new shape, so over a
+   day of chats the caches grow (about 2.5 MB per prompt length on the starter in bf16) and survive unloading.
+   Redline bounds both to ``KERNEL_CACHE_ENTRIES``, enough for every shape one decoding step uses (the
+   projections at one token, a draft's and a verify step's), unless the user set the variables themselves.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+OWN_MAPPING_BYTES = 128 * 1024  # glibc's own starting threshold
+DECODE_MMAP_BYTES = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+DECODE_TRIM_BYTES = 2 * DECODE_MMAP_BYTES  # what glibc sets beside it when the threshold moves
+
+KERNEL_CACHE_ENTRIES = 32
+KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN, ideep
+
+_libc = None
+_lock = threading.Lock()
+_depth = {"weights": 0, "release": 0}  # nesting: a load inside a release window, an unload inside a load
+
+
+def _glibc():
+    """The C library's mallopt/malloc_trim where it is glibc; False elsewhere."""
+    global _libc
+    if _libc is None:
+        _libc = False
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL("libc.so.6")
+                lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+                lib.malloc_trim.argtypes = [ctypes.c_size_t]
+                _libc = lib
+            except (OSError, AttributeError):  # musl and others: no libc.so.6 or no malloc_trim
+                _libc = False
+    return _libc
+
+
+def _apply() -> None:
+    lib = _glibc()
+    if not lib:
+        return
+    lib.mallopt(M_MMAP_THRESHOLD, OWN_MAPPING_BYTES if _depth["weights"] else DECODE_MMAP_BYTES)
+    lib.mallopt(M_TRIM_THRESHOLD, OWN_MAPPING_BYTES if _depth["release"] else DECODE_TRIM_BYTES)
+
+
+@contextmanager
+def _window(kind: str) -> Iterator[None]:
+    with _lock:
+        _depth[kind] += 1
+        _apply()
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth[kind] -= 1
+            _apply()
+
+
+def weights_in_own_mappings():
+    """Blocks of 128 KiB or more allocated inside get their own mapping (returned whole when freed)."""
+    return _window("weights")
+
+
+def returning_freed_memory():
+    """Frees inside give a heap's free top back to the system as soon as it passes 128 KiB."""
+    return _window("release")
+
+
+def trim() -> bool:
+    """``malloc_trim(0)``: return the free pages inside every heap. False where the C library has none."""
+    lib = _glibc()
+    if not lib:
+        return False
+    lib.malloc_trim(0)
+    return True
+
+
+def bound_kernel_caches() -> None:
+    """Cap oneDNN's and ideep's kernel caches. The libraries read these variables when they create their first
+    kernel, so this works after ``import torch`` as long as no bf16/fp16 product ran yet."""
+    for name in KERNEL_CACHE_VARIABLES:
+        os.environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
