@@ -1,5 +1,9 @@
 """The engine worker runs tasks off the UI thread and reports through queued signals."""
+import os
+import sys
 import threading
+
+import pytest
 
 from ui.worker import EngineThread
 
@@ -38,4 +42,24 @@ def test_failure_reports_message(qtbot):
     with qtbot.waitSignal(worker.failed, timeout=5000) as blocker:
         worker.submit(task)
     assert "broken" in blocker.args[1]
+    assert worker.shutdown()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a niceness per thread is Linux's")
+def test_engine_thread_yields_to_the_ui(qtbot, monkeypatch):
+    """The engine (and the torch threads it starts, which inherit it) runs nicer than the UI thread, so a
+    decoding model cannot keep the window waiting for a core; the UI thread itself is left as it was."""
+    from ui.worker import ENGINE_NICE
+
+    monkeypatch.delenv("REDLINE_ENGINE_NICE", raising=False)
+    ui_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    worker = EngineThread(FakeEngine)
+
+    def task(engine, report):
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    with qtbot.waitSignal(worker.done, timeout=5000) as blocker:
+        worker.submit(task)
+    assert blocker.args[1] == min(19, ui_nice + ENGINE_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ui_nice
     assert worker.shutdown()
