@@ -25,7 +25,7 @@ from .markdown import SafeDocument, append_reply, code_blocks, render
 
 RENDER_INTERVAL_MS = 100
 PAGE = 12  # message widgets built when a conversation opens (fills a tall window)
-SCROLL_CHUNK = 2  # built per event-loop turn while scrolling up: each turn stays far below a 50 ms stall
+SCROLL_CHUNK = 1  # built per event-loop turn while scrolling (two per turn reached 45-51 ms stalls here; one, 29-37)
 LOAD_MARGIN_PX = 600  # keep building messages while the view is this close to the top (or bottom)
 MAX_BUILT = 48  # message widgets alive at once: layout cost stays flat however long the conversation
 
