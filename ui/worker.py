@@ -23,8 +23,8 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 Task = Callable[[Any, Callable[[object], None]], object]
 
 # The engine thread's niceness on Linux (REDLINE_ENGINE_NICE overrides; 0 turns it off). Decoding keeps every
-# core busy, and the UI thread then waits for a core: on a 2-core machine the 5 ms stall meter saw gaps of
-# 41-52 ms at nice 0 and 26-27 ms at nice 5, with the same tokens/s (tools/bench_app.py, soak).
+# core busy, and the UI thread then waits for a core: over 100 starter replies through the window on a 2-core
+# machine, a 5 ms timer's longest gap was 41-52 ms at nice 0 and 26-27 ms at nice 5, with the same tokens/s.
 ENGINE_NICE = 5
 
 
