@@ -10,15 +10,17 @@ ends near where it started. Two things on CPU builds of torch keep memory that n
      * while weights are created (loading, the fast path's fused copies and cache), every block of 128 KiB
        or more gets its own mapping, which goes back to the system whole when the model is freed;
      * while a model is freed, a heap's free top is returned as soon as it passes 128 KiB;
-     * the rest of the time the thresholds sit at glibc's own maximums (32 MiB / 64 MiB, where the dynamic
-       setting ends up in a warm process), so the per-token temporaries of decoding reuse heap memory instead
-       of mapping and faulting in fresh pages each step (tight thresholds throughout made decoding slower
-       here: tools/memory_policy_bench.py --part heap).
+     * the rest of the time the thresholds sit at glibc's own maximums (32 MiB / 64 MiB), where the dynamic
+       setting heads in a warm process anyway, so decoding allocates much as it did before. (Tight thresholds
+       throughout would map and fault in fresh pages for every large per-token temporary; measured on this
+       2-core CPU it gave 0.80-1.01x the decode speed of wide ones across runs, within the machine's noise
+       at best: tools/memory_policy_bench.py --part heap.)
    Elsewhere (macOS, Windows, musl) these are no-ops.
 
 2. Kernel caches. oneDNN (bf16/fp16 matrix products on CPU) and torch's ideep layer each keep a cache of
    compiled kernels keyed by shape, 1024 entries by default. Every new prompt length is a new shape, so over a
-   day of chats the caches grow (about 2.5 MB per prompt length on the starter in bf16) and survive unloading.
+   day of chats the caches grow (about 2.5 MB per prompt length on the starter in bf16; 75 MB over a 30-turn
+   conversation at 1024 entries, 20 MB at 32: tools/memory_policy_bench.py --part caches) and survive unloading.
    Redline bounds both to ``KERNEL_CACHE_ENTRIES``, enough for every shape one decoding step uses (the
    projections at one token, a draft's and a verify step's), unless the user set the variables themselves.
 """
