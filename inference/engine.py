@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional, Sequence
 
-from .memory_policy import bound_kernel_caches, returning_freed_memory
 from .chat import build_prompt
 from .decode import DecodeOptions, EventFn, SamplingSettings, check_draft, generate
 from .errors import IncompatibleDraft, RedlineError
@@ -17,6 +16,7 @@ from .events import GenerationResult
 from .hardware import default_device
 from .loader import LoadedModel, free_memory, load_model
 from .memory_calibration import MemoryCheck, check_generation, predict_loaded
+from .memory_policy import bound_kernel_caches, returning_freed_memory
 from .precision import PrecisionSpec
 from .progress import ProgressFn, noop_progress
 from .sources import resolve

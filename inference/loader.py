@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .memory_policy import returning_freed_memory, trim, weights_in_own_mappings
 from .errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError
 from .hardware import default_device
 from .memory import PeakMemory, process_rss
+from .memory_policy import returning_freed_memory, trim, weights_in_own_mappings
 from .precision import WEIGHT_ONLY, PrecisionSpec, check_supported, from_pretrained_kwargs, torch_dtype
 from .progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
 from .sources import ModelSource

@@ -246,8 +246,8 @@ def child_unload(switches: int, tiny: str) -> None:
 
 class Reference:
     """A second process with a plain engine and the same model, asked for the same reply right after each of the
-    soak's first and last 10: the machine's speed at those moments. On a shared machine the speed of the
-    CPUs moves by 2x within minutes, so the soak's drift is judged against this fresh process's."""
+    soak's first and last 10: the machine's speed at those moments. On a shared machine the CPUs' speed moves
+    by tens of percent (at times 2x) within minutes, so the soak's drift is judged against this process's."""
 
     def __init__(self, max_new_tokens: int):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p))
