@@ -159,6 +159,18 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / MB
 
 
+def device_mb():
+    """GPU memory this process holds (NVML; the whole device's use if NVML cannot tell processes apart);
+    None without a GPU."""
+    from inference.hardware import probe
+
+    gpus = probe().gpus
+    if not gpus:
+        return None
+    mine = [g.this_process_bytes for g in gpus if g.this_process_bytes is not None]
+    return (sum(mine) if mine else sum(g.used_bytes or 0 for g in gpus)) / MB
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # phase: start-up (child)
 # ---------------------------------------------------------------------------------------------------------------
@@ -222,7 +234,7 @@ def child_unload(switches: int, tiny: str) -> None:
     rows = []
     for k in range(switches):
         precision = "bf16" if k % 2 == 0 else "fp32"
-        before = rss_mb()
+        before, device_before = rss_mb(), device_mb()
         loaded = []
         w.model_loaded.connect(loaded.append)
         w.apply_settings(dataclasses.replace(w.settings, model="starter", precision=precision), force_reload=True)
@@ -233,7 +245,7 @@ def child_unload(switches: int, tiny: str) -> None:
         peak = rss_mb()
         unload()
         rows.append(dict(precision=precision, before=before, loaded=peak, after=rss_mb(),
-                         tokens_per_s=result.tokens_per_s))
+                         tokens_per_s=result.tokens_per_s, device_before=device_before, device_after=device_mb()))
         print(f"  switch {k + 1}: {precision} before {before:.0f} MB, loaded+reply {peak:.0f} MB, "
               f"unloaded {rows[-1]['after']:.0f} MB", file=sys.stderr, flush=True)
     w.shutdown()
@@ -557,7 +569,14 @@ def phase_unload(table: Table, work: Path, switches: int) -> None:
     loaded = [r["loaded"] - r["before"] for r in rows]
     table.add("unload: memory a loaded starter held (bf16 / fp32, with one reply)",
               f"{statistics.median(loaded[0::2]):.0f} / {statistics.median(loaded[1::2] or [0]):.0f} MB", "—", None)
-    table.add("unload: device memory (CUDA)", "no CUDA device on this machine", "≤ +10 %", None)
+    if rows[0]["device_before"] is None:
+        table.add("unload: device memory (CUDA)", "no CUDA device on this machine", "≤ +10 %", None)
+        return
+    dev0 = max(rows[0]["device_before"], 1.0)  # the CUDA context is there: the tiny model ran on the GPU first
+    dev_worst = max(r["device_after"] for r in rows)
+    table.add("unload: GPU memory after unload vs before the first load (worst; NVML, this process)",
+              f"{dev_worst:.0f} MB vs {dev0:.0f} MB ({(dev_worst / dev0 - 1) * 100:+.1f} %)", "≤ +10 %",
+              dev_worst <= dev0 * 1.10)
 
 
 def phase_soak(table: Table, work: Path, replies: int, max_new_tokens: int) -> None:
