@@ -16,7 +16,7 @@ from .events import GenerationResult
 from .hardware import default_device
 from .loader import LoadedModel, free_memory, load_model
 from .memory_calibration import MemoryCheck, check_generation, predict_loaded
-from .memory_policy import bound_kernel_caches, returning_freed_memory
+from .memory_policy import bound_kernel_caches
 from .precision import PrecisionSpec
 from .progress import ProgressFn, noop_progress
 from .sources import resolve
@@ -72,9 +72,8 @@ class Engine:
         try:
             check_draft(self.target, draft)
         except IncompatibleDraft:
-            with returning_freed_memory():
-                draft = None
-                free_memory(self.device)
+            draft.release()
+            free_memory(self.device)
             raise
         self.draft = draft
         self._predict(draft)
@@ -82,20 +81,19 @@ class Engine:
 
     def unload_draft(self) -> None:
         if self.draft is not None:
-            with returning_freed_memory():
-                draft, self.draft = self.draft, None
-                draft.release()  # its tensors go even if something else still holds the object
-                free_memory(self.device)
+            draft, self.draft = self.draft, None
+            draft.release()  # its tensors go even if something else still holds the object
+            free_memory(self.device)
 
     def unload(self) -> None:
         """Free the target and draft: weights, the fast path's fused weights and KV cache, and (via
-        ``free_memory``) the allocator's cached pages, so memory returns to where it was before loading."""
+        ``free_memory``) the allocator's cached pages, so memory returns to where it was before loading.
+        ``release`` and ``free_memory`` each free inside ``memory_policy.returning_freed_memory``."""
         self.unload_draft()
         if self.target is not None:
-            with returning_freed_memory():
-                target, self.target = self.target, None
-                target.release()
-                free_memory(self.device)
+            target, self.target = self.target, None
+            target.release()
+            free_memory(self.device)
 
     # -- predicted vs measured memory ----------------------------------------
     def _predict(self, loaded: LoadedModel) -> None:

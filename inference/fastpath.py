@@ -221,6 +221,8 @@ class FastDecoder:
 def get_decoder(loaded, needed_context: int) -> FastDecoder:
     """One FastDecoder per loaded model (weights fused once); its cache grows when needed."""
     dec = getattr(loaded, "fast_decoder", None)
+    if dec is not None and needed_context <= dec.max_context:
+        return dec
     # The fused weights and the cache are model memory: mappings of their own, returned whole on unload.
     with weights_in_own_mappings():
         if dec is None:

@@ -94,13 +94,11 @@ def returning_freed_memory():
     return _window("release")
 
 
-def trim() -> bool:
-    """``malloc_trim(0)``: return the free pages inside every heap. False where the C library has none."""
+def trim() -> None:
+    """``malloc_trim(0)``: return the free pages inside every heap (where the C library is glibc)."""
     lib = _glibc()
-    if not lib:
-        return False
-    lib.malloc_trim(0)
-    return True
+    if lib:
+        lib.malloc_trim(0)
 
 
 def bound_kernel_caches() -> None:
