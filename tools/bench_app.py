@@ -69,14 +69,9 @@ class Gui:
     """The app's event loop (qasync over Qt) driven from a script: wait for conditions, measure stalls."""
 
     def __init__(self):
-        import asyncio
+        from gui_session import qt_app
 
-        import qasync
-        from PySide6.QtWidgets import QApplication
-
-        self.app = QApplication.instance() or QApplication(sys.argv[:1])
-        self.loop = qasync.QEventLoop(self.app, already_running=True)
-        asyncio.set_event_loop(self.loop)
+        self.app = qt_app()
         self.longest_gap_ms = 0.0
         self.gaps_over_50 = 0
         self.ticks = 0
@@ -85,23 +80,14 @@ class Gui:
         self.stalls: list[tuple[float, float]] = []  # (perf_counter at the end of the gap, gap in ms)
 
     def wait_until(self, cond, timeout_s=900.0, what="the window"):
-        from PySide6.QtCore import QEventLoop, QTimer
+        from gui_session import wait_until
 
-        if cond():
-            return
-        deadline = time.monotonic() + timeout_s
-        nested = QEventLoop()
-        timer = QTimer()
-        timer.timeout.connect(lambda: (cond() or time.monotonic() > deadline) and nested.quit())
-        timer.start(5)
-        nested.exec()
-        timer.stop()
-        if not cond():
-            raise TimeoutError(f"timed out waiting for {what}")
+        wait_until(cond, timeout_s, what, poll_ms=5)  # 5 ms: a finished reply is seen at once
 
     def settle(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        self.wait_until(lambda: time.monotonic() >= end)
+        from gui_session import settle
+
+        settle(seconds)
 
     # The stall meter: a 5 ms timer on the UI thread; the longest gap between its ticks is the longest stall.
     def start_meter(self) -> None:

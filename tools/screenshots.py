@@ -6,9 +6,8 @@ temporary folder) and the Qt offscreen platform unless DISPLAY is set (e.g. unde
 from __future__ import annotations
 
 import sys
-import time
 
-from screenshot_session import OUT, ROOT, qt_app, throwaway_profile, wait_until  # noqa: E402
+from gui_session import OUT, ROOT, qt_app, settle, throwaway_profile, wait_until  # noqa: E402
 
 
 def main() -> int:
@@ -17,10 +16,6 @@ def main() -> int:
     from app.settings import Settings, save_settings
 
     app = qt_app()  # noqa: F841 - the application must stay alive
-
-    def settle(seconds=0.4):
-        end = time.monotonic() + seconds
-        wait_until(lambda: time.monotonic() >= end)
 
     def shot(window, name):
         OUT.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 from pathlib import Path
 
-from screenshot_session import OUT, ROOT, qt_app, throwaway_profile, wait_until  # noqa: E402
+from gui_session import OUT, ROOT, qt_app, settle, throwaway_profile, wait_until  # noqa: E402
 LLAMA3_8B_CONFIG = ROOT / "tests" / "data" / "llama-3-8b-config.json"
 
 
@@ -40,13 +39,9 @@ def main() -> int:
 
     app = qt_app()  # noqa: F841 - the application must stay alive
 
-    def settle(seconds=0.3):
-        end = time.monotonic() + seconds
-        wait_until(lambda: time.monotonic() >= end)
-
     def shot(widget, name):
         OUT.mkdir(parents=True, exist_ok=True)
-        settle()
+        settle(0.3)
         path = OUT / name
         widget.grab().save(str(path))
         print(f"saved {path.relative_to(ROOT)}")
@@ -93,7 +88,7 @@ def main() -> int:
     wiz.next()
     shot(wiz, "wizard-6-preset.png")
     wiz.button(QWizard.FinishButton).click()
-    settle()
+    settle(0.3)
 
     # The "does not fit" path: an 8B model's config, planned for an 8 GB card.
     wiz = window.open_wizard()

@@ -1,4 +1,5 @@
-"""What both screenshot tools need: a throwaway profile, a Qt app on qasync's loop, and a way to wait."""
+"""What the tools that drive the real window need (the screenshot tools, the long-day benchmark): a throwaway
+profile, a Qt app on qasync's loop, and ways to wait."""
 from __future__ import annotations
 
 import asyncio
@@ -29,13 +30,14 @@ def qt_app():
     import qasync
     from PySide6.QtWidgets import QApplication
 
-    app = QApplication(sys.argv[:1])
+    app = QApplication.instance() or QApplication(sys.argv[:1])
     asyncio.set_event_loop(qasync.QEventLoop(app, already_running=True))
     return app
 
 
-def wait_until(cond, timeout_s: float = 600.0, what: str = "the window") -> None:
-    """Run the Qt event loop until cond() holds (a nested loop, as pytest-qt's waitUntil does)."""
+def wait_until(cond, timeout_s: float = 600.0, what: str = "the window", poll_ms: int = 50) -> None:
+    """Run the Qt event loop until cond() holds (a nested loop, as pytest-qt's waitUntil does), checking it
+    every ``poll_ms``."""
     from PySide6.QtCore import QEventLoop, QTimer
 
     deadline = time.monotonic() + timeout_s
@@ -44,8 +46,14 @@ def wait_until(cond, timeout_s: float = 600.0, what: str = "the window") -> None
     nested = QEventLoop()
     timer = QTimer()
     timer.timeout.connect(lambda: (cond() or time.monotonic() > deadline) and nested.quit())
-    timer.start(50)
+    timer.start(poll_ms)
     nested.exec()
     timer.stop()
     if not cond():
         raise TimeoutError(f"timed out waiting for {what}")
+
+
+def settle(seconds: float) -> None:
+    """Run the Qt event loop for ``seconds`` (let rendering and queued work finish)."""
+    end = time.monotonic() + seconds
+    wait_until(lambda: time.monotonic() >= end)
