@@ -140,6 +140,11 @@ class Gui:
         return done[0]
 
 
+def child_env() -> dict:
+    """This environment, with the project first on the child's import path."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p))
+
+
 def rss_mb() -> float:
     import psutil
     return psutil.Process().memory_info().rss / MB
@@ -248,9 +253,8 @@ class Reference:
     by tens of percent (at times 2x) within minutes, so the soak's drift is judged against this process's."""
 
     def __init__(self, max_new_tokens: int):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p))
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", "reference", str(max_new_tokens)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
         self._read("READY")
 
     def _read(self, tag: str) -> str:
@@ -464,8 +468,7 @@ def child_history(long_id: int, tiny: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 def run_child(args: list[str], profile: Path, timeout: float = 7200) -> tuple[dict, float]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p),
-               XDG_DATA_HOME=str(profile / "data"), XDG_CONFIG_HOME=str(profile / "config"))
+    env = dict(child_env(), XDG_DATA_HOME=str(profile / "data"), XDG_CONFIG_HOME=str(profile / "config"))
     if not env.get("DISPLAY"):
         env["QT_QPA_PLATFORM"] = "offscreen"
     launched = time.time()
