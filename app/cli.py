@@ -9,8 +9,8 @@ import argparse
 import os
 import sys
 
-from app import __version__
-from app import cli_bench, cli_chat, cli_estimate, cli_models
+from redline.app import __version__
+from redline.app import cli_bench, cli_chat, cli_estimate, cli_models
 
 SUBCOMMANDS = [cli_chat, cli_models, cli_estimate, cli_bench]
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # `redline bench --markdown` quotes it
     if args.smoke_test:
-        from app.smoke import run_smoke_test
+        from redline.app.smoke import run_smoke_test
         return run_smoke_test()
     if args.command is None:
         return open_gui(args)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def open_gui(args) -> int:
     try:
-        from app.gui import run_gui
+        from redline.app.gui import run_gui
     except ImportError:
         print("The desktop window is not built yet. Chat in the terminal with:\n"
               f"  redline chat --model {args.model or 'starter'}", file=sys.stderr)

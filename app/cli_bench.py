@@ -7,15 +7,15 @@ import sys
 import threading
 from pathlib import Path
 
-from inference.bench import (SEED_PRESET, BenchPhase, BenchRow, BenchSpec, BenchSweepRow, builtin_prompt_sets,
+from redline.inference.bench import (SEED_PRESET, BenchPhase, BenchRow, BenchSpec, BenchSweepRow, builtin_prompt_sets,
                              load_prompt_set, parse_configs, run_bench, save_report)
-from inference.bench_export import to_csv, to_json, to_markdown, to_text
-from inference.batch_sweep import MODES
-from inference.engine import Engine
-from inference.errors import RedlineError
-from inference.sources import ACCEPTED_FORMS
+from redline.inference.bench_export import to_csv, to_json, to_markdown, to_text
+from redline.inference.batch_sweep import MODES
+from redline.inference.engine import Engine
+from redline.inference.errors import RedlineError
+from redline.inference.sources import ACCEPTED_FORMS
 
-from app.terminal import TerminalProgress
+from redline.app.terminal import TerminalProgress
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32"
 

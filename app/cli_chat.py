@@ -5,15 +5,15 @@ import argparse
 import json
 import sys
 
-from inference.decode import STRATEGIES, DecodeOptions, SamplingSettings
-from inference.engine import Engine, default_precision
-from inference.errors import RedlineError
-from inference.events import TokenEvent
-from inference.precision import PRECISIONS, parse_precision
-from inference.sources import ACCEPTED_FORMS
+from redline.inference.decode import STRATEGIES, DecodeOptions, SamplingSettings
+from redline.inference.engine import Engine, default_precision
+from redline.inference.errors import RedlineError
+from redline.inference.events import TokenEvent
+from redline.inference.precision import PRECISIONS, parse_precision
+from redline.inference.sources import ACCEPTED_FORMS
 
-from app.terminal import TerminalProgress
-from app.trust_store import TrustStore, load_with_trust
+from redline.app.terminal import TerminalProgress
+from redline.app.trust_store import TrustStore, load_with_trust
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

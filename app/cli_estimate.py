@@ -4,13 +4,13 @@ from __future__ import annotations
 import json
 import sys
 
-from inference.errors import RedlineError
-from inference.estimate_sources import read_shape
-from inference.estimator import MB, Estimate
-from inference.fit import Planner, detect_target, gb, suggest
-from inference.gpus import CONSUMER_GPUS
-from inference.memory_calibration import correction_bytes
-from inference.precision import PRECISIONS, parse_precision
+from redline.inference.errors import RedlineError
+from redline.inference.estimate_sources import read_shape
+from redline.inference.estimator import MB, Estimate
+from redline.inference.fit import Planner, detect_target, gb, suggest
+from redline.inference.gpus import CONSUMER_GPUS
+from redline.inference.memory_calibration import correction_bytes
+from redline.inference.precision import PRECISIONS, parse_precision
 
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here
 

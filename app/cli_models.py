@@ -4,13 +4,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from inference.errors import RedlineError
-from inference.gguf_convert import is_complete
-from inference.paths import models_dir
-from inference.sources import resolve
-from inference.starter import STARTER_NAME, starter_folder
+from redline.inference.errors import RedlineError
+from redline.inference.gguf_convert import is_complete
+from redline.inference.paths import models_dir
+from redline.inference.sources import resolve
+from redline.inference.starter import STARTER_NAME, starter_folder
 
-from app.terminal import TerminalProgress
+from redline.app.terminal import TerminalProgress
 
 
 def add_parser(sub) -> None:

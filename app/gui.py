@@ -6,18 +6,18 @@ import os
 import sys
 from typing import Optional
 
-from app import __license__, __version__
-from app.presets import PresetStore
-from app.settings import load_settings, save_settings, settings_path
-from app.store import Store, open_store
-from app.trust_store import TrustStore
+from redline.app import __license__, __version__
+from redline.app.presets import PresetStore
+from redline.app.settings import load_settings, save_settings, settings_path
+from redline.app.store import Store, open_store
+from redline.app.trust_store import TrustStore
 
 APP_ID = "io.github.redline_app.Redline"  # reverse-DNS id: the .desktop file and AppStream metadata use it
 
 
 def configure_application(app) -> None:
     """Name, icon and desktop-file id of the QApplication (Wayland matches the window to the .desktop file)."""
-    from ui.style import app_icon
+    from redline.ui.style import app_icon
 
     app.setApplicationName("Redline")
     app.setApplicationDisplayName("Redline")
@@ -30,8 +30,8 @@ def about_info(store: Store, settings_file=None):
     """What Help → About shows about this installation: version, licence, where its files are."""
     from huggingface_hub import constants as hf_constants
 
-    from inference.paths import models_dir
-    from ui.about import AboutInfo
+    from redline.inference.paths import models_dir
+    from redline.ui.about import AboutInfo
 
     return AboutInfo(version=__version__, licence=__license__, paths=(
         ("Conversations", str(store.path)),
@@ -47,8 +47,8 @@ def build_window(model: Optional[str] = None, store: Optional[Store] = None, eng
 
     Without a store, the conversation database is opened with ``open_store``: a corrupt or locked
     database never stops the window from opening; the window says what happened."""
-    from ui.main_window import MainWindow
-    from ui.worker import EngineThread
+    from redline.ui.main_window import MainWindow
+    from redline.ui.worker import EngineThread
 
     settings, warning = load_settings()
     store_warning = None
@@ -64,12 +64,12 @@ def build_window(model: Optional[str] = None, store: Optional[Store] = None, eng
 
 def add_speed_lab(window, engine, settings) -> None:
     """The speed lab shares the chat's engine thread; built when its tab is first opened."""
-    from ui.lazy_panel import LazyPanel
+    from redline.ui.lazy_panel import LazyPanel
 
-    from app.private_files import data_dir
+    from redline.app.private_files import data_dir
 
     def build():
-        from ui.speedlab import SpeedLabPanel
+        from redline.ui.speedlab import SpeedLabPanel
         return SpeedLabPanel(engine, runs_dir=data_dir() / "speedlab-runs", model=settings.model or "starter")
 
     window.add_panel(LazyPanel(build), "Speed lab")

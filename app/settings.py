@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 
-from app.private_files import config_dir, write_private
+from redline.app.private_files import config_dir, write_private
 
 STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")  # = inference.decode.STRATEGIES (a test checks)
 

@@ -34,13 +34,13 @@ def run_smoke_test() -> int:
     import psutil
     from PySide6.QtWidgets import QApplication
 
-    from app import __version__
-    from app.gui import about_info, configure_application
-    from app.settings import Settings
-    from app.store import Store
-    from ui.about import AboutDialog
-    from ui.main_window import MainWindow
-    from ui.worker import EngineThread
+    from redline.app import __version__
+    from redline.app.gui import about_info, configure_application
+    from redline.app.settings import Settings
+    from redline.app.store import Store
+    from redline.ui.about import AboutDialog
+    from redline.ui.main_window import MainWindow
+    from redline.ui.worker import EngineThread
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     configure_application(app)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 
-from app.private_files import data_dir, private_dir
+from redline.app.private_files import data_dir, private_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from inference.errors import NeedsOptIn
+from redline.inference.errors import NeedsOptIn
 
-from app.private_files import config_dir, write_private
+from redline.app.private_files import config_dir, write_private
 
 
 class TrustStore:

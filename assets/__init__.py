@@ -1,6 +1,6 @@
 """Redline's package data: icons, stylesheet, benchmark prompt sets, desktop metadata.
 
-Installed as the ``redline_assets`` package so that files are found through
+Installed as the ``redline.assets`` package so that files are found through
 ``importlib.resources`` in a wheel, an editable install or a frozen bundle alike.
 """
 from importlib.resources import files

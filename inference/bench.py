@@ -169,11 +169,11 @@ def format_config(c: BenchConfig) -> str:
 
 # -- prompt sets ---------------------------------------------------------------
 def assets_dir() -> Path:
-    """Where the built-in assets live: the installed ``redline_assets`` package (a folder on disk in a
+    """Where the built-in assets live: the installed ``redline.assets`` package (a folder on disk in a
     wheel, an editable install and the PyInstaller bundle alike)."""
     from importlib.resources import files
 
-    return Path(str(files("redline_assets")))
+    return Path(str(files("redline.assets")))
 
 
 @dataclass

@@ -7,6 +7,6 @@ if __name__ == "__main__":
     # torch.compile's worker pool re-launches sys.executable, which in a bundle is Redline itself:
     # compile in-process instead.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    from app.cli import main
+    from redline.app.cli import main
 
     raise SystemExit(main())

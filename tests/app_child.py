@@ -13,7 +13,7 @@ def main() -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.gui import build_window
+    from redline.app.gui import build_window
     from slow_engine import SlowEngine
 
     app = QApplication(sys.argv[:1])

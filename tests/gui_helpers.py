@@ -26,7 +26,7 @@ def profile(tmp_path, monkeypatch) -> Path:
 
 
 def write_settings(**values) -> None:
-    from app.settings import settings_path
+    from redline.app.settings import settings_path
 
     path = settings_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,7 +34,7 @@ def write_settings(**values) -> None:
 
 
 def open_window(qtbot, model=None, wait_loaded=True, timeout=120_000):
-    from app.gui import build_window
+    from redline.app.gui import build_window
 
     window = build_window()
     qtbot.addWidget(window)

@@ -6,8 +6,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from inference.events import GenerationResult, StatsEvent, TokenEvent
-from inference.precision import parse_precision
+from redline.inference.events import GenerationResult, StatsEvent, TokenEvent
+from redline.inference.precision import parse_precision
 
 
 def word(i: int) -> str:

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.usefixtures("aloop", "profile")
 def test_about_dialog_shows_versions_paths_and_hardware(qtbot, profile):
     from PySide6.QtGui import QGuiApplication
 
-    from app import __version__
-    from ui.about import PENDING
+    from redline.app import __version__
+    from redline.ui.about import PENDING
 
     window = open_window(qtbot)
     assert not window.windowIcon().isNull()
@@ -41,7 +41,7 @@ def test_about_dialog_shows_versions_paths_and_hardware(qtbot, profile):
     copied = QGuiApplication.clipboard().text()
     assert f"Version: {__version__}" in copied and "GPU: " in copied
     # A second click raises the same dialog rather than stacking another.
-    from ui.about import AboutDialog
+    from redline.ui.about import AboutDialog
     window.about_action.trigger()
     qtbot.wait(100)
     assert window.about_dialog is dialog and len(window.findChildren(AboutDialog)) == 1
@@ -51,7 +51,7 @@ def test_about_dialog_shows_versions_paths_and_hardware(qtbot, profile):
 
 
 def test_about_shows_why_hardware_is_unknown(qtbot):
-    from ui.about import AboutDialog, AboutInfo
+    from redline.ui.about import AboutDialog, AboutInfo
 
     dialog = AboutDialog(AboutInfo("1.2.3", "Apache-2.0", (("Settings", "/x/settings.json"),)))
     qtbot.addWidget(dialog)

@@ -7,18 +7,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def lint(root: Path) -> subprocess.CompletedProcess:
+def copy_tree(tmp_path: Path) -> Path:
+    """A copy of the checkout's packages in a folder named ``redline`` (the checkout root is the package)."""
+    pkg = tmp_path / "redline"
+    for name in ("app", "ui", "inference", "assets"):
+        shutil.copytree(ROOT / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("__init__.py", "__main__.py", "pyproject.toml"):
+        shutil.copy(ROOT / name, pkg / name)
+    return pkg
+
+
+def lint(pkg: Path) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("lint-imports")
-    return subprocess.run([str(exe), "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(root), "PATH": ""})
+    return subprocess.run([str(exe), "--config", str(pkg / "pyproject.toml"), "--no-cache"], cwd=pkg.parent,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(pkg.parent), "PATH": ""})
 
 
 def test_contract_breaks_when_engine_imports_qt(tmp_path):
-    for name in ("app", "ui", "inference"):
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    assert lint(tmp_path).returncode == 0
-    (tmp_path / "inference" / "sneaky.py").write_text("import PySide6\n")
-    broken = lint(tmp_path)
+    pkg = copy_tree(tmp_path)
+    assert lint(pkg).returncode == 0, lint(pkg).stdout
+    (pkg / "inference" / "sneaky.py").write_text("import PySide6\n")
+    broken = lint(pkg)
     assert broken.returncode != 0
-    assert "inference.sneaky -> PySide6" in broken.stdout
+    assert "redline.inference.sneaky -> PySide6" in broken.stdout

@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from inference.bench import (BenchRow, BenchSpec, BenchToken, assets_dir, builtin_prompt_sets, load_prompt_set,
+from redline.inference.bench import (BenchRow, BenchSpec, BenchToken, assets_dir, builtin_prompt_sets, load_prompt_set,
                              load_report, parse_config, parse_configs, prompt_set_from_dict, run_bench,
                              save_report)
-from inference.bench_export import to_csv, to_json, to_markdown, to_text
-from inference.engine import Engine
-from inference.errors import UnsupportedConfiguration
+from redline.inference.bench_export import to_csv, to_json, to_markdown, to_text
+from redline.inference.engine import Engine
+from redline.inference.errors import UnsupportedConfiguration
 
 ONE_PROMPT = prompt_set_from_dict({"name": "one", "prompts": [
     {"id": "fox", "prompt": "The quick brown fox jumps over the lazy dog. The quick brown fox"}]})
@@ -219,7 +219,7 @@ def test_batch_sweep_refuses_speculative(tiny_model_dir):
 
 
 def test_cli_bench_json(tiny_model_dir, capsys):
-    from app.cli import main
+    from redline.app.cli import main
 
     rc = main(["bench", "--model", str(tiny_model_dir), "--configs", "naive:fp32,kv:fp32", "--baseline", "kv:fp32",
                "--new-tokens", "6", "--warmup", "0", "--samples", "1", "--json"])
@@ -232,7 +232,7 @@ def test_cli_bench_json(tiny_model_dir, capsys):
 
 
 def test_cli_bench_bad_input_is_a_clear_error(capsys):
-    from app.cli import main
+    from redline.app.cli import main
 
     assert main(["bench", "--configs", "kv:fp32", "--baseline", "3"]) == 2
     assert "there are 1 configurations" in capsys.readouterr().err
@@ -249,8 +249,8 @@ def test_starter_kv_matches_naive(starter_dir):
 
 
 def test_rows_report_bytes_per_token_and_roofline(tiny_model_dir):
-    from inference.bench import BenchSpec, load_prompt_set, parse_configs, run_bench
-    from inference.engine import Engine
+    from redline.inference.bench import BenchSpec, load_prompt_set, parse_configs, run_bench
+    from redline.inference.engine import Engine
 
     prompts = load_prompt_set("short")
     prompts.prompts = prompts.prompts[:1]

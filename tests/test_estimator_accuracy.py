@@ -31,7 +31,7 @@ def run_probe(precision: str, data_dir: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "int8", "nf4"])
 def test_prediction_within_target_of_measured_rss(precision, starter_dir, tmp_path):
-    from inference.estimator import accuracy_margin
+    from redline.inference.estimator import accuracy_margin
 
     r = run_probe(precision, tmp_path)  # a fresh data dir: no learned correction, the defaults alone
     assert r["finish_reason"] in ("length", "eos"), r
@@ -47,7 +47,7 @@ def test_prediction_within_target_of_measured_rss(precision, starter_dir, tmp_pa
 def test_cli_estimate_starter_offline(starter_dir, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", REDLINE_DATA_DIR=str(tmp_path),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "app", "estimate", "starter", "--precision", "all", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "redline", "estimate", "starter", "--precision", "all", "--json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)

@@ -139,8 +139,8 @@ def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_p
 def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir, monkeypatch):
     import threading
 
-    from ui import main_window
-    from ui.main_window import STILL_LOADING
+    from redline.ui import main_window
+    from redline.ui.main_window import STILL_LOADING
 
     # Hold the load on the engine thread until the message has been typed and sent, so the test does not
     # depend on how fast a tiny model loads.
@@ -171,7 +171,7 @@ def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tin
 
 
 def test_corrupt_settings_file_is_reported(qtbot):
-    from app.settings import settings_path
+    from redline.app.settings import settings_path
     settings_path().parent.mkdir(parents=True, exist_ok=True)
     settings_path().write_text("{oops", encoding="utf-8")
     window = open_window(qtbot)
@@ -193,7 +193,7 @@ def test_switching_precision_reloads(qtbot, tiny_window):
         w.settings_panel.apply_button.click()
     assert blocker.args[0].precision == "bf16"
     assert "bf16" in w.model_label.text()
-    from app.settings import load_settings
+    from redline.app.settings import load_settings
     assert load_settings()[0].precision == "bf16"  # persisted
     result = send(qtbot, w, "after the switch")
     assert result.precision == "bf16"
@@ -210,9 +210,9 @@ def test_switching_precision_reloads(qtbot, tiny_window):
 def test_stop_before_the_reply_starts_is_not_lost(tiny_model_dir):
     """Stop pressed while a reply still waits on the engine thread (the engine clears its own flag when
     a task starts): the reply's channel keeps the request, and the reply stops at its first token."""
-    from inference.engine import Engine
-    from inference.precision import PrecisionSpec
-    from ui.engine_client import EventChannel, chat_task
+    from redline.inference.engine import Engine
+    from redline.inference.precision import PrecisionSpec
+    from redline.ui.engine_client import EventChannel, chat_task
 
     engine = Engine(device="cpu")
     engine.load(str(tiny_model_dir), PrecisionSpec("fp32"))

@@ -3,9 +3,9 @@ import shutil
 
 import pytest
 
-from inference.errors import ModelLoadError, ModelSourceError, RedlineError, UnsupportedConfiguration
-from inference.engine import Engine
-from inference.precision import PrecisionSpec, parse_precision
+from redline.inference.errors import ModelLoadError, ModelSourceError, RedlineError, UnsupportedConfiguration
+from redline.inference.engine import Engine
+from redline.inference.precision import PrecisionSpec, parse_precision
 
 
 def copy_model(src, dst):
@@ -58,7 +58,7 @@ def test_pickle_weights_refused_without_opt_in(tiny_model_dir, tmp_path):
     broken = copy_model(tiny_model_dir, tmp_path / "m")
     (broken / "model.safetensors").unlink()
     (broken / "pytorch_model.bin").write_bytes(b"\x80\x04junk")
-    from inference.errors import NeedsOptIn
+    from redline.inference.errors import NeedsOptIn
     with pytest.raises(NeedsOptIn, match="pickle"):
         load(broken)
 

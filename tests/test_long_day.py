@@ -21,16 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _db_path() -> Path:
-    from app.store import default_db_path
+    from redline.app.store import default_db_path
     return default_db_path()
 
 
 # -- unloading ------------------------------------------------------------------------------------
 
 def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
-    from inference.decode import DecodeOptions, SamplingSettings
-    from inference.engine import Engine
-    from inference.precision import parse_precision
+    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.engine import Engine
+    from redline.inference.precision import parse_precision
 
     engine = Engine("cpu")
     loaded = engine.load(str(tiny_model_dir), parse_precision("fp32"))
@@ -63,7 +63,7 @@ def test_unloading_the_starter_returns_its_memory(starter_dir):
 
 
 def test_memory_policy_windows_nest_and_restore(monkeypatch):
-    from inference import memory_policy as mp
+    from redline.inference import memory_policy as mp
 
     calls = []
 
@@ -92,8 +92,8 @@ def test_memory_policy_windows_nest_and_restore(monkeypatch):
 
 
 def test_engine_bounds_kernel_caches_unless_the_user_chose(monkeypatch):
-    from inference.engine import Engine
-    from inference.memory_policy import KERNEL_CACHE_ENTRIES
+    from redline.inference.engine import Engine
+    from redline.inference.memory_policy import KERNEL_CACHE_ENTRIES
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "256")
@@ -127,7 +127,7 @@ def test_window_unload_then_reload(qtbot, tiny_model_dir):
 
 @pytest.mark.usefixtures("profile")
 def test_sigkill_mid_reply_keeps_partial_text(tmp_path):
-    from app.store import open_store
+    from redline.app.store import open_store
     from slow_engine import word
 
     write_settings(model="fake", temperature=0, max_new_tokens=2000)
@@ -197,7 +197,7 @@ def test_corrupt_database_is_kept_aside_and_app_starts(qtbot):
 
 @pytest.mark.usefixtures("aloop", "profile")
 def test_locked_database_is_reported_and_app_starts(qtbot):
-    from app.store import Store
+    from redline.app.store import Store
 
     s = Store()
     c = s.create_conversation("saved before")
@@ -234,8 +234,8 @@ def test_locked_database_is_reported_and_app_starts(qtbot):
 
 
 def test_database_and_settings_files_are_private(profile):
-    from app.settings import Settings, save_settings, settings_path
-    from app.store import Store
+    from redline.app.settings import Settings, save_settings, settings_path
+    from redline.app.store import Store
 
     s = Store()
     s.create_conversation("private")
@@ -252,7 +252,7 @@ def test_database_and_settings_files_are_private(profile):
 # -- large histories ----------------------------------------------------------------------------------
 
 def test_store_pages_messages(profile):
-    from app.store import Store
+    from redline.app.store import Store
 
     s = Store()
     c = s.create_conversation("long")
@@ -272,8 +272,8 @@ def test_store_pages_messages(profile):
 
 @pytest.mark.usefixtures("aloop", "profile")
 def test_long_conversation_opens_one_page_and_loads_older_on_demand(qtbot, tiny_model_dir):
-    from app.store import Store
-    from ui.chat_view import MAX_BUILT, PAGE
+    from redline.app.store import Store
+    from redline.ui.chat_view import MAX_BUILT, PAGE
 
     s = Store()
     c = s.create_conversation("long one")

@@ -1,8 +1,8 @@
 """Message rendering: Markdown, highlighted code, tinted draft tokens, no resource loading."""
 from PySide6.QtGui import QTextCursor
 
-from ui.chat_view import MessageWidget, format_stats
-from ui.markdown import DRAFT_TINT, SafeDocument, code_blocks, render
+from redline.ui.chat_view import MessageWidget, format_stats
+from redline.ui.markdown import DRAFT_TINT, SafeDocument, code_blocks, render
 
 REPLY = "Here is **code**:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nDone."
 

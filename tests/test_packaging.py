@@ -74,17 +74,21 @@ def test_wheel_contains_package_data(installed_wheel):
     _, wheel, sdist = installed_wheel
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("icons/redline.svg", "style/redline.qss"):
-        assert f"redline_assets/{needed}" in names
+        assert f"redline/assets/{needed}" in names
     # Everything under assets/ ships: a new kind of file there must be added to package-data.
-    missing = [f for f in _asset_files() if f"redline_assets/{f}" not in names]
+    missing = [f for f in _asset_files() if f"redline/assets/{f}" not in names]
     assert not missing, f"not in the wheel (extend [tool.setuptools.package-data]): {missing}"
-    for pkg in ("app", "ui", "inference"):
-        assert f"{pkg}/__init__.py" in names
-    # every module in the source tree made it into the wheel
-    for module in ROOT.glob("*/**/*.py"):
-        rel = module.relative_to(ROOT)
-        if rel.parts[0] in ("app", "ui", "inference"):
-            assert str(rel) in names, rel
+    # Every module of the source tree made it into the wheel, under redline/ (a new subpackage that
+    # pyproject.toml does not list would be missing here).
+    for pkg in ("app", "ui", "inference", "assets"):
+        for module in (ROOT / pkg).rglob("*.py"):
+            rel = module.relative_to(ROOT)
+            assert f"redline/{rel}" in names, f"{rel} is not in the wheel (list its package in pyproject.toml)"
+    assert "redline/__init__.py" in names and "redline/__main__.py" in names
+    # One import root: nothing but redline/ and its dist-info; the tests and tools stay out of the wheel.
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"redline", f"{wheel.name.split('-')[0]}-{_project_version()}.dist-info"}, tops
+    assert not [n for n in names if n.startswith(("redline/tests/", "redline/tools/", "redline/packaging/"))]
     # The sdist carries what `make install-desktop` and `make dist` need, and the tests.
     top = sdist.name[:-len(".tar.gz")]
     in_sdist = tarfile.open(sdist).getnames()
@@ -98,12 +102,33 @@ def test_installed_version_runs_outside_the_source_tree(installed_wheel, tmp_pat
     proc = run_installed(env_dir, "--version", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"redline {_project_version()}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = subprocess.check_output([str(env_dir / "bin" / "python"), "-c",
-                                     "import app, redline_assets, ui; "
-                                     "print(app.__file__, redline_assets.__file__, ui.__file__)"],
-                                    text=True, cwd=tmp_path,
-                                    env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+                                     "import redline.app, redline.assets, redline.ui; "
+                                     "print(redline.app.__file__, redline.assets.__file__, redline.ui.__file__)"],
+                                    text=True, cwd=tmp_path, env=env)
     assert str(ROOT) not in where  # really the installed copy, not the checkout
+    # `python -m redline` is the same program as the `redline` script.
+    proc = subprocess.run([str(env_dir / "bin" / "python"), "-m", "redline", "--version"], capture_output=True,
+                          text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"redline {_project_version()}", proc.stderr
+
+
+def test_wheel_installs_one_top_level_package(installed_wheel):
+    """The wheel's RECORD: one import package, `redline`, its dist-info and the `redline` script: nothing
+    named `app`, `ui` or `inference` to collide with other software or the user's own code."""
+    import zipfile
+    _, wheel, _ = installed_wheel
+    with zipfile.ZipFile(wheel) as zf:
+        record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        installed = {line.split(",")[0] for line in zf.read(record).decode().splitlines() if line}
+        top_level = zf.read(record.replace("RECORD", "top_level.txt")).decode().split() \
+            if record.replace("RECORD", "top_level.txt") in zf.namelist() else None
+        entry_points = zf.read(record.replace("RECORD", "entry_points.txt")).decode()
+    assert {p.split("/")[0] for p in installed} == {"redline", record.split("/")[0]}
+    if top_level is not None:
+        assert top_level == ["redline"]
+    assert "redline = redline.app.cli:main" in entry_points
 
 
 def test_installed_gui_starts_headless(installed_wheel, tmp_path):

@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from ui import chat_view
-from ui.chat_view import MessageWidget
+from redline.ui import chat_view
+from redline.ui.chat_view import MessageWidget
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from app.settings import Settings, load_settings, save_settings, settings_path
-from app.store import Store, default_db_path
+from redline.app.settings import Settings, load_settings, save_settings, settings_path
+from redline.app.store import Store, default_db_path
 
 
 @pytest.fixture
@@ -105,10 +105,10 @@ def test_export_markdown_and_json(dirs):
 
 
 def test_settings_offer_every_engine_strategy_and_precision():
-    from inference.decode import STRATEGIES
-    from inference.precision import PRECISIONS
-    from app.settings import STRATEGIES as SETTINGS_STRATEGIES
-    from ui.settings_panel import PRECISION_CHOICES, STRATEGY_CHOICES
+    from redline.inference.decode import STRATEGIES
+    from redline.inference.precision import PRECISIONS
+    from redline.app.settings import STRATEGIES as SETTINGS_STRATEGIES
+    from redline.ui.settings_panel import PRECISION_CHOICES, STRATEGY_CHOICES
 
     assert set(SETTINGS_STRATEGIES) == set(STRATEGIES) == set(STRATEGY_CHOICES)
     assert set(PRECISIONS) <= set(PRECISION_CHOICES)

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from inference.errors import ModelLoadError, ModelSourceError
-from inference.sources import resolve
+from redline.inference.errors import ModelLoadError, ModelSourceError
+from redline.inference.sources import resolve
 
 
 def test_starter_and_hub_id_forms():

@@ -5,8 +5,8 @@ import json
 import pytest
 from PySide6.QtGui import QImage
 
-from ui.speedlab import SpeedLabPanel
-from ui.worker import EngineThread
+from redline.ui.speedlab import SpeedLabPanel
+from redline.ui.worker import EngineThread
 
 
 @pytest.fixture
@@ -102,10 +102,10 @@ def test_cancel_keeps_finished_rows(qtbot, panel, tiny_model_dir):
 
 
 def test_speed_lab_is_a_tab_of_the_main_window_built_on_first_open(qtbot, tmp_path):
-    from app.gui import build_window
-    from app.store import Store
-    from ui.lazy_panel import LazyPanel
-    from ui.speedlab import SpeedLabPanel
+    from redline.app.gui import build_window
+    from redline.app.store import Store
+    from redline.ui.lazy_panel import LazyPanel
+    from redline.ui.speedlab import SpeedLabPanel
 
     window = build_window(store=Store(tmp_path / "db.sqlite3"))
     qtbot.addWidget(window)

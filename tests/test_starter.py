@@ -7,15 +7,15 @@ import zipfile
 
 import pytest
 
-from inference.errors import StarterUnavailable
-from inference.starter import STARTER_GGUF_IN_WHEEL, extract_verified_gguf
+from redline.inference.errors import StarterUnavailable
+from redline.inference.starter import STARTER_GGUF_IN_WHEEL, extract_verified_gguf
 
 pytestmark = pytest.mark.starter
 
 
 def redline(*args, timeout=300):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-m", "redline", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
     return proc
 
@@ -43,10 +43,10 @@ def test_json_record_and_speculative_with_int8_draft(starter_dir):
 
 
 def test_deltas_join_for_emoji_and_chinese(starter_dir):
-    from inference.decode import DecodeOptions, SamplingSettings
-    from inference.engine import Engine
-    from inference.events import TokenEvent
-    from inference.precision import PrecisionSpec
+    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.engine import Engine
+    from redline.inference.events import TokenEvent
+    from redline.inference.precision import PrecisionSpec
 
     eng = Engine(device="cpu")
     eng.load("starter", PrecisionSpec("bf16"))

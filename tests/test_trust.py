@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from inference.engine import Engine
-from inference.errors import NeedsOptIn
-from inference.precision import PrecisionSpec
+from redline.inference.engine import Engine
+from redline.inference.errors import NeedsOptIn
+from redline.inference.precision import PrecisionSpec
 
-from app.trust_store import TrustStore, load_with_trust
+from redline.app.trust_store import TrustStore, load_with_trust
 
 from custom_model import MODELING_PY, custom_model  # noqa: F401 - fixture
 
@@ -71,7 +71,7 @@ def test_pickle_weights_need_opt_in_and_load_weights_only(tiny_model_dir, tmp_pa
 
 def test_cli_refuses_custom_code_with_a_clear_message(custom_model):
     folder, marker = custom_model
-    proc = subprocess.run([sys.executable, "-m", "app", "chat", "hi", "--model", str(folder)],
+    proc = subprocess.run([sys.executable, "-m", "redline", "chat", "hi", "--model", str(folder)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "modeling_toy.py" in proc.stderr and "--trust-remote-code" in proc.stderr

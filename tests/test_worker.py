@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from ui.worker import EngineThread
+from redline.ui.worker import EngineThread
 
 
 class FakeEngine:
@@ -49,7 +49,7 @@ def test_failure_reports_message(qtbot):
 def test_engine_thread_yields_to_the_ui(qtbot, monkeypatch):
     """The engine (and the torch threads it starts, which inherit it) runs nicer than the UI thread, so a
     decoding model cannot keep the window waiting for a core; the UI thread itself is left as it was."""
-    from ui.worker import ENGINE_NICE
+    from redline.ui.worker import ENGINE_NICE
 
     monkeypatch.delenv("REDLINE_ENGINE_NICE", raising=False)
     ui_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

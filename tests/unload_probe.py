@@ -9,10 +9,10 @@ import threading
 
 
 def main() -> None:
-    from inference.decode import DecodeOptions, SamplingSettings
-    from inference.engine import Engine
-    from inference.memory import process_rss
-    from inference.precision import parse_precision
+    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.engine import Engine
+    from redline.inference.memory import process_rss
+    from redline.inference.precision import parse_precision
 
     model = sys.argv[1]
     figures = {}

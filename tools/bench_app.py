@@ -57,7 +57,7 @@ def use_profile(folder: Path) -> None:
 
 
 def write_settings(**values) -> None:
-    from app.settings import Settings, save_settings
+    from redline.app.settings import Settings, save_settings
     save_settings(Settings(**values))
 
 
@@ -114,7 +114,7 @@ class Gui:
         self.ticks += 1
 
     def open_window(self, model_timeout_s=900.0):
-        from app.gui import build_window
+        from redline.app.gui import build_window
 
         window = build_window()
         window.show()
@@ -153,7 +153,7 @@ def rss_mb() -> float:
 def device_mb():
     """GPU memory this process holds (NVML; the whole device's use if NVML cannot tell processes apart);
     None without a GPU."""
-    from inference.hardware import probe
+    from redline.inference.hardware import probe
 
     gpus = probe().gpus
     if not gpus:
@@ -175,7 +175,7 @@ def child_startup() -> None:
     from PySide6.QtGui import QKeyEvent
     from PySide6.QtWidgets import QApplication
 
-    from app.gui import build_window
+    from redline.app.gui import build_window
 
     app = QApplication(sys.argv[:1])
     loop = qasync.QEventLoop(app)
@@ -284,9 +284,9 @@ def child_reference(max_new_tokens: int) -> None:
     """The soak's reference: the same conversations as the window's, through Engine.chat on a worker thread."""
     import threading
 
-    from inference.decode import DecodeOptions, SamplingSettings
-    from inference.engine import Engine, default_precision
-    from inference.precision import parse_precision
+    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.engine import Engine, default_precision
+    from redline.inference.precision import parse_precision
 
     def work():
         engine = Engine()
@@ -361,7 +361,7 @@ def build_history_db(path: Path, conversations=1000, messages=50_000, long_one=5
     which is *not* the most recent one (the window opens the most recent at start-up)."""
     import sqlite3
 
-    from app.store import Store
+    from redline.app.store import Store
 
     Store(path).close()  # the real schema and indexes
     rng = random.Random(7)
@@ -393,7 +393,7 @@ def build_history_db(path: Path, conversations=1000, messages=50_000, long_one=5
 
 
 def child_history(long_id: int, tiny: str) -> None:
-    from app.store import open_store
+    from redline.app.store import open_store
 
     write_settings(model=tiny, precision="fp32", temperature=0.0, max_new_tokens=48)
     gui = Gui()
@@ -404,7 +404,7 @@ def child_history(long_id: int, tiny: str) -> None:
     store.close()
 
     t0 = time.perf_counter()
-    from app.gui import build_window
+    from redline.app.gui import build_window
     w = build_window()
     w.show()
     gui.app.processEvents()

@@ -12,8 +12,8 @@ from gui_session import OUT, ROOT, qt_app, settle, throwaway_profile, wait_until
 
 def main() -> int:
     throwaway_profile("redline-shots-")
-    from app.gui import build_window
-    from app.settings import Settings, save_settings
+    from redline.app.gui import build_window
+    from redline.app.settings import Settings, save_settings
 
     app = qt_app()  # noqa: F841 - the application must stay alive
 

@@ -34,8 +34,8 @@ def main() -> int:
     profile = throwaway_profile("redline-wizard-shots-")
     from PySide6.QtWidgets import QWizard
 
-    from app.gui import build_window
-    from inference.starter import ensure_starter
+    from redline.app.gui import build_window
+    from redline.inference.starter import ensure_starter
 
     app = qt_app()  # noqa: F841 - the application must stay alive
 

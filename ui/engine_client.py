@@ -122,9 +122,9 @@ def load_task(model: str, precision: str, draft_model: Optional[str], draft_prec
     """``is_trusted(NeedsOptIn) -> bool`` says whether the user already opted in for that folder's code or
     pickle weights (as they are now); without it, such a model is refused with NeedsOptIn."""
     def task(engine, report):
-        from inference.engine import default_precision
-        from inference.errors import Cancelled, NeedsOptIn, RedlineError
-        from inference.precision import parse_precision
+        from redline.inference.engine import default_precision
+        from redline.inference.errors import Cancelled, NeedsOptIn, RedlineError
+        from redline.inference.precision import parse_precision
 
         share = 0.75 if (with_draft and draft_model) else 1.0
         spec = parse_precision(default_precision(engine.device) if precision == "auto" else precision)
@@ -161,7 +161,7 @@ def load_task(model: str, precision: str, draft_model: Optional[str], draft_prec
 
 
 def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
-    from inference.memory_calibration import measured_peak_bytes, predict_loaded
+    from redline.inference.memory_calibration import measured_peak_bytes, predict_loaded
 
     target, draft = engine.target, engine.draft
     try:
@@ -181,7 +181,7 @@ def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
 def describe_task(spec: str):
     """Validate a model choice and read its shape (``inference.model_probe.describe``)."""
     def task(engine, report):
-        from inference.model_probe import describe
+        from redline.inference.model_probe import describe
         return describe(spec)
     return task
 
@@ -197,9 +197,9 @@ class MachineInfo:
 
 def hardware_task():
     def task(engine, report):
-        from inference.fit import detect_target
-        from inference.hardware import probe
-        from inference.memory_calibration import correction_bytes
+        from redline.inference.fit import detect_target
+        from redline.inference.hardware import probe
+        from redline.inference.memory_calibration import correction_bytes
 
         reclaimable = sum(m.memory_bytes for m in (engine.target, engine.draft) if m is not None)
         hardware = probe()
@@ -212,7 +212,7 @@ def hardware_task():
 def pair_task(target_spec: str, draft_spec: str):
     """Whether the draft pairs with the target, from configs and tokenizers (``inference.draft_check``)."""
     def task(engine, report):
-        from inference.draft_check import check_pair
+        from redline.inference.draft_check import check_pair
         return check_pair(target_spec, draft_spec)
     return task
 
@@ -227,12 +227,12 @@ def unload_task():
 
 def chat_task(messages: list[dict], sampling: dict, options: dict, context: Optional[int], channel: EventChannel):
     def task(engine, report):
-        from inference.decode import DecodeOptions, SamplingSettings
+        from redline.inference.decode import DecodeOptions, SamplingSettings
 
         channel.report = report
         opts = dict(options)
         if opts.get("strategy") == "speculative" and engine.draft is None:
-            from inference.errors import IncompatibleDraft
+            from redline.inference.errors import IncompatibleDraft
             raise IncompatibleDraft("Speculative decoding needs a draft model, and none is loaded.",
                                     "Choose a draft model in Settings (a small model of the same family), "
                                     "or pick another strategy such as prompt-lookup.")

@@ -19,13 +19,13 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QGri
                                QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget, QComboBox)
 
-from inference.bench import (SEED_PRESET, BenchPhase, BenchReport, BenchRow, BenchSpec, BenchStarted,
+from redline.inference.bench import (SEED_PRESET, BenchPhase, BenchReport, BenchRow, BenchSpec, BenchStarted,
                              BenchSweepRow, BenchToken, ConfigResult, builtin_prompt_sets, list_reports,
                              load_prompt_set, load_report, parse_configs, run_bench, save_report)
-from inference.bench_export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown
-from inference.errors import RedlineError
+from redline.inference.bench_export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown
+from redline.inference.errors import RedlineError
 
-from ui.worker import EngineThread
+from redline.ui.worker import EngineThread
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32"
 # The raw value behind each column, for sorting numerically rather than by text.

@@ -1,6 +1,6 @@
 """The window's look, from the packaged assets: the Qt stylesheet and the application icon.
 
-Both are read through ``redline_assets.asset()`` (importlib.resources), so they are found the same way in
+Both are read through ``redline.assets.asset()`` (importlib.resources), so they are found the same way in
 a source checkout, an installed wheel and a PyInstaller bundle — never through a path relative to this file.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QIcon, QImage, QPainter, QPixmap
 from PySide6.QtSvg import QSvgRenderer
 
-from redline_assets import asset
+from redline.assets import asset
 
 # The sizes a window manager and a task switcher ask for; drawn from the one SVG source.
 ICON_SIZES = (16, 24, 32, 48, 64, 128, 256)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QWizard
 
-from inference.precision import parse_precision
+from redline.inference.precision import parse_precision
 
 from .engine_client import EngineClient, describe_task, hardware_task, pair_task
 from .protocols import PresetStoreLike
@@ -90,7 +90,7 @@ class ConfigWizard(QWizard):
         """The configuration page's prediction for what was chosen (with the draft, if any)."""
         if self.model is None or self.target is None or not self.precision:
             return None
-        from inference.fit import Planner
+        from redline.inference.fit import Planner
         draft = self.draft_page.draft_desc.shape if (self.strategy == "speculative"
                                                      and self.draft_page.draft_desc) else None
         planner = Planner(self.model.shape, self.target, self.batch, draft,

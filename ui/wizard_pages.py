@@ -20,10 +20,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QCheckBox, QComb
                                QWizardPage)
 from qasync import asyncSlot
 
-from inference.estimator import GB, MB
-from inference.fit import Planner, Target, detect_target, suggest
-from inference.gpus import CONSUMER_GPUS
-from inference.precision import parse_precision
+from redline.inference.estimator import GB, MB
+from redline.inference.fit import Planner, Target, detect_target, suggest
+from redline.inference.gpus import CONSUMER_GPUS
+from redline.inference.precision import parse_precision
 
 from .engine_client import TaskFailed
 

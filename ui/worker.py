@@ -87,7 +87,7 @@ class EngineThread(QObject):
         super().__init__(parent)
         if engine_factory is None:
             def engine_factory():
-                from inference.engine import Engine
+                from redline.inference.engine import Engine
                 return Engine()
         self._ids = itertools.count(1)
         self._thread = QThread()

@@ -16,8 +16,8 @@ SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
 def render(out_dir: Path) -> list[Path]:
     from PySide6.QtGui import QGuiApplication
 
-    from redline_assets import asset
-    from ui.style import icon_images
+    from redline.assets import asset
+    from redline.ui.style import icon_images
 
     app = QGuiApplication.instance() or QGuiApplication([])  # noqa: F841 - QPainter needs an app
     svg = asset("icons", "redline.svg")

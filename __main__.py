@@ -1,0 +1,4 @@
+"""``python -m redline``: the same program as the ``redline`` command."""
+from redline.app.cli import main
+
+raise SystemExit(main())

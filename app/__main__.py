@@ -1,3 +1,0 @@
-from app.cli import main
-
-raise SystemExit(main())
