@@ -7,13 +7,13 @@ import sys
 import threading
 from pathlib import Path
 
-from redline.inference.bench import (SEED_PRESET, BenchPhase, BenchRow, BenchSpec, BenchSweepRow, builtin_prompt_sets,
+from redline.inference.bench.runner import (SEED_PRESET, BenchPhase, BenchRow, BenchSpec, BenchSweepRow, builtin_prompt_sets,
                              load_prompt_set, parse_configs, run_bench, save_report)
-from redline.inference.bench_export import to_csv, to_json, to_markdown, to_text
-from redline.inference.batch_sweep import MODES
+from redline.inference.bench.export import to_csv, to_json, to_markdown, to_text
+from redline.inference.bench.sweep import MODES
 from redline.inference.engine import Engine
 from redline.inference.errors import RedlineError
-from redline.inference.sources import ACCEPTED_FORMS
+from redline.inference.sources.resolve import ACCEPTED_FORMS
 
 from redline.app.terminal import TerminalProgress
 

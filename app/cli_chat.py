@@ -5,12 +5,12 @@ import argparse
 import json
 import sys
 
-from redline.inference.decode import STRATEGIES, DecodeOptions, SamplingSettings
+from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine, default_precision
 from redline.inference.errors import RedlineError
 from redline.inference.events import TokenEvent
-from redline.inference.precision import PRECISIONS, parse_precision
-from redline.inference.sources import ACCEPTED_FORMS
+from redline.inference.loading.precision import PRECISIONS, parse_precision
+from redline.inference.sources.resolve import ACCEPTED_FORMS
 
 from redline.app.terminal import TerminalProgress
 from redline.app.trust_store import TrustStore, load_with_trust

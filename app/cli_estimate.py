@@ -5,12 +5,12 @@ import json
 import sys
 
 from redline.inference.errors import RedlineError
-from redline.inference.estimate_sources import read_shape
-from redline.inference.estimator import MB, Estimate
-from redline.inference.fit import Planner, detect_target, gb, suggest
-from redline.inference.gpus import CONSUMER_GPUS
-from redline.inference.memory_calibration import correction_bytes
-from redline.inference.precision import PRECISIONS, parse_precision
+from redline.inference.memory.model_shapes import read_shape
+from redline.inference.memory.estimator import MB, Estimate
+from redline.inference.memory.fit import Planner, detect_target, gb, suggest
+from redline.inference.hardware.gpus import CONSUMER_GPUS
+from redline.inference.memory.calibration import correction_bytes
+from redline.inference.loading.precision import PRECISIONS, parse_precision
 
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here
 

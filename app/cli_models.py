@@ -5,10 +5,10 @@ import sys
 from pathlib import Path
 
 from redline.inference.errors import RedlineError
-from redline.inference.gguf_convert import is_complete
+from redline.inference.sources.gguf import is_complete
 from redline.inference.paths import models_dir
-from redline.inference.sources import resolve
-from redline.inference.starter import STARTER_NAME, starter_folder
+from redline.inference.sources.resolve import resolve
+from redline.inference.sources.starter import STARTER_NAME, starter_folder
 
 from redline.app.terminal import TerminalProgress
 

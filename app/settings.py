@@ -16,7 +16,7 @@ from typing import Optional
 
 from redline.app.private_files import config_dir, write_private
 
-STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")  # = inference.decode.STRATEGIES (a test checks)
+STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")  # = inference.decoding.generate.STRATEGIES (a test checks)
 
 # Changing any of these means the model (or draft) has to be loaded again.
 RELOAD_FIELDS = ("model", "precision", "draft_model", "draft_precision")

@@ -1,7 +1,7 @@
 """Remembered opt-ins to run a model's own code or unpickle its weights.
 
 Keyed by the model folder and the kind of opt-in; the stored fingerprint must
-match the folder's current one (``inference.trust.fingerprint``), so a changed
+match the folder's current one (``inference.sources.trust.fingerprint``), so a changed
 file asks again.
 """
 from __future__ import annotations

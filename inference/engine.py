@@ -9,17 +9,17 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional, Sequence
 
-from .chat import build_prompt
-from .decode import DecodeOptions, EventFn, SamplingSettings, check_draft, generate
-from .errors import IncompatibleDraft, RedlineError
-from .events import GenerationResult
-from .hardware import default_device
-from .loader import LoadedModel, free_memory, load_model
-from .memory_calibration import MemoryCheck, check_generation, predict_loaded
-from .memory_policy import bound_kernel_caches
-from .precision import PrecisionSpec
-from .progress import ProgressFn, noop_progress
-from .sources import resolve
+from redline.inference.decoding.prompt import build_prompt
+from redline.inference.decoding.generate import DecodeOptions, EventFn, SamplingSettings, check_draft, generate
+from redline.inference.errors import IncompatibleDraft, RedlineError
+from redline.inference.events import GenerationResult
+from redline.inference.hardware.probe import default_device
+from redline.inference.loading.loader import LoadedModel, free_memory, load_model
+from redline.inference.memory.calibration import MemoryCheck, check_generation, predict_loaded
+from redline.inference.memory.policy import bound_kernel_caches
+from redline.inference.loading.precision import PrecisionSpec
+from redline.inference.progress import ProgressFn, noop_progress
+from redline.inference.sources.resolve import resolve
 
 
 def default_precision(device: str) -> str:

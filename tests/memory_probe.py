@@ -8,9 +8,9 @@ import sys
 
 
 def main() -> None:
-    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.precision import parse_precision
+    from redline.inference.loading.precision import parse_precision
 
     model, precision = sys.argv[1], sys.argv[2]
     max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 16

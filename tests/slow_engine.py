@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from redline.inference.events import GenerationResult, StatsEvent, TokenEvent
-from redline.inference.precision import parse_precision
+from redline.inference.loading.precision import parse_precision
 
 
 def word(i: int) -> str:

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from redline.inference.bench import (BenchRow, BenchSpec, BenchToken, assets_dir, builtin_prompt_sets, load_prompt_set,
+from redline.inference.bench.runner import (BenchRow, BenchSpec, BenchToken, assets_dir, builtin_prompt_sets, load_prompt_set,
                              load_report, parse_config, parse_configs, prompt_set_from_dict, run_bench,
                              save_report)
-from redline.inference.bench_export import to_csv, to_json, to_markdown, to_text
+from redline.inference.bench.export import to_csv, to_json, to_markdown, to_text
 from redline.inference.engine import Engine
 from redline.inference.errors import UnsupportedConfiguration
 
@@ -249,7 +249,7 @@ def test_starter_kv_matches_naive(starter_dir):
 
 
 def test_rows_report_bytes_per_token_and_roofline(tiny_model_dir):
-    from redline.inference.bench import BenchSpec, load_prompt_set, parse_configs, run_bench
+    from redline.inference.bench.runner import BenchSpec, load_prompt_set, parse_configs, run_bench
     from redline.inference.engine import Engine
 
     prompts = load_prompt_set("short")

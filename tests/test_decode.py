@@ -4,11 +4,11 @@ import threading
 import pytest
 import torch
 
-from redline.inference.decode import DecodeOptions, SamplingSettings, generate
+from redline.inference.decoding.generate import DecodeOptions, SamplingSettings, generate
 from redline.inference.engine import Engine
 from redline.inference.errors import IncompatibleDraft
 from redline.inference.events import FinishedEvent, StatsEvent, TokenEvent
-from redline.inference.precision import PrecisionSpec
+from redline.inference.loading.precision import PrecisionSpec
 
 GREEDY = SamplingSettings(max_new_tokens=24, temperature=0)
 PROMPT = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. The quick brown fox"}]
@@ -121,7 +121,7 @@ def test_context_overflow_drops_oldest_turns_keeps_system(engine):
     assert result.dropped_messages > 0
     assert any("did not fit" in n for n in result.notes)
     assert result.prompt_tokens + 8 <= 200
-    from redline.inference.chat import build_prompt
+    from redline.inference.decoding.prompt import build_prompt
     prompt = build_prompt(engine.target.tokenizer, messages, 200, 8)
     text = engine.target.tokenizer.decode(prompt.input_ids)
     assert "You are terse." in text and "Last question?" in text and "Question 0:" not in text

@@ -9,10 +9,10 @@ import re
 import pytest
 
 from redline.inference.errors import ModelLoadError, UnsupportedConfiguration
-from redline.inference.estimate_sources import STARTER_CONFIG, read_shape
-from redline.inference.estimator import (GB, MB, ModelShape, estimate, kv_cache_bytes, shape_from_config,
+from redline.inference.memory.model_shapes import STARTER_CONFIG, read_shape
+from redline.inference.memory.estimator import (GB, MB, ModelShape, estimate, kv_cache_bytes, shape_from_config,
                                  should_convert, weights_bytes)
-from redline.inference.precision import parse_precision
+from redline.inference.loading.precision import parse_precision
 
 # Configs as published on the models' pages (only the fields that shape the network).
 GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
@@ -94,7 +94,7 @@ def test_sliding_window_layers_capped_at_window():
 
 def test_multi_query_flag():
     from transformers import AutoConfig
-    from redline.inference.estimator import kv_geometry
+    from redline.inference.memory.estimator import kv_geometry
     cfg = AutoConfig.for_model("falcon", hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
                                multi_query=True, new_decoder_architecture=False, vocab_size=100)
     assert kv_geometry(cfg)["kv_heads"] == 1
@@ -112,7 +112,7 @@ def test_weights_per_precision_starter():
     assert int8.quantised_params == q == 106_168_320
     out_rows = 30 * (576 + 192 + 192 + 576 + 1536 + 1536 + 576)
     assert int8.constants == out_rows * 4  # one fp32 scale per output row
-    assert int8.unquantised == (p - q) * 4  # int8 on CPU keeps the rest in fp32 (inference/precision.py)
+    assert int8.unquantised == (p - q) * 4  # int8 on CPU keeps the rest in fp32 (inference/loading/precision.py)
     assert weights_bytes(shape, parse_precision("int8"), "cuda").unquantised == (p - q) * 2
     nf4 = weights_bytes(shape, parse_precision("nf4"))
     assert nf4.quantised == q // 2 and nf4.unquantised == (p - q) * 2
@@ -189,13 +189,13 @@ def test_config_only_folder(tmp_path):
 
 # ------------------------------------------------------------------ fit and suggestion
 def planner_for(cfg, available, device="cuda", draft=None, bf16=True):
-    from redline.inference.fit import Planner, Target
+    from redline.inference.memory.fit import Planner, Target
     return Planner(shape_of(cfg), Target(device, int(available), "this GPU", None, bf16, None, "this GPU has free"),
                    draft=draft)
 
 
 def test_suggestion_picks_highest_precision_that_fits():
-    from redline.inference.fit import suggest
+    from redline.inference.memory.fit import suggest
     s = suggest(planner_for(LLAMA3_8B, 13 * GB), 4096)  # bf16 needs ~17 GB: int8 is the best that fits
     assert s.precision == "int8" and s.context == 4096
     assert re.match(r"int8 fits with \d+\.\d GB to spare at 4096 tokens", s.text)
@@ -205,12 +205,12 @@ def test_suggestion_picks_highest_precision_that_fits():
 
 
 def test_suggestion_fp16_on_cards_without_bf16():
-    from redline.inference.fit import suggest
+    from redline.inference.memory.fit import suggest
     assert suggest(planner_for(STARTER_CONFIG, 8 * GB, bf16=False), 2048).precision == "fp16"
 
 
 def test_nothing_fits_names_one_change():
-    from redline.inference.fit import suggest
+    from redline.inference.memory.fit import suggest
     # nf4 weights ~5.7 GB, KV cache 4.3 GB at 32768 tokens: with 8 GB free only a shorter context fits.
     p = planner_for(LLAMA3_8B, 8 * GB)
     s = suggest(p, 32768)
@@ -231,7 +231,7 @@ def test_nothing_fits_names_one_change():
 
 
 def test_fixed_precision_that_does_not_fit_suggests_lower():
-    from redline.inference.fit import suggest
+    from redline.inference.memory.fit import suggest
     s = suggest(planner_for(LLAMA3_8B, 13 * GB), 4096, precision="bf16")
     assert s.precision == "int8" and s.change == "precision"
 
@@ -245,7 +245,7 @@ def test_longest_context_is_monotonic_boundary():
 
 
 def test_gpu_list_lookup():
-    from redline.inference.gpus import find_gpu, gpu_for_memory
+    from redline.inference.hardware.gpus import find_gpu, gpu_for_memory
     assert find_gpu("3060").name == "RTX 3060 12GB"
     assert find_gpu("rtx 4060 ti 16").memory_bytes == 16 << 30
     assert find_gpu("RTX 4090").memory_bytes == 24 << 30
@@ -259,7 +259,7 @@ def test_gpu_list_lookup():
 
 # ------------------------------------------------------------------ correction
 def test_correction_learns_median_residual(tmp_path):
-    from redline.inference.memory_calibration import MemoryCheck, correction_bytes, record
+    from redline.inference.memory.calibration import MemoryCheck, correction_bytes, record
     path = tmp_path / "cal.json"
     assert correction_bytes("cpu", path) == 0
     for residual in (100, 120, 900):  # one odd load must not swing it
@@ -318,9 +318,9 @@ def test_cli_table_and_bad_model(capsys, tmp_path):
 
 
 def test_engine_records_predicted_and_measured(tiny_model_dir, tmp_path, monkeypatch):
-    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.memory_calibration import history
+    from redline.inference.memory.calibration import history
 
     monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
     engine = Engine("cpu")
@@ -338,7 +338,7 @@ def test_engine_records_predicted_and_measured(tiny_model_dir, tmp_path, monkeyp
 
 
 def test_shipped_starter_shape_matches_meta_count():
-    from redline.inference.estimate_sources import shipped_starter_shape
+    from redline.inference.memory.model_shapes import shipped_starter_shape
     shipped = shipped_starter_shape()
     fresh = shape_of(STARTER_CONFIG)
     shipped.name = fresh.name
@@ -347,7 +347,7 @@ def test_shipped_starter_shape_matches_meta_count():
 
 @pytest.mark.starter
 def test_starter_folder_config_gives_the_shipped_shape(starter_dir):
-    from redline.inference.estimate_sources import shape_for_folder, shipped_starter_shape
+    from redline.inference.memory.model_shapes import shape_for_folder, shipped_starter_shape
     folder = shape_for_folder(starter_dir, "starter")
     shipped = shipped_starter_shape()
     for key in ("parameters", "layers", "heads", "kv_heads", "head_dim", "hidden", "intermediate", "vocab",

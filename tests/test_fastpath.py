@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from redline.inference.decode import DecodeOptions, SamplingSettings
+from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
 from redline.inference.events import TokenEvent
-from redline.inference.precision import PrecisionSpec, parse_precision
+from redline.inference.loading.precision import PrecisionSpec, parse_precision
 
 GREEDY = SamplingSettings(max_new_tokens=20, temperature=0)
 
@@ -94,7 +94,7 @@ def test_weight_only_precisions_stay_close_to_bf16(tiny_model_dir, precision, mi
     base = ref.target.model(ids).logits[0, -1].float()
     eng = Engine(device="cpu")
     loaded = eng.load(str(tiny_model_dir), parse_precision(precision))
-    from redline.inference.weight_only import PackedLinear
+    from redline.inference.loading.weight_only import PackedLinear
     assert isinstance(loaded.model.model.layers[0].mlp.up_proj, PackedLinear)
     with torch.inference_mode():
         quant = loaded.model(ids).logits[0, -1].float()
@@ -120,7 +120,7 @@ def test_unsupported_model_falls_back_and_says_so(tiny_model_dir):
 
 
 def test_packed_int8_linear_is_close_to_float():
-    from redline.inference.weight_only import PackedLinear
+    from redline.inference.loading.weight_only import PackedLinear
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48)
     x = torch.randn(3, 64)

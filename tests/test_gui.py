@@ -211,7 +211,7 @@ def test_stop_before_the_reply_starts_is_not_lost(tiny_model_dir):
     """Stop pressed while a reply still waits on the engine thread (the engine clears its own flag when
     a task starts): the reply's channel keeps the request, and the reply stops at its first token."""
     from redline.inference.engine import Engine
-    from redline.inference.precision import PrecisionSpec
+    from redline.inference.loading.precision import PrecisionSpec
     from redline.ui.engine_client import EventChannel, chat_task
 
     engine = Engine(device="cpu")

@@ -28,9 +28,9 @@ def _db_path() -> Path:
 # -- unloading ------------------------------------------------------------------------------------
 
 def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
-    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.precision import parse_precision
+    from redline.inference.loading.precision import parse_precision
 
     engine = Engine("cpu")
     loaded = engine.load(str(tiny_model_dir), parse_precision("fp32"))
@@ -50,7 +50,7 @@ def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
 def test_unloading_the_starter_returns_its_memory(starter_dir):
     """The real thing, in a fresh process: bf16 weights (about 270 MB) loaded, used by both decode paths and
     unloaded; resident memory must come back within 10 % of where it was (the long-day budget). Measured:
-    +28-32 MB on a 441 MB baseline; without inference.memory_policy, +79-106 MB (the worker thread's heap
+    +28-32 MB on a 441 MB baseline; without inference.memory.policy, +79-106 MB (the worker thread's heap
     kept the freed weights)."""
     out = subprocess.run([sys.executable, "-m", "tests.unload_probe", str(starter_dir)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
@@ -63,7 +63,7 @@ def test_unloading_the_starter_returns_its_memory(starter_dir):
 
 
 def test_memory_policy_windows_nest_and_restore(monkeypatch):
-    from redline.inference import memory_policy as mp
+    from redline.inference.memory import policy as mp
 
     calls = []
 
@@ -93,7 +93,7 @@ def test_memory_policy_windows_nest_and_restore(monkeypatch):
 
 def test_engine_bounds_kernel_caches_unless_the_user_chose(monkeypatch):
     from redline.inference.engine import Engine
-    from redline.inference.memory_policy import KERNEL_CACHE_ENTRIES
+    from redline.inference.memory.policy import KERNEL_CACHE_ENTRIES
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "256")

@@ -1,9 +1,9 @@
 """Every strategy × {fp32, int8, nf4} loads and generates on the CPU for real (bitsandbytes included)."""
 import pytest
 
-from redline.inference.decode import STRATEGIES, DecodeOptions, SamplingSettings
+from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
-from redline.inference.precision import parse_precision
+from redline.inference.loading.precision import parse_precision
 
 GREEDY = SamplingSettings(max_new_tokens=12, temperature=0)
 PROMPT = [{"role": "user", "content": "Local models run on consumer GPUs with int8 and nf4 quantisation."}]

@@ -78,7 +78,7 @@ def test_recent_models(tmp_path):
 # -- the wizard's model checks (inference, no Qt) ------------------------------------------------
 def test_describe_rejects_with_reason(tmp_path):
     from redline.inference.errors import RedlineError
-    from redline.inference.model_probe import describe
+    from redline.inference.sources.describe import describe
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -98,7 +98,7 @@ def test_describe_rejects_with_reason(tmp_path):
 
 
 def test_describe_config_only_folder(tmp_path):
-    from redline.inference.model_probe import describe
+    from redline.inference.sources.describe import describe
 
     folder = tmp_path / "Meta-Llama-3-8B"
     folder.mkdir()
@@ -109,14 +109,14 @@ def test_describe_config_only_folder(tmp_path):
 
 
 def test_describe_tiny_folder(tiny_model_dir):
-    from redline.inference.model_probe import describe
+    from redline.inference.sources.describe import describe
 
     d = describe(str(tiny_model_dir))
     assert d.loadable and d.offline and d.size_bytes > 0 and "available offline" in d.availability()
 
 
 def test_check_pair_from_tokenizers(tiny_model_dir, tiny_draft_dir, tiny_other_tokenizer_dir):
-    from redline.inference.draft_check import check_pair
+    from redline.inference.decoding.draft_check import check_pair
 
     shared = check_pair(str(tiny_model_dir), str(tiny_draft_dir))
     assert shared.mode == "shared" and "shares the target's vocabulary" in shared.reason

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from redline.inference.errors import ModelLoadError, ModelSourceError
-from redline.inference.sources import resolve
+from redline.inference.sources.resolve import resolve
 
 
 def test_starter_and_hub_id_forms():

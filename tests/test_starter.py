@@ -8,7 +8,7 @@ import zipfile
 import pytest
 
 from redline.inference.errors import StarterUnavailable
-from redline.inference.starter import STARTER_GGUF_IN_WHEEL, extract_verified_gguf
+from redline.inference.sources.starter import STARTER_GGUF_IN_WHEEL, extract_verified_gguf
 
 pytestmark = pytest.mark.starter
 
@@ -43,10 +43,10 @@ def test_json_record_and_speculative_with_int8_draft(starter_dir):
 
 
 def test_deltas_join_for_emoji_and_chinese(starter_dir):
-    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
     from redline.inference.events import TokenEvent
-    from redline.inference.precision import PrecisionSpec
+    from redline.inference.loading.precision import PrecisionSpec
 
     eng = Engine(device="cpu")
     eng.load("starter", PrecisionSpec("bf16"))

@@ -9,7 +9,7 @@ import pytest
 
 from redline.inference.engine import Engine
 from redline.inference.errors import NeedsOptIn
-from redline.inference.precision import PrecisionSpec
+from redline.inference.loading.precision import PrecisionSpec
 
 from redline.app.trust_store import TrustStore, load_with_trust
 

@@ -9,10 +9,10 @@ import threading
 
 
 def main() -> None:
-    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.memory import process_rss
-    from redline.inference.precision import parse_precision
+    from redline.inference.memory.measured import process_rss
+    from redline.inference.loading.precision import parse_precision
 
     model = sys.argv[1]
     figures = {}

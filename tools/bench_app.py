@@ -153,7 +153,7 @@ def rss_mb() -> float:
 def device_mb():
     """GPU memory this process holds (NVML; the whole device's use if NVML cannot tell processes apart);
     None without a GPU."""
-    from redline.inference.hardware import probe
+    from redline.inference.hardware.probe import probe
 
     gpus = probe().gpus
     if not gpus:
@@ -284,9 +284,9 @@ def child_reference(max_new_tokens: int) -> None:
     """The soak's reference: the same conversations as the window's, through Engine.chat on a worker thread."""
     import threading
 
-    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine, default_precision
-    from redline.inference.precision import parse_precision
+    from redline.inference.loading.precision import parse_precision
 
     def work():
         engine = Engine()

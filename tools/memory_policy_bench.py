@@ -1,4 +1,4 @@
-"""What Redline's memory policies (inference/memory_policy.py) cost and save, measured on the starter in bf16.
+"""What Redline's memory policies (inference/memory/policy.py) cost and save, measured on the starter in bf16.
 
   heap     decode tokens/s with glibc's heap thresholds tight (128 KiB: every block of that size gets its own
            mapping and a heap's free top goes back at once) vs wide (32 MiB / 64 MiB, where glibc's dynamic
@@ -42,7 +42,7 @@ def heap_in_use_mb() -> float:
 
 def _engine():
     from redline.inference.engine import Engine
-    from redline.inference.precision import parse_precision
+    from redline.inference.loading.precision import parse_precision
 
     engine = Engine()
     engine.record_memory = False  # a benchmark must not teach the estimator
@@ -51,14 +51,14 @@ def _engine():
 
 
 def _decode_rate(engine, strategy: str, tokens: int = 64) -> float:
-    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
 
     settings = SamplingSettings(max_new_tokens=tokens, min_new_tokens=tokens, temperature=0.0)
     return engine.chat(PROMPT, settings, DecodeOptions(strategy=strategy)).tokens_per_s
 
 
 def part_heap(rounds: int) -> None:
-    from redline.inference import memory_policy
+    from redline.inference.memory import policy as memory_policy
 
     lib = memory_policy._glibc()
     if not lib:
@@ -84,7 +84,7 @@ def part_heap(rounds: int) -> None:
 
 def child_caches(capacity: str, turns: int, samples: int) -> None:
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = os.environ["LRU_CACHE_CAPACITY"] = capacity
-    from redline.inference.decode import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
 
     engine = _engine()
     short = SamplingSettings(max_new_tokens=4, temperature=0.0)
@@ -100,7 +100,7 @@ def child_caches(capacity: str, turns: int, samples: int) -> None:
 
 
 def part_caches(rounds: int, capacities: list[int], turns: int = 30, samples: int = 3) -> None:
-    from redline.inference.memory_policy import KERNEL_CACHE_ENTRIES
+    from redline.inference.memory.policy import KERNEL_CACHE_ENTRIES
 
     figures: dict[int, list[dict]] = {c: [] for c in sorted(set(capacities) | {KERNEL_CACHE_ENTRIES, 1024})}
     for _ in range(rounds):

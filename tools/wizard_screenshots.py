@@ -35,7 +35,7 @@ def main() -> int:
     from PySide6.QtWidgets import QWizard
 
     from redline.app.gui import build_window
-    from redline.inference.starter import ensure_starter
+    from redline.inference.sources.starter import ensure_starter
 
     app = qt_app()  # noqa: F841 - the application must stay alive
 

@@ -65,7 +65,7 @@ def _gib(n: Optional[int]) -> str:
 
 def probe_hardware() -> HardwareSummary:
     """Reads the GPUs (NVML, then torch) and torch's CUDA build. Imports torch: never on the UI thread."""
-    from redline.inference.hardware import probe, torch_cuda_build
+    from redline.inference.hardware.probe import probe, torch_cuda_build
 
     info = probe()
     return HardwareSummary(cuda_build=torch_cuda_build(), cuda_available=info.cuda_available,

@@ -124,7 +124,7 @@ def load_task(model: str, precision: str, draft_model: Optional[str], draft_prec
     def task(engine, report):
         from redline.inference.engine import default_precision
         from redline.inference.errors import Cancelled, NeedsOptIn, RedlineError
-        from redline.inference.precision import parse_precision
+        from redline.inference.loading.precision import parse_precision
 
         share = 0.75 if (with_draft and draft_model) else 1.0
         spec = parse_precision(default_precision(engine.device) if precision == "auto" else precision)
@@ -161,7 +161,7 @@ def load_task(model: str, precision: str, draft_model: Optional[str], draft_prec
 
 
 def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
-    from redline.inference.memory_calibration import measured_peak_bytes, predict_loaded
+    from redline.inference.memory.calibration import measured_peak_bytes, predict_loaded
 
     target, draft = engine.target, engine.draft
     try:
@@ -179,17 +179,17 @@ def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
 # -- what the configuration wizard asks the engine thread (torch and tokenizers load there) ------
 
 def describe_task(spec: str):
-    """Validate a model choice and read its shape (``inference.model_probe.describe``)."""
+    """Validate a model choice and read its shape (``inference.sources.describe.describe``)."""
     def task(engine, report):
-        from redline.inference.model_probe import describe
+        from redline.inference.sources.describe import describe
         return describe(spec)
     return task
 
 
 @dataclass
 class MachineInfo:
-    hardware: Any  # inference.hardware.HardwareInfo
-    target: Any  # inference.fit.Target: the memory to plan with on this machine
+    hardware: Any  # inference.hardware.probe.HardwareInfo
+    target: Any  # inference.memory.fit.Target: the memory to plan with on this machine
     correction_bytes: int  # the estimator's correction learned on this machine
     reclaimable_bytes: int  # what the model loaded now gives back when replaced
     device: str
@@ -197,9 +197,9 @@ class MachineInfo:
 
 def hardware_task():
     def task(engine, report):
-        from redline.inference.fit import detect_target
-        from redline.inference.hardware import probe
-        from redline.inference.memory_calibration import correction_bytes
+        from redline.inference.memory.fit import detect_target
+        from redline.inference.hardware.probe import probe
+        from redline.inference.memory.calibration import correction_bytes
 
         reclaimable = sum(m.memory_bytes for m in (engine.target, engine.draft) if m is not None)
         hardware = probe()
@@ -210,9 +210,9 @@ def hardware_task():
 
 
 def pair_task(target_spec: str, draft_spec: str):
-    """Whether the draft pairs with the target, from configs and tokenizers (``inference.draft_check``)."""
+    """Whether the draft pairs with the target, from configs and tokenizers (``inference.decoding.draft_check``)."""
     def task(engine, report):
-        from redline.inference.draft_check import check_pair
+        from redline.inference.decoding.draft_check import check_pair
         return check_pair(target_spec, draft_spec)
     return task
 
@@ -227,7 +227,7 @@ def unload_task():
 
 def chat_task(messages: list[dict], sampling: dict, options: dict, context: Optional[int], channel: EventChannel):
     def task(engine, report):
-        from redline.inference.decode import DecodeOptions, SamplingSettings
+        from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
 
         channel.report = report
         opts = dict(options)

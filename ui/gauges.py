@@ -250,7 +250,7 @@ class GaugesPanel(QFrame):
         self.device_label.setText(text)
 
     def set_memory(self, snap) -> None:
-        """``snap`` is an inference.memory.MemorySnapshot or an Exception (could not read)."""
+        """``snap`` is an inference.memory.measured.MemorySnapshot or an Exception (could not read)."""
         self.last_snapshot = snap
         if isinstance(snap, Exception):
             self.mem_bar.set_segments([], None)

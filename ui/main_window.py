@@ -446,7 +446,7 @@ class MainWindow(QMainWindow):
     # -- the configuration wizard and presets ---------------------------------------
     def open_wizard(self):
         """Open the configuration wizard (window-modal; it never blocks the event loop)."""
-        from .wizard import ConfigWizard
+        from redline.ui.wizard import ConfigWizard
 
         if self.wizard is not None and self.wizard.isVisible():
             self.wizard.raise_()

@@ -49,7 +49,7 @@ class _Sampler(QObject):
     @Slot()
     def sample(self) -> None:
         try:
-            from redline.inference.memory import snapshot
+            from redline.inference.memory.measured import snapshot
             snap = snapshot(self.device)
         except Exception as exc:  # reported as unreadable, never replaced by a guess
             snap = exc

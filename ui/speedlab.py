@@ -1,6 +1,6 @@
 """The speed lab panel: run configurations side by side, watch them stream, compare and export.
 
-The run itself is ``inference.bench.run_bench`` submitted to the engine thread as
+The run itself is ``inference.bench.runner.run_bench`` submitted to the engine thread as
 one task; its progress events (phases, output tokens, finished rows) come back
 through ``EngineThread.progress``. The panel never calls the engine except
 ``cancel()``. Past runs are JSON files in a folder the caller hands in.
@@ -19,10 +19,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QGri
                                QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget, QComboBox)
 
-from redline.inference.bench import (SEED_PRESET, BenchPhase, BenchReport, BenchRow, BenchSpec, BenchStarted,
+from redline.inference.bench.runner import (SEED_PRESET, BenchPhase, BenchReport, BenchRow, BenchSpec, BenchStarted,
                              BenchSweepRow, BenchToken, ConfigResult, builtin_prompt_sets, list_reports,
                              load_prompt_set, load_report, parse_configs, run_bench, save_report)
-from redline.inference.bench_export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown
+from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown
 from redline.inference.errors import RedlineError
 
 from redline.ui.worker import EngineThread

@@ -27,12 +27,12 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
-from .errors import IncompatibleDraft, RedlineError, UnsupportedConfiguration
-from .events import Event, FinishedEvent, GenerationResult, StatsEvent, TokenEvent
-from .loader import LoadedModel, free_memory, is_oom
-from .memory import PeakMemory
-from .progress import CancelFn
-from .textstream import DeltaDecoder
+from redline.inference.errors import IncompatibleDraft, RedlineError, UnsupportedConfiguration
+from redline.inference.events import Event, FinishedEvent, GenerationResult, StatsEvent, TokenEvent
+from redline.inference.loading.loader import LoadedModel, free_memory, is_oom
+from redline.inference.memory.measured import PeakMemory
+from redline.inference.progress import CancelFn
+from redline.inference.decoding.textstream import DeltaDecoder
 
 STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")
 STATS_INTERVAL_S = 0.5
@@ -206,7 +206,7 @@ def _generation_config(target: LoadedModel, sampling: SamplingSettings, options:
 
 def check_draft(target: LoadedModel, draft: LoadedModel) -> str:
     """Return how the pair works ("shared" vocabulary or "universal" assisted decoding) or raise why not."""
-    from .draft_check import compare
+    from redline.inference.decoding.draft_check import compare
 
     if draft.device != target.device:
         raise IncompatibleDraft(f"The draft runs on {draft.device} but the target on {target.device}.",
@@ -300,7 +300,7 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
     cancel = _CancelCriteria(should_cancel)
     use_fast = options.strategy == "fast"
     if use_fast:
-        from .fastpath import supports
+        from redline.inference.decoding.fastpath import supports
         reason = supports(model)
         if reason:
             use_fast = False
@@ -396,7 +396,7 @@ def _fast_loop(target: LoadedModel, prompt: list[int], cfg, collector: "_Collect
                max_new: int) -> None:
     """gpt-fast's shape: prefill once, then one token per step from a preallocated cache."""
     import torch
-    from .fastpath import get_decoder
+    from redline.inference.decoding.fastpath import get_decoder
 
     dec = get_decoder(target, len(prompt) + max_new)
     eos = cfg.eos_token_id

@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .errors import ModelLoadError, ModelSourceError
-from .estimator import ModelShape, cached_shape, shape_from_config
-from .paths import cache_dir
-from .sources import ModelSource, resolve
+from redline.inference.errors import ModelLoadError, ModelSourceError
+from redline.inference.memory.estimator import ModelShape, cached_shape, shape_from_config
+from redline.inference.paths import cache_dir
+from redline.inference.sources.resolve import ModelSource, resolve
 
 STARTER_SHAPE_FILE = Path(__file__).with_name("starter_shape.json")
 # SmolLM2-135M-Instruct's config.json, so the starter can be estimated before its first fetch.
@@ -51,14 +51,14 @@ def check_fields(data: dict, path: str) -> None:
 
 
 def _folder_shape(folder: Path, name: str, checkpoint_bytes: Optional[int]) -> ModelShape:
-    from .loader import read_config
+    from redline.inference.loading.loader import read_config
 
     data = read_config(folder)
     path = str(folder / "config.json")
     check_fields(data, path)
 
     def build() -> ModelShape:
-        from .loader import load_config
+        from redline.inference.loading.loader import load_config
         return shape_from_config(load_config(folder), name=name, source=path)
 
     shape = cached_shape(data, build, shape_cache_file())

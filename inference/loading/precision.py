@@ -15,7 +15,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .errors import UnsupportedConfiguration
+from redline.inference.errors import UnsupportedConfiguration
 
 # bitsandbytes warns on every int8 matmul that fp32 inputs are cast; once is plenty.
 warnings.filterwarnings("ignore", message=r"MatMul8bitLt: inputs will be cast")
@@ -39,7 +39,7 @@ logging.getLogger("bitsandbytes.autograd._functions").addFilter(_Once("MatMul8bi
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "q8", "q4")
 QUANTISED = ("int8", "nf4", "fp4")  # bitsandbytes
-WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/weight_only.py)
+WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/loading/weight_only.py)
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 

@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from .errors import ModelLoadError
-from .paths import models_dir
-from .progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
+from redline.inference.errors import ModelLoadError
+from redline.inference.paths import models_dir
+from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
 
 COMPLETE_MARKER = ".redline-complete"
 

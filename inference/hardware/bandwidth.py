@@ -11,8 +11,8 @@ import json
 import time
 from typing import Optional
 
-from .hardware import cpu_name
-from .paths import cache_dir
+from redline.inference.hardware.probe import cpu_name
+from redline.inference.paths import cache_dir
 
 MEASURE_BYTES = 512 * 1024 * 1024
 

@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import ModelLoadError
-from .precision import PrecisionSpec
+from redline.inference.errors import ModelLoadError
+from redline.inference.loading.precision import PrecisionSpec
 
 MB = 1_000_000
 GB = 1_000_000_000
@@ -215,7 +215,7 @@ class WeightBytes:
         return self.quantised + self.constants + self.unquantised
 
 
-WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/weight_only.py, where present)
+WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/loading/weight_only.py, where present)
 Q4_GROUP = 32  # weight_only.INT4_GROUP: one bf16 (scale, zero) pair per 32 weights
 
 
@@ -226,7 +226,7 @@ def compute_dtype(spec: PrecisionSpec, device: str) -> str:
     if not spec.quantised:
         return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.name]
     if spec.name == "int8":
-        # inference/precision.py: non-quantised parts in fp16 on GPUs, fp32 on CPU.
+        # inference/loading/precision.py: non-quantised parts in fp16 on GPUs, fp32 on CPU.
         return "float16" if device.startswith("cuda") else "float32"
     return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.compute_dtype]
 

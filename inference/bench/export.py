@@ -6,7 +6,7 @@ import io
 import json
 from typing import Callable, Optional
 
-from .bench import BenchReport, ConfigResult, SweepRow
+from redline.inference.bench.runner import BenchReport, ConfigResult, SweepRow
 
 # (header, field, formatter) — one list drives the CLI table, the Markdown and the panel's columns.
 def _ms(v):

@@ -16,9 +16,9 @@ from typing import Optional
 
 import psutil
 
-from .estimator import GB, Estimate, ModelShape, estimate
-from .gpus import find_gpu, gpu_for_memory
-from .precision import PrecisionSpec, parse_precision
+from redline.inference.memory.estimator import GB, Estimate, ModelShape, estimate
+from redline.inference.hardware.gpus import find_gpu, gpu_for_memory
+from redline.inference.loading.precision import PrecisionSpec, parse_precision
 
 SUGGESTED = ("bf16", "int8", "nf4")
 MIN_CONTEXT = 256  # shorter than this is not a useful chat
@@ -66,7 +66,7 @@ def detect_target(free_gb: Optional[float] = None, gpu: Optional[str] = None, re
         card = find_gpu(gpu)
         avail = int(free_gb * GB) if free_gb is not None else card.memory_bytes
         return Target("cuda", avail, f"an {card.name}", None, card.bf16, card.bandwidth_gb_s, f"an {card.name} has")
-    from .hardware import _nvml_gpus
+    from redline.inference.hardware.probe import _nvml_gpus
 
     gpus = [] if device == "cpu" else _nvml_gpus()
     if gpus and gpus[0].free_bytes is not None:

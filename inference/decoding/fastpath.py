@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .memory_policy import weights_in_own_mappings
+from redline.inference.memory.policy import weights_in_own_mappings
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
 
@@ -55,7 +55,7 @@ def supports(model) -> Optional[str]:
 
 
 def _is_plain_linear(module) -> bool:
-    from .weight_only import PackedLinear
+    from redline.inference.loading.weight_only import PackedLinear
     return isinstance(module, PackedLinear) or type(module) is torch.nn.Linear
 
 
@@ -81,7 +81,7 @@ def _fuse_linears(modules) -> Callable[[torch.Tensor], torch.Tensor]:
     strategies) keeps working and no second copy stays in memory.
     Packed weight-only layers: fused the same way through their own ``fuse``.
     """
-    from .weight_only import PackedLinear
+    from redline.inference.loading.weight_only import PackedLinear
 
     if all(isinstance(m, PackedLinear) for m in modules):
         return PackedLinear.fuse(modules)
@@ -101,7 +101,7 @@ def _fuse_linears(modules) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _linear(module) -> Callable[[torch.Tensor], torch.Tensor]:
-    from .weight_only import PackedLinear
+    from redline.inference.loading.weight_only import PackedLinear
     if isinstance(module, PackedLinear):
         return module.forward
     return lambda x, w=module.weight, b=module.bias: F.linear(x, w, b)

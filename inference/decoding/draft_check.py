@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .errors import IncompatibleDraft
-from .sources import resolve
+from redline.inference.errors import IncompatibleDraft
+from redline.inference.sources.resolve import resolve
 
 MODES = {
     "shared": "shares the target's vocabulary: its tokens are checked directly",
@@ -62,7 +62,7 @@ def check_pair(target_spec: str, draft_spec: str) -> PairCheck:
     Mode "unknown" when one of them is not on this machine yet (a hub model not downloaded, the
     starter not fetched): nothing is downloaded to decide; the engine checks again when it loads.
     """
-    from .loader import load_config, load_tokenizer
+    from redline.inference.loading.loader import load_config, load_tokenizer
 
     target, draft = resolve(target_spec), resolve(draft_spec)
     tfolder: Optional[Path] = target.local_folder()

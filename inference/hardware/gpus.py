@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import UnsupportedConfiguration
+from redline.inference.errors import UnsupportedConfiguration
 
 GIB = 1 << 30
 

@@ -20,13 +20,13 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from .decode import SamplingSettings, _generation_config, _sync, percentile
-from .errors import UnsupportedConfiguration
-from .loader import LoadedModel, free_memory, is_oom
-from .memory import PeakMemory
+from redline.inference.decoding.generate import SamplingSettings, _generation_config, _sync, percentile
+from redline.inference.errors import UnsupportedConfiguration
+from redline.inference.loading.loader import LoadedModel, free_memory, is_oom
+from redline.inference.memory.measured import PeakMemory
 
 if TYPE_CHECKING:
-    from .bench import BenchConfig, SweepRow
+    from redline.inference.bench.runner import BenchConfig, SweepRow
 
 MODES = ("auto", "continuous", "padded")
 CB_PAGE_SIZE = 64  # tokens per page of the continuous-batching cache
@@ -60,7 +60,7 @@ def _padded(target: LoadedModel, prompts: list[list[int]], cfg, should_cancel) -
     import torch
     from transformers import StoppingCriteriaList
 
-    from .decode import _CancelCriteria
+    from redline.inference.decoding.generate import _CancelCriteria
 
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
     width = max(len(p) for p in prompts)
@@ -128,7 +128,7 @@ def run_sweep(target: LoadedModel, config: "BenchConfig", prompts: Sequence[list
     """Run ``config`` at each batch size; one SweepRow per size, each also handed to ``on_row`` when done."""
     import torch
 
-    from .bench import SweepRow
+    from redline.inference.bench.runner import SweepRow
 
     if mode not in MODES:
         raise UnsupportedConfiguration(f"Unknown batch mode {mode!r}.", f"Choose one of: {', '.join(MODES)}.")

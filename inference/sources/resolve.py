@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .errors import ModelSourceError
-from .gguf_convert import cache_folder_for, convert_gguf, is_complete
-from .progress import CancelFn, ProgressFn, noop_progress
-from .starter import STARTER_NAME, ensure_starter, starter_folder
+from redline.inference.errors import ModelSourceError
+from redline.inference.sources.gguf import cache_folder_for, convert_gguf, is_complete
+from redline.inference.progress import CancelFn, ProgressFn, noop_progress
+from redline.inference.sources.starter import STARTER_NAME, ensure_starter, starter_folder
 
 ACCEPTED_FORMS = (
     "'starter' (the built-in SmolLM2-135M-Instruct), "

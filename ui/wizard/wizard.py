@@ -17,11 +17,11 @@ from typing import Any, Optional
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QWizard
 
-from redline.inference.precision import parse_precision
+from redline.inference.loading.precision import parse_precision
 
-from .engine_client import EngineClient, describe_task, hardware_task, pair_task
-from .protocols import PresetStoreLike
-from .wizard_pages import ConfigPage, DraftPage, HardwarePage, LoadPage, ModelPage, PresetPage
+from redline.ui.engine_client import EngineClient, describe_task, hardware_task, pair_task
+from redline.ui.protocols import PresetStoreLike
+from redline.ui.wizard.pages import ConfigPage, DraftPage, HardwarePage, LoadPage, ModelPage, PresetPage
 
 MODEL_PAGE, HARDWARE_PAGE, CONFIG_PAGE, DRAFT_PAGE, LOAD_PAGE, PRESET_PAGE = range(6)
 
@@ -39,9 +39,9 @@ class ConfigWizard(QWizard):
         self.setWindowModality(Qt.WindowModal)
         self.resize(820, 600)
         # What the pages decide, in order.
-        self.model = None  # inference.model_probe.ModelDescription
+        self.model = None  # inference.sources.describe.ModelDescription
         self.machine = None  # engine_client.MachineInfo
-        self.target = None  # inference.fit.Target planned for
+        self.target = None  # inference.memory.fit.Target planned for
         self.correction = 0
         self.precision: Optional[str] = None
         self.context: Optional[int] = None
@@ -90,7 +90,7 @@ class ConfigWizard(QWizard):
         """The configuration page's prediction for what was chosen (with the draft, if any)."""
         if self.model is None or self.target is None or not self.precision:
             return None
-        from redline.inference.fit import Planner
+        from redline.inference.memory.fit import Planner
         draft = self.draft_page.draft_desc.shape if (self.strategy == "speculative"
                                                      and self.draft_page.draft_desc) else None
         planner = Planner(self.model.shape, self.target, self.batch, draft,

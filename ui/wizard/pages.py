@@ -20,12 +20,12 @@ from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QCheckBox, QComb
                                QWizardPage)
 from qasync import asyncSlot
 
-from redline.inference.estimator import GB, MB
-from redline.inference.fit import Planner, Target, detect_target, suggest
-from redline.inference.gpus import CONSUMER_GPUS
-from redline.inference.precision import parse_precision
+from redline.inference.memory.estimator import GB, MB
+from redline.inference.memory.fit import Planner, Target, detect_target, suggest
+from redline.inference.hardware.gpus import CONSUMER_GPUS
+from redline.inference.loading.precision import parse_precision
 
-from .engine_client import TaskFailed
+from redline.ui.engine_client import TaskFailed
 
 SHOWN_PRECISIONS = ("bf16", "fp16", "fp32", "int8", "nf4", "fp4", "q8", "q4")
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)

@@ -21,10 +21,10 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from .errors import Cancelled, StarterUnavailable
-from .gguf_convert import COMPLETE_MARKER, convert_gguf, is_complete
-from .paths import models_dir
-from .progress import CancelFn, ProgressFn, check_cancel, noop_progress
+from redline.inference.errors import Cancelled, StarterUnavailable
+from redline.inference.sources.gguf import COMPLETE_MARKER, convert_gguf, is_complete
+from redline.inference.paths import models_dir
+from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress
 
 STARTER_NAME = "SmolLM2-135M-Instruct"
 STARTER_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

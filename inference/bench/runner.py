@@ -1,7 +1,7 @@
 """The speed lab's runner: one model, several decoding configurations, measured fairly.
 
 Qt-free; the GUI panel and ``redline bench`` both call ``run_bench``. Every
-generation goes through ``inference.decode.generate`` — the function chat uses —
+generation goes through ``inference.decoding.generate.generate`` — the function chat uses —
 so what the lab measures is what the chat runs.
 
 Fairness (seed §5.1): the same prompts, lengths, seed and greedy decoding for
@@ -24,15 +24,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from .chat import build_prompt
-from .decode import STRATEGIES, DecodeOptions, SamplingSettings, generate, percentile
-from .engine import Engine, default_precision
-from .errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
-from .events import GenerationResult, TokenEvent
-from .hardware import probe
-from .loader import free_memory, is_oom
-from .precision import PrecisionSpec, parse_precision
-from .sources import resolve
+from redline.inference.decoding.prompt import build_prompt
+from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings, generate, percentile
+from redline.inference.engine import Engine, default_precision
+from redline.inference.errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
+from redline.inference.events import GenerationResult, TokenEvent
+from redline.inference.hardware.probe import probe
+from redline.inference.loading.loader import free_memory, is_oom
+from redline.inference.loading.precision import PrecisionSpec, parse_precision
+from redline.inference.sources.resolve import resolve
 
 # The seed document's measurement protocol, offered as a preset; the defaults stay small for interactivity.
 SEED_PRESET = {"warmup": 20, "samples": 50}
@@ -526,7 +526,7 @@ def _aggregate(row: ConfigResult, measured: list[tuple[int, GenerationResult]]) 
 def _roofline(row: ConfigResult, target) -> None:
     """How close decoding came to the memory-bandwidth bound: tokens/s ≤ bandwidth ÷ bytes per token.
     With speculative decoding or prompt lookup one step can yield several tokens, so it may pass 100 %."""
-    from .bandwidth import bandwidth, bytes_read_per_token
+    from redline.inference.hardware.bandwidth import bandwidth, bytes_read_per_token
 
     context = int((row.prompt_tokens or 0) + (row.new_tokens or 0) / 2)  # the cache read on an average step
     row.bytes_per_token = bytes_read_per_token(target.model, context)
@@ -658,7 +658,7 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
             emit(BenchRow(row))
 
         if spec.batch_sizes and not cancelled():
-            from .batch_sweep import run_sweep
+            from redline.inference.bench.sweep import run_sweep
 
             cfg = spec.configs[spec.batch_config if spec.batch_config is not None else spec.baseline]
             report.sweep_config = cfg.label

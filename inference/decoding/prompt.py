@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import UnsupportedConfiguration
+from redline.inference.errors import UnsupportedConfiguration
 
 FALLBACK_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 

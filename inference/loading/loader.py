@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError
-from .hardware import default_device
-from .memory import PeakMemory, process_rss
-from .memory_policy import returning_freed_memory, trim, weights_in_own_mappings
-from .precision import WEIGHT_ONLY, PrecisionSpec, check_supported, from_pretrained_kwargs, torch_dtype
-from .progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
-from .sources import ModelSource
-from .trust import fingerprint, pickle_files, remote_code_files
+from redline.inference.errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError
+from redline.inference.hardware.probe import default_device
+from redline.inference.memory.measured import PeakMemory, process_rss
+from redline.inference.memory.policy import returning_freed_memory, trim, weights_in_own_mappings
+from redline.inference.loading.precision import WEIGHT_ONLY, PrecisionSpec, check_supported, from_pretrained_kwargs, torch_dtype
+from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
+from redline.inference.sources.resolve import ModelSource
+from redline.inference.sources.trust import fingerprint, pickle_files, remote_code_files
 
 
 @dataclass
@@ -32,8 +32,8 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)
     baseline_rss_bytes: Optional[int] = None  # process RSS before this load began (the estimator's CPU baseline)
     predicted_bytes: Optional[int] = None  # the estimator's prediction for the load (set by the engine)
-    estimate_shape: Any = None  # inference.estimator.ModelShape, read once for predicted-vs-measured
-    fast_decoder: Any = None  # inference.fastpath.FastDecoder, built on first use (fused weights, KV cache)
+    estimate_shape: Any = None  # inference.memory.estimator.ModelShape, read once for predicted-vs-measured
+    fast_decoder: Any = None  # inference.decoding.fastpath.FastDecoder, built on first use (fused weights, KV cache)
 
     def release(self) -> None:
         """Drop every tensor this object holds, so memory is freed even if something still refers to it."""
@@ -180,7 +180,7 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
             model.eval()
             if precision.name in WEIGHT_ONLY:
                 progress(0.96, "Quantising weights")
-                from .weight_only import quantize_model
+                from redline.inference.loading.weight_only import quantize_model
                 quantize_model(model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype),
                                device=device)
                 model.to(device)  # what stayed unquantised (embeddings, norms) follows the packed layers

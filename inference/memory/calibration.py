@@ -18,7 +18,7 @@ from typing import Optional
 
 import platformdirs
 
-from .estimator import MB, accuracy_margin
+from redline.inference.memory.estimator import MB, accuracy_margin
 
 HISTORY = 20  # records kept per device
 LEARN_FROM = 10  # the correction is the median residual of the last N records
@@ -130,8 +130,8 @@ def history(device: str, path: Optional[Path] = None) -> list[dict]:
 def predict_loaded(loaded, tokens: int, prompt_tokens: Optional[int] = None, draft=None,
                    correction: Optional[int] = None):
     """The estimate for a model the engine has loaded, at ``tokens`` tokens in the cache."""
-    from .estimate_sources import shape_for_folder
-    from .estimator import estimate
+    from redline.inference.memory.model_shapes import shape_for_folder
+    from redline.inference.memory.estimator import estimate
 
     def shape_of(model):
         # The shape of a loaded model never changes: read its config and weight sizes once, not every reply.
@@ -165,7 +165,7 @@ def measured_peak_bytes(loaded, result=None, draft=None) -> Optional[int]:
         return None
     peak = max(peaks)
     if loaded.device.startswith("cuda"):
-        from .memory import snapshot
+        from redline.inference.memory.measured import snapshot
         snap = snapshot(loaded.device)
         if snap.device_this_process_bytes and snap.cuda_reserved_bytes is not None:
             peak += max(0, snap.device_this_process_bytes - snap.cuda_reserved_bytes)

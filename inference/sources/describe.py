@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .estimate_sources import read_shape
-from .estimator import ModelShape
-from .sources import resolve
+from redline.inference.memory.model_shapes import read_shape
+from redline.inference.memory.estimator import ModelShape
+from redline.inference.sources.resolve import resolve
 
 STARTER_FETCH_BYTES = 100_000_000  # the starter's download the first time (README: about 100 MB)
 

@@ -39,7 +39,7 @@ def snapshot(device: str = "cpu") -> MemorySnapshot:
         import torch
         snap.cuda_allocated_bytes = int(torch.cuda.memory_allocated())
         snap.cuda_reserved_bytes = int(torch.cuda.memory_reserved())
-        from .hardware import _nvml_gpus
+        from redline.inference.hardware.probe import _nvml_gpus
         idx = torch.cuda.current_device()
         gpus = _nvml_gpus()
         if idx < len(gpus):

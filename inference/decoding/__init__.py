@@ -1,0 +1,1 @@
+"""Generating tokens: the one decode path, the fast decode step, prompts from chat messages, streaming text."""

@@ -1,0 +1,1 @@
+"""Memory, three ways: what is measured, how the process holds it, and what the estimator predicts before loading."""
