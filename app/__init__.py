@@ -1,4 +1,5 @@
 """Redline application layer: entry points, settings, storage, wiring."""
+
 from importlib.metadata import PackageNotFoundError, metadata, version
 
 try:

@@ -3,14 +3,14 @@
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``;
 the module sets ``func`` on its parser to the function that runs it.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from redline.app import __version__
-from redline.app import cli_bench, cli_chat, cli_estimate, cli_models
+from redline.app import __version__, cli_bench, cli_chat, cli_estimate, cli_models
 
 SUBCOMMANDS = [cli_chat, cli_models, cli_estimate, cli_bench]
 
@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="redline",
         description="Redline: chat with local LLMs, and see, measured, why it is fast. "
-                    "With no subcommand, opens the desktop app.")
+        "With no subcommand, opens the desktop app.",
+    )
     parser.add_argument("--version", action="version", version=f"redline {__version__}")
     parser.add_argument("--model", help="open the app with this model loading (same forms as `redline chat`)")
     # Maintenance: start the real window without a model, check it, exit (used by the packaging tests).
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # `redline bench --markdown` quotes it
     if args.smoke_test:
         from redline.app.smoke import run_smoke_test
+
         return run_smoke_test()
     if args.command is None:
         return open_gui(args)
@@ -53,8 +55,11 @@ def open_gui(args) -> int:
     try:
         from redline.app.gui import run_gui
     except ImportError:
-        print("The desktop window is not built yet. Chat in the terminal with:\n"
-              f"  redline chat --model {args.model or 'starter'}", file=sys.stderr)
+        print(
+            "The desktop window is not built yet. Chat in the terminal with:\n"
+            f"  redline chat --model {args.model or 'starter'}",
+            file=sys.stderr,
+        )
         return cli_chat.run_interactive_default(args.model or "starter")
     return run_gui(model=args.model)
 

@@ -1,4 +1,5 @@
 """`redline bench`: the speed lab without the window — same runner, same table."""
+
 from __future__ import annotations
 
 import shlex
@@ -7,64 +8,105 @@ import sys
 import threading
 from pathlib import Path
 
-from redline.inference.bench.runner import (SEED_PRESET, BenchPhase, BenchRow, BenchSpec, BenchSweepRow, builtin_prompt_sets,
-                             load_prompt_set, parse_configs, run_bench, save_report)
+from redline.app.terminal import TerminalProgress
 from redline.inference.bench.export import to_csv, to_json, to_markdown, to_text
+from redline.inference.bench.runner import (
+    SEED_PRESET,
+    BenchPhase,
+    BenchRow,
+    BenchSpec,
+    BenchSweepRow,
+    builtin_prompt_sets,
+    load_prompt_set,
+    parse_configs,
+    run_bench,
+    save_report,
+)
 from redline.inference.bench.sweep import MODES
 from redline.inference.engine import Engine
 from redline.inference.errors import RedlineError
 from redline.inference.sources.resolve import ACCEPTED_FORMS
-
-from redline.app.terminal import TerminalProgress
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32"
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "bench", help="compare decoding configurations side by side (the speed lab, headless)",
+        "bench",
+        help="compare decoding configurations side by side (the speed lab, headless)",
         description="Run one model under several decoding configurations with warm-up and repeated samples, "
-                    "and print TTFT, per-token latency, tokens/s, peak memory, acceptance, speedup vs the "
-                    "baseline and whether the output matches the baseline's.",
+        "and print TTFT, per-token latency, tokens/s, peak memory, acceptance, speedup vs the "
+        "baseline and whether the output matches the baseline's.",
         epilog="Configuration syntax: strategy[:precision][+keep=M,..][+draft=MODEL[@PRECISION]][/k=N]"
-               "[+schedule=heuristic][+lookup=N][+compile]; e.g. naive:fp32,kv:bf16,kv:int8,kv:nf4,"
-               "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16. See the README's Speed lab section.")
+        "[+schedule=heuristic][+lookup=N][+compile]; e.g. naive:fp32,kv:bf16,kv:int8,kv:nf4,"
+        "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16. See the README's Speed lab section.",
+    )
     p.add_argument("--model", default="starter", help=f"the model: {ACCEPTED_FORMS}")
-    p.add_argument("--configs", default=DEFAULT_CONFIGS,
-                   help=f"comma-separated configurations (default {DEFAULT_CONFIGS})")
-    p.add_argument("--baseline", default="1",
-                   help="the configuration the others are compared with: its position (1 = first) or its text")
-    p.add_argument("--prompts", default="short",
-                   help=f"a built-in prompt set ({', '.join(builtin_prompt_sets())}) or a JSON file")
-    p.add_argument("--max-prompts", type=int, default=None, metavar="N",
-                   help="use only the first N prompts of the set (quicker runs)")
-    p.add_argument("--prompt-tokens", type=int, default=None,
-                   help="cap every prompt at this many tokens (keeps its end); default: as written")
+    p.add_argument(
+        "--configs", default=DEFAULT_CONFIGS, help=f"comma-separated configurations (default {DEFAULT_CONFIGS})"
+    )
+    p.add_argument(
+        "--baseline",
+        default="1",
+        help="the configuration the others are compared with: its position (1 = first) or its text",
+    )
+    p.add_argument(
+        "--prompts", default="short", help=f"a built-in prompt set ({', '.join(builtin_prompt_sets())}) or a JSON file"
+    )
+    p.add_argument(
+        "--max-prompts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="use only the first N prompts of the set (quicker runs)",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="cap every prompt at this many tokens (keeps its end); default: as written",
+    )
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens per generation (default 64)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up generations per configuration (default 1)")
-    p.add_argument("--samples", type=int, default=None,
-                   help="measured generations per prompt and configuration (default 3)")
-    p.add_argument("--seed-preset", action="store_true",
-                   help=f"the seed document's protocol: {SEED_PRESET['warmup']} warm-up, "
-                        f"{SEED_PRESET['samples']} samples (slow)")
-    p.add_argument("--stop-at-eos", action="store_true",
-                   help="let a reply end at end-of-sequence (default: exactly --new-tokens tokens, so every "
-                        "configuration does the same work)")
+    p.add_argument(
+        "--samples", type=int, default=None, help="measured generations per prompt and configuration (default 3)"
+    )
+    p.add_argument(
+        "--seed-preset",
+        action="store_true",
+        help=f"the seed document's protocol: {SEED_PRESET['warmup']} warm-up, {SEED_PRESET['samples']} samples (slow)",
+    )
+    p.add_argument(
+        "--stop-at-eos",
+        action="store_true",
+        help="let a reply end at end-of-sequence (default: exactly --new-tokens tokens, so every "
+        "configuration does the same work)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), so outputs compare")
-    p.add_argument("--batch-sweep", default=None, metavar="SIZES",
-                   help="also sweep batch sizes, e.g. 1,2,4,8, for the baseline configuration")
-    p.add_argument("--batch-mode", default="auto", choices=MODES,
-                   help="continuous = transformers' generate_batch; padded = batched generate(); auto tries "
-                        "continuous first")
+    p.add_argument(
+        "--batch-sweep",
+        default=None,
+        metavar="SIZES",
+        help="also sweep batch sizes, e.g. 1,2,4,8, for the baseline configuration",
+    )
+    p.add_argument(
+        "--batch-mode",
+        default="auto",
+        choices=MODES,
+        help="continuous = transformers' generate_batch; padded = batched generate(); auto tries continuous first",
+    )
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON: machine, settings, results, sweep")
     fmt.add_argument("--csv", action="store_true", help="print CSV")
     fmt.add_argument("--markdown", action="store_true", help="print a Markdown table with machine info")
     p.add_argument("--output", "-o", help="write the result to this file instead of stdout")
-    p.add_argument("--save", metavar="DIR",
-                   help="also keep the full run (per-position latencies, token ids) as a JSON file in DIR, "
-                        "the format the speed lab panel reopens")
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="also keep the full run (per-position latencies, token ids) as a JSON file in DIR, "
+        "the format the speed lab panel reopens",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.set_defaults(func=run)
 
@@ -74,12 +116,14 @@ def _baseline_index(text: str, labels: list[str]) -> int:
         index = int(text) - 1
         if 0 <= index < len(labels):
             return index
-        raise RedlineError(f"--baseline {text}: there are {len(labels)} configurations.",
-                           f"Give a number from 1 to {len(labels)}.")
+        raise RedlineError(
+            f"--baseline {text}: there are {len(labels)} configurations.", f"Give a number from 1 to {len(labels)}."
+        )
     if text in labels:
         return labels.index(text)
-    raise RedlineError(f"--baseline {text!r} is not one of the configurations.",
-                       f"Give its position or one of: {', '.join(labels)}.")
+    raise RedlineError(
+        f"--baseline {text!r} is not one of the configurations.", f"Give its position or one of: {', '.join(labels)}."
+    )
 
 
 def _batch_sizes(text) -> list[int]:
@@ -100,12 +144,22 @@ def spec_from_args(args) -> BenchSpec:
     if args.max_prompts is not None:
         if args.max_prompts < 1:
             raise RedlineError("--max-prompts must be at least 1.")
-        prompts.prompts = prompts.prompts[:args.max_prompts]
-    return BenchSpec(model=args.model, configs=configs, prompts=prompts,
-                     new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, warmup=warmup, samples=samples,
-                     seed=args.seed, baseline=_baseline_index(args.baseline, [c.label for c in configs]),
-                     temperature=args.temperature, batch_sizes=_batch_sizes(args.batch_sweep),
-                     batch_mode=args.batch_mode, fixed_length=not args.stop_at_eos)
+        prompts.prompts = prompts.prompts[: args.max_prompts]
+    return BenchSpec(
+        model=args.model,
+        configs=configs,
+        prompts=prompts,
+        new_tokens=args.new_tokens,
+        prompt_tokens=args.prompt_tokens,
+        warmup=warmup,
+        samples=samples,
+        seed=args.seed,
+        baseline=_baseline_index(args.baseline, [c.label for c in configs]),
+        temperature=args.temperature,
+        batch_sizes=_batch_sizes(args.batch_sweep),
+        batch_mode=args.batch_mode,
+        fixed_length=not args.stop_at_eos,
+    )
 
 
 def run(args) -> int:
@@ -137,8 +191,9 @@ def run(args) -> int:
         print("\n(cancelling after the current step; Ctrl-C again to quit now)", file=sys.stderr, flush=True)
         cancel.set()
 
-    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
-        else None
+    previous = (
+        signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         report = run_bench(engine, spec, on_event, cancel)
     except KeyboardInterrupt:

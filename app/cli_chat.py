@@ -1,10 +1,13 @@
 """`redline chat`: stream a reply to a prompt, or chat interactively in the terminal."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
+from redline.app.terminal import TerminalProgress
+from redline.app.trust_store import TrustStore, load_with_trust
 from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine, default_precision
 from redline.inference.errors import RedlineError
@@ -12,28 +15,35 @@ from redline.inference.events import TokenEvent
 from redline.inference.loading.precision import PRECISIONS, parse_precision
 from redline.inference.sources.resolve import ACCEPTED_FORMS
 
-from redline.app.terminal import TerminalProgress
-from redline.app.trust_store import TrustStore, load_with_trust
-
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Model, precision and strategy options shared by chat-like commands."""
     p.add_argument("--model", default="starter", help=f"the model: {ACCEPTED_FORMS}")
-    p.add_argument("--precision", default="auto",
-                   help=f"auto (bf16 where supported), or one of {', '.join(PRECISIONS)}; "
-                        "mixed: e.g. nf4+keep=lm_head")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        help=f"auto (bf16 where supported), or one of {', '.join(PRECISIONS)}; mixed: e.g. nf4+keep=lm_head",
+    )
     p.add_argument("--strategy", default="kv", choices=STRATEGIES, help="decoding strategy (default kv)")
     p.add_argument("--draft", help="draft model for --strategy speculative (same forms as --model)")
     p.add_argument("--draft-precision", default="auto", help="precision of the draft model")
     p.add_argument("--num-draft-tokens", type=int, default=5, help="tokens the draft proposes per step (default 5)")
     p.add_argument("--draft-schedule", default="constant", choices=("constant", "heuristic"))
     p.add_argument("--lookup-tokens", type=int, default=10, help="tokens copied per prompt-lookup match")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile the decode step for --strategy static (default: on for CUDA, off for CPU)")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow this model's own Python code to run (only for models you trust)")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="allow pickle-based .bin weights (loaded with weights_only=True)")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the decode step for --strategy static (default: on for CUDA, off for CPU)",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow this model's own Python code to run (only for models you trust)",
+    )
+    p.add_argument(
+        "--allow-pickle", action="store_true", help="allow pickle-based .bin weights (loaded with weights_only=True)"
+    )
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,9 +58,12 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("chat", help="chat with a model in the terminal",
-                       description="Stream a reply to PROMPT, or chat interactively when no prompt is given "
-                                   "(/exit quits, /reset starts over).")
+    p = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal",
+        description="Stream a reply to PROMPT, or chat interactively when no prompt is given "
+        "(/exit quits, /reset starts over).",
+    )
     p.add_argument("prompt", nargs="?", help="the message; omit for an interactive chat")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
@@ -60,28 +73,46 @@ def add_parser(sub) -> None:
 
 
 def sampling_from_args(args) -> SamplingSettings:
-    return SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                            stop=tuple(args.stop))
+    return SamplingSettings(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
 
 
 def options_from_args(args) -> DecodeOptions:
-    return DecodeOptions(strategy=args.strategy, num_draft_tokens=args.num_draft_tokens,
-                         draft_schedule=args.draft_schedule, lookup_tokens=args.lookup_tokens,
-                         compile=args.compile)
+    return DecodeOptions(
+        strategy=args.strategy,
+        num_draft_tokens=args.num_draft_tokens,
+        draft_schedule=args.draft_schedule,
+        lookup_tokens=args.lookup_tokens,
+        compile=args.compile,
+    )
 
 
 def load_engine(args, quiet: bool = False) -> Engine:
     engine = Engine()
     progress = TerminalProgress()
     precision_text = default_precision(engine.device) if args.precision == "auto" else args.precision
-    load_with_trust(engine, args.model, parse_precision(precision_text), progress, store=TrustStore(),
-                    trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
+    load_with_trust(
+        engine,
+        args.model,
+        parse_precision(precision_text),
+        progress,
+        store=TrustStore(),
+        trust_remote_code=args.trust_remote_code,
+        allow_pickle=args.allow_pickle,
+    )
     progress.done()
     if args.strategy == "speculative":
         if not args.draft:
-            raise RedlineError("--strategy speculative needs --draft.",
-                               "Pass a small model of the same family, e.g. --draft starter.")
+            raise RedlineError(
+                "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
+            )
         draft_precision = default_precision(engine.device) if args.draft_precision == "auto" else args.draft_precision
         engine.load_draft(args.draft, parse_precision(draft_precision), progress)
         progress.done()
@@ -98,8 +129,9 @@ def _stream_reply(engine: Engine, messages: list[dict], args) -> "object":
             sys.stdout.write(ev.text)
             sys.stdout.flush()
 
-    result = engine.chat(messages, sampling_from_args(args), options_from_args(args),
-                         None if args.json else on_event, args.context)
+    result = engine.chat(
+        messages, sampling_from_args(args), options_from_args(args), None if args.json else on_event, args.context
+    )
     return result
 
 
@@ -115,7 +147,7 @@ def run(args) -> int:
         engine = load_engine(args)
         if args.prompt is None:
             return interactive(engine, args)
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})
         result = _stream_reply(engine, messages, args)
     except RedlineError as exc:
@@ -131,8 +163,11 @@ def run(args) -> int:
             if not note.startswith("Traceback"):
                 print(f"note: {note}", file=sys.stderr)
         if result.tokens_per_s:
-            print(f"[{result.new_tokens} tokens, {result.tokens_per_s:.1f} tok/s, "
-                  f"TTFT {result.ttft_ms:.0f} ms, {result.finish_reason}]", file=sys.stderr)
+            print(
+                f"[{result.new_tokens} tokens, {result.tokens_per_s:.1f} tok/s, "
+                f"TTFT {result.ttft_ms:.0f} ms, {result.finish_reason}]",
+                file=sys.stderr,
+            )
     if result.finish_reason == "error":
         print(f"error: {result.error}", file=sys.stderr)
         return 1
@@ -140,9 +175,12 @@ def run(args) -> int:
 
 
 def interactive(engine: Engine, args) -> int:
-    print(f"Chatting with {engine.target.name} ({engine.target.precision.label()}, {engine.target.device}). "
-          "/exit quits, /reset starts over.", file=sys.stderr)
-    base = ([{"role": "system", "content": args.system}] if args.system else [])
+    print(
+        f"Chatting with {engine.target.name} ({engine.target.precision.label()}, {engine.target.device}). "
+        "/exit quits, /reset starts over.",
+        file=sys.stderr,
+    )
+    base = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(base)
     while True:
         try:

@@ -1,29 +1,38 @@
 """`redline estimate`: memory needed by a model, per precision, before loading it; and what to load."""
+
 from __future__ import annotations
 
 import json
 import sys
 
 from redline.inference.errors import RedlineError
-from redline.inference.memory.model_shapes import read_shape
+from redline.inference.hardware.gpus import CONSUMER_GPUS
+from redline.inference.loading.precision import PRECISIONS, parse_precision
+from redline.inference.memory.calibration import correction_bytes
 from redline.inference.memory.estimator import MB, Estimate
 from redline.inference.memory.fit import Planner, detect_target, gb, suggest
-from redline.inference.hardware.gpus import CONSUMER_GPUS
-from redline.inference.memory.calibration import correction_bytes
-from redline.inference.loading.precision import PRECISIONS, parse_precision
+from redline.inference.memory.model_shapes import read_shape
 
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("estimate", help="predict the memory a model needs, and suggest what to load",
-                       description="Predict, from the model's config alone (no weights read), the memory needed "
-                                   "for each precision, whether it fits, and the configuration to load.")
+    p = sub.add_parser(
+        "estimate",
+        help="predict the memory a model needs, and suggest what to load",
+        description="Predict, from the model's config alone (no weights read), the memory needed "
+        "for each precision, whether it fits, and the configuration to load.",
+    )
     p.add_argument("model", nargs="?", help="starter, a model folder, a .gguf file or a hub id")
-    p.add_argument("--precision", default="all", help=f"all (default) or one of {', '.join(PRECISIONS)} "
-                                                      "(mixed: nf4+keep=lm_head)")
-    p.add_argument("--context", type=int, default=None,
-                   help=f"context length in tokens (default: the model's, at most {DEFAULT_CONTEXT_CAP})")
+    p.add_argument(
+        "--precision", default="all", help=f"all (default) or one of {', '.join(PRECISIONS)} (mixed: nf4+keep=lm_head)"
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        help=f"context length in tokens (default: the model's, at most {DEFAULT_CONTEXT_CAP})",
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--draft", help="a draft model for speculative decoding (its weights and KV cache are added)")
     p.add_argument("--draft-precision", default=None, help="the draft's precision (default: the same)")
@@ -43,9 +52,19 @@ def table(estimates: list[Estimate]) -> str:
     cols = ("precision", "weights", "KV cache", "activations", "overhead", "loading", "draft", "total", "fits")
     rows = [cols]
     for e in estimates:
-        rows.append((e.precision, _mb(e.weights_bytes), _mb(e.kv_cache_bytes), _mb(e.activation_bytes),
-                     _mb(e.overhead_bytes), _mb(e.loading_bytes), _mb(e.draft_bytes), _mb(e.total_bytes),
-                     "yes" if e.fits else "no"))
+        rows.append(
+            (
+                e.precision,
+                _mb(e.weights_bytes),
+                _mb(e.kv_cache_bytes),
+                _mb(e.activation_bytes),
+                _mb(e.overhead_bytes),
+                _mb(e.loading_bytes),
+                _mb(e.draft_bytes),
+                _mb(e.total_bytes),
+                "yes" if e.fits else "no",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = []
     for r in rows:
@@ -68,33 +87,46 @@ def build_report(args) -> dict:
     advice = suggest(planner, context, None if args.precision in ("all", "auto") else args.precision)
     notes = []
     if context > shape.max_positions:
-        notes.append(f"The model was trained for at most {shape.max_positions} tokens; "
-                     f"{context} is beyond that.")
+        notes.append(f"The model was trained for at most {shape.max_positions} tokens; {context} is beyond that.")
     if correction:
         notes.append(f"Includes a correction of {_mb(correction)} learned from loads measured on this machine.")
     report = {
-        "model": shape.name, "architecture": shape.architecture, "parameters": shape.parameters,
-        "layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim,
-        "context": context, "batch": args.batch, "draft": draft.name if draft else None,
-        "device": target.device, "target": target.label, "available_bytes": target.available_bytes,
-        "correction_bytes": correction, "estimates": [e.to_dict() for e in estimates],
-        "suggestion": advice.to_dict(), "notes": notes,
+        "model": shape.name,
+        "architecture": shape.architecture,
+        "parameters": shape.parameters,
+        "layers": shape.layers,
+        "kv_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "context": context,
+        "batch": args.batch,
+        "draft": draft.name if draft else None,
+        "device": target.device,
+        "target": target.label,
+        "available_bytes": target.available_bytes,
+        "correction_bytes": correction,
+        "estimates": [e.to_dict() for e in estimates],
+        "suggestion": advice.to_dict(),
+        "notes": notes,
     }
     if target.bandwidth_gb_s:
         # Batch 1 decoding reads every weight once per token: tokens/s ≤ bandwidth ÷ weight bytes.
         report["bandwidth_bound_tokens_per_s"] = {
-            e.precision: round(target.bandwidth_gb_s * 1e9 / (e.weights_bytes + e.draft_bytes), 1)
-            for e in estimates}
+            e.precision: round(target.bandwidth_gb_s * 1e9 / (e.weights_bytes + e.draft_bytes), 1) for e in estimates
+        }
     report["_estimates"] = estimates
     return report
 
 
 def print_report(report: dict) -> None:
-    print(f"{report['model']}: {report['parameters']:,} parameters ({report['architecture']}, "
-          f"{report['layers']} layers, {report['kv_heads']} KV heads x {report['head_dim']})")
+    print(
+        f"{report['model']}: {report['parameters']:,} parameters ({report['architecture']}, "
+        f"{report['layers']} layers, {report['kv_heads']} KV heads x {report['head_dim']})"
+    )
     draft = f", draft {report['draft']}" if report["draft"] else ""
-    print(f"context {report['context']} tokens, batch {report['batch']}{draft}; "
-          f"{report['target']}: {gb(report['available_bytes'])} available\n")
+    print(
+        f"context {report['context']} tokens, batch {report['batch']}{draft}; "
+        f"{report['target']}: {gb(report['available_bytes'])} available\n"
+    )
     print(table(report["_estimates"]))
     if "bandwidth_bound_tokens_per_s" in report:
         bounds = ", ".join(f"{p} {v:g}" for p, v in report["bandwidth_bound_tokens_per_s"].items())
@@ -110,12 +142,13 @@ def print_report(report: dict) -> None:
 def run(args) -> int:
     if args.list_gpus:
         for g in CONSUMER_GPUS:
-            print(f"{g.name:<24} {g.memory_gb_label:>6}  {g.bandwidth_gb_s:>5.0f} GB/s  "
-                  f"{'bf16' if g.bf16 else 'fp16 only'}")
+            print(
+                f"{g.name:<24} {g.memory_gb_label:>6}  {g.bandwidth_gb_s:>5.0f} GB/s  "
+                f"{'bf16' if g.bf16 else 'fp16 only'}"
+            )
         return 0
     if not args.model:
-        print("error: name a model (starter, a folder, a .gguf file or a hub id), or pass --list-gpus",
-              file=sys.stderr)
+        print("error: name a model (starter, a folder, a .gguf file or a hub id), or pass --list-gpus", file=sys.stderr)
         return 2
     try:
         report = build_report(args)

@@ -1,21 +1,24 @@
 """`redline models`: list local models; `redline models pull starter`: fetch the starter."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from redline.app.terminal import TerminalProgress
 from redline.inference.errors import RedlineError
-from redline.inference.sources.gguf import is_complete
 from redline.inference.paths import models_dir
+from redline.inference.sources.gguf import is_complete
 from redline.inference.sources.resolve import resolve
 from redline.inference.sources.starter import STARTER_NAME, starter_folder
 
-from redline.app.terminal import TerminalProgress
-
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("models", help="list local models, or pull the starter",
-                       description="List the starter and the models available on this machine, with size on disk.")
+    p = sub.add_parser(
+        "models",
+        help="list local models, or pull the starter",
+        description="List the starter and the models available on this machine, with size on disk.",
+    )
     msub = p.add_subparsers(dest="models_command", metavar="ACTION")
     pull = msub.add_parser("pull", help="fetch a model (e.g. `starter`) into the local cache")
     pull.add_argument("model")
@@ -39,15 +42,19 @@ def local_models() -> list[tuple[str, str, Path | None, int | None]]:
     """(name, how to pass it, folder, size) for the starter, converted GGUFs and the HF cache."""
     rows = []
     sf = starter_folder()
-    rows.append((STARTER_NAME, "starter", sf if is_complete(sf) else None,
-                 folder_size(sf) if is_complete(sf) else None))
+    rows.append(
+        (STARTER_NAME, "starter", sf if is_complete(sf) else None, folder_size(sf) if is_complete(sf) else None)
+    )
     gguf_root = models_dir() / "gguf"
     if gguf_root.is_dir():
         for folder in sorted(gguf_root.iterdir()):
             if is_complete(folder):
-                rows.append((folder.name, "(converted GGUF: pass the original .gguf path)", folder, folder_size(folder)))
+                rows.append(
+                    (folder.name, "(converted GGUF: pass the original .gguf path)", folder, folder_size(folder))
+                )
     try:
         from huggingface_hub import scan_cache_dir
+
         for repo in sorted(scan_cache_dir().repos, key=lambda r: r.repo_id):
             if repo.repo_type == "model":
                 rows.append((repo.repo_id, repo.repo_id, Path(repo.repo_path), repo.size_on_disk))

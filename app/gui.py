@@ -1,4 +1,5 @@
 """The desktop app's entry: settings and store from disk, the engine thread, the window, qasync's loop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,16 +34,24 @@ def about_info(store: Store, settings_file=None):
     from redline.inference.paths import models_dir
     from redline.ui.about import AboutInfo
 
-    return AboutInfo(version=__version__, licence=__license__, paths=(
-        ("Conversations", str(store.path)),
-        ("Settings", str(settings_file or settings_path())),
-        ("Converted models", str(models_dir(create=False))),
-        ("Hugging Face cache", str(hf_constants.HF_HUB_CACHE)),
-    ))
+    return AboutInfo(
+        version=__version__,
+        licence=__license__,
+        paths=(
+            ("Conversations", str(store.path)),
+            ("Settings", str(settings_file or settings_path())),
+            ("Converted models", str(models_dir(create=False))),
+            ("Hugging Face cache", str(hf_constants.HF_HUB_CACHE)),
+        ),
+    )
 
 
-def build_window(model: Optional[str] = None, store: Optional[Store] = None, engine_factory=None,
-                 presets: Optional[PresetStore] = None):
+def build_window(
+    model: Optional[str] = None,
+    store: Optional[Store] = None,
+    engine_factory=None,
+    presets: Optional[PresetStore] = None,
+):
     """Create the window (without showing it). Tests use this with their own store and engine.
 
     Without a store, the conversation database is opened with ``open_store``: a corrupt or locked
@@ -56,28 +65,36 @@ def build_window(model: Optional[str] = None, store: Optional[Store] = None, eng
         store, store_warning = open_store()
     notice = " ".join(w for w in (warning, store_warning) if w) or None
     engine = EngineThread(engine_factory)
-    window = MainWindow(engine, store, settings, save_settings, notice, presets or PresetStore(),
-                        about=about_info(store), trust=TrustStore())
+    window = MainWindow(
+        engine,
+        store,
+        settings,
+        save_settings,
+        notice,
+        presets or PresetStore(),
+        about=about_info(store),
+        trust=TrustStore(),
+    )
     add_speed_lab(window, engine, settings)
     return window
 
 
 def add_speed_lab(window, engine, settings) -> None:
     """The speed lab shares the chat's engine thread; built when its tab is first opened."""
-    from redline.ui.lazy_panel import LazyPanel
-
     from redline.app.private_files import data_dir
+    from redline.ui.lazy_panel import LazyPanel
 
     def build():
         from redline.ui.speedlab import SpeedLabPanel
+
         return SpeedLabPanel(engine, runs_dir=data_dir() / "speedlab-runs", model=settings.model or "starter")
 
     window.add_panel(LazyPanel(build), "Speed lab")
 
 
 def run_gui(model: Optional[str] = None, engine_factory=None) -> int:
-    from PySide6.QtWidgets import QApplication
     import qasync
+    from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     configure_application(app)

@@ -5,6 +5,7 @@ so a user can read, copy or delete them by hand. A file that cannot be read is s
 reported, never overwritten. The store also remembers the models loaded recently (for the
 wizard's "recent model" choice) in ``recent-models.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,11 @@ class PresetStore:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise PresetError(f"{path.name}: not readable JSON ({exc})") from exc
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(
-                data.get("settings"), dict):
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("name"), str)
+            or not isinstance(data.get("settings"), dict)
+        ):
             raise PresetError(f"{path.name}: needs a 'name' and a 'settings' object")
         try:
             settings = Settings.from_dict(data["settings"])

@@ -3,6 +3,7 @@
 Directories are created 0700 and files 0600 on POSIX; writes go to a temporary
 file first and are renamed into place, so a crash never leaves half a file.
 """
+
 from __future__ import annotations
 
 import os

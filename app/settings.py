@@ -4,6 +4,7 @@ A settings file that cannot be read is moved aside (``settings.json.corrupt-<tim
 rather than overwritten, so nothing the user typed is lost; defaults are used and
 the caller is told, so the window can say so.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,16 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
-
 from redline.app.private_files import config_dir, write_private
 
-STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")  # = inference.decoding.generate.STRATEGIES (a test checks)
+STRATEGIES = (
+    "naive",
+    "kv",
+    "static",
+    "speculative",
+    "prompt-lookup",
+    "fast",
+)  # = inference.decoding.generate.STRATEGIES (a test checks)
 
 # Changing any of these means the model (or draft) has to be loaded again.
 RELOAD_FIELDS = ("model", "precision", "draft_model", "draft_precision")

@@ -7,6 +7,7 @@ the version. It never loads a model, never imports torch, and never touches the 
 conversation store is a temporary file and the settings are the defaults, neither read nor written.
 Prints one JSON object; exit status 0 when every check passed.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,7 +71,12 @@ def run_smoke_test() -> int:
         window.deleteLater()
         store.close()
         _process_events_for(app, 0.05)
-    report = {"ok": all(checks.values()), "checks": checks, "version": __version__,
-              "platform": app.platformName(), "window_shown_after_s": round(shown_after_s, 2)}
+    report = {
+        "ok": all(checks.values()),
+        "checks": checks,
+        "version": __version__,
+        "platform": app.platformName(),
+        "window_shown_after_s": round(shown_after_s, 2),
+    }
     print(json.dumps(report))
     return 0 if report["ok"] else 1

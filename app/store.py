@@ -13,6 +13,7 @@ created; a database another program holds locked is left untouched and this
 session uses a temporary in-memory database instead. Either way the caller gets a
 message for the user. The database and its folder are private (0600 / 0700).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
-
 
 from redline.app.private_files import data_dir, private_dir
 
@@ -146,7 +146,8 @@ class Store:
         with self._conn:
             cur = self._conn.execute(
                 "INSERT INTO conversations (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
-                (title, system_prompt, now, now))
+                (title, system_prompt, now, now),
+            )
         return Conversation(cur.lastrowid, title, system_prompt, now, now)
 
     def conversation(self, conversation_id: int) -> Optional[Conversation]:
@@ -157,49 +158,61 @@ class Store:
         """Newest first; ``search`` matches titles, case-insensitively."""
         pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self._conn.execute(
-            "SELECT * FROM conversations WHERE title LIKE ? ESCAPE '\\' ORDER BY updated DESC, id DESC",
-            (pattern,)).fetchall()
+            "SELECT * FROM conversations WHERE title LIKE ? ESCAPE '\\' ORDER BY updated DESC, id DESC", (pattern,)
+        ).fetchall()
         return [Conversation(**dict(r)) for r in rows]
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         with self._conn:
-            self._conn.execute("UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
-                               (title.strip() or "Untitled", time.time(), conversation_id))
+            self._conn.execute(
+                "UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
+                (title.strip() or "Untitled", time.time(), conversation_id),
+            )
 
     def set_system_prompt(self, conversation_id: int, system_prompt: str) -> None:
         with self._conn:
-            self._conn.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?",
-                               (system_prompt, conversation_id))
+            self._conn.execute(
+                "UPDATE conversations SET system_prompt = ? WHERE id = ?", (system_prompt, conversation_id)
+            )
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self._conn:
             self._conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # -- messages -----------------------------------------------------------------
-    def messages(self, conversation_id: int, limit: Optional[int] = None,
-                 before_position: Optional[int] = None, after_position: Optional[int] = None) -> list[Message]:
+    def messages(
+        self,
+        conversation_id: int,
+        limit: Optional[int] = None,
+        before_position: Optional[int] = None,
+        after_position: Optional[int] = None,
+    ) -> list[Message]:
         """In order. With ``limit``: the last ``limit`` messages (before ``before_position`` if given), or with
         ``after_position`` the first ``limit`` after it; a long conversation is shown a window at a time."""
         if limit is None and before_position is None and after_position is None:
-            rows = self._conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
-                                      (conversation_id,)).fetchall()
+            rows = self._conn.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position", (conversation_id,)
+            ).fetchall()
             return [self._message(r) for r in rows]
         n = -1 if limit is None else limit
         if after_position is not None:
             rows = self._conn.execute(
                 "SELECT * FROM messages WHERE conversation_id = ? AND position > ? ORDER BY position LIMIT ?",
-                (conversation_id, after_position, n)).fetchall()
+                (conversation_id, after_position, n),
+            ).fetchall()
             return [self._message(r) for r in rows]
-        before = before_position if before_position is not None else 2 ** 62
+        before = before_position if before_position is not None else 2**62
         rows = self._conn.execute(
             "SELECT * FROM messages WHERE conversation_id = ? AND position < ? ORDER BY position DESC LIMIT ?",
-            (conversation_id, before, n)).fetchall()
+            (conversation_id, before, n),
+        ).fetchall()
         return [self._message(r) for r in reversed(rows)]
 
     def message_count(self, conversation_id: int, before_position: Optional[int] = None) -> int:
-        before = before_position if before_position is not None else 2 ** 62
-        (n,) = self._conn.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ? AND position < ?",
-                                  (conversation_id, before)).fetchone()
+        before = before_position if before_position is not None else 2**62
+        (n,) = self._conn.execute(
+            "SELECT COUNT(*) FROM messages WHERE conversation_id = ? AND position < ?", (conversation_id, before)
+        ).fetchone()
         return int(n)
 
     def message(self, message_id: int) -> Optional[Message]:
@@ -213,36 +226,45 @@ class Store:
         d["stats"] = json.loads(d["stats"]) if d["stats"] else {}
         return Message(**d)
 
-    def add_message(self, conversation_id: int, role: str, content: str, partial: bool = False,
-                    stats: Optional[dict] = None) -> Message:
+    def add_message(
+        self, conversation_id: int, role: str, content: str, partial: bool = False, stats: Optional[dict] = None
+    ) -> Message:
         now = time.time()
         with self._conn:
-            (pos,) = self._conn.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM messages "
-                                        "WHERE conversation_id = ?", (conversation_id,)).fetchone()
+            (pos,) = self._conn.execute(
+                "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id = ?", (conversation_id,)
+            ).fetchone()
             cur = self._conn.execute(
                 "INSERT INTO messages (conversation_id, position, role, content, partial, stats, created) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, pos, role, content, int(partial), json.dumps(stats) if stats else None, now))
+                (conversation_id, pos, role, content, int(partial), json.dumps(stats) if stats else None, now),
+            )
             self._conn.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return Message(cur.lastrowid, conversation_id, pos, role, content, partial, stats or {}, now)
 
     def update_message(self, message_id: int, content: str, partial: bool, stats: Optional[dict] = None) -> None:
         with self._conn:
             if stats is None:
-                self._conn.execute("UPDATE messages SET content = ?, partial = ? WHERE id = ?",
-                                   (content, int(partial), message_id))
+                self._conn.execute(
+                    "UPDATE messages SET content = ?, partial = ? WHERE id = ?", (content, int(partial), message_id)
+                )
             else:
-                self._conn.execute("UPDATE messages SET content = ?, partial = ?, stats = ? WHERE id = ?",
-                                   (content, int(partial), json.dumps(stats), message_id))
+                self._conn.execute(
+                    "UPDATE messages SET content = ?, partial = ?, stats = ? WHERE id = ?",
+                    (content, int(partial), json.dumps(stats), message_id),
+                )
 
     def delete_from(self, message_id: int) -> None:
         """Delete a message and every later one in its conversation (regenerate, edit-and-resend)."""
         with self._conn:
-            row = self._conn.execute("SELECT conversation_id, position FROM messages WHERE id = ?",
-                                     (message_id,)).fetchone()
+            row = self._conn.execute(
+                "SELECT conversation_id, position FROM messages WHERE id = ?", (message_id,)
+            ).fetchone()
             if row:
-                self._conn.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
-                                   (row["conversation_id"], row["position"]))
+                self._conn.execute(
+                    "DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
+                    (row["conversation_id"], row["position"]),
+                )
 
     # -- export -------------------------------------------------------------------
     def export_json(self, conversation_id: int) -> str:
@@ -250,8 +272,10 @@ class Store:
         if conv is None:
             raise KeyError(conversation_id)
         data = asdict(conv)
-        data["messages"] = [{k: v for k, v in asdict(m).items() if k not in ("conversation_id",)}
-                            for m in self.messages(conversation_id)]
+        data["messages"] = [
+            {k: v for k, v in asdict(m).items() if k not in ("conversation_id",)}
+            for m in self.messages(conversation_id)
+        ]
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
     def export_markdown(self, conversation_id: int) -> str:
@@ -304,19 +328,25 @@ def open_store(path: Optional[Path] = None) -> tuple[Store, Optional[str]]:
         return Store(IN_MEMORY), (
             f"The conversation database {path} is locked by another program (another Redline window?). "
             "It was left untouched; this session's chats are kept in memory only and are lost when you quit. "
-            "Close the other program and restart Redline to use your saved conversations.")
+            "Close the other program and restart Redline to use your saved conversations."
+        )
     except DatabaseCorrupt as exc:
         try:
             backup = _move_aside(path)
         except OSError as move_exc:
             return Store(IN_MEMORY), (
                 f"The conversation database {path} is unreadable ({exc}) and could not be moved aside "
-                f"({move_exc}); this session's chats are kept in memory only.")
+                f"({move_exc}); this session's chats are kept in memory only."
+            )
         try:
             store = Store(path)
         except (DatabaseLocked, DatabaseCorrupt) as again:
-            return Store(IN_MEMORY), (f"The conversation database {path} was unreadable ({exc}) and was kept as "
-                                      f"{backup}; a new one could not be created ({again}), so this session's "
-                                      "chats are kept in memory only.")
-        return store, (f"The conversation database was unreadable ({exc}). It was kept as {backup} and a new, "
-                       "empty one was started.")
+            return Store(IN_MEMORY), (
+                f"The conversation database {path} was unreadable ({exc}) and was kept as "
+                f"{backup}; a new one could not be created ({again}), so this session's "
+                "chats are kept in memory only."
+            )
+        return store, (
+            f"The conversation database was unreadable ({exc}). It was kept as {backup} and a new, "
+            "empty one was started."
+        )

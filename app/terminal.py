@@ -1,4 +1,5 @@
 """Terminal helpers: a progress bar on stderr that redraws in place."""
+
 from __future__ import annotations
 
 import sys

@@ -4,6 +4,7 @@ Keyed by the model folder and the kind of opt-in; the stored fingerprint must
 match the folder's current one (``inference.sources.trust.fingerprint``), so a changed
 file asks again.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from redline.inference.errors import NeedsOptIn
-
 from redline.app.private_files import config_dir, write_private
+from redline.inference.errors import NeedsOptIn
 
 
 class TrustStore:
@@ -37,8 +37,11 @@ class TrustStore:
         return bool(entry) and entry.get("fingerprint") == fingerprint
 
     def remember(self, folder, kind: str, fingerprint: str, files: list[str]) -> None:
-        self._data[self._key(folder, kind)] = {"fingerprint": fingerprint, "files": files,
-                                               "granted_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self._data[self._key(folder, kind)] = {
+            "fingerprint": fingerprint,
+            "files": files,
+            "granted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         write_private(self.path, json.dumps(self._data, indent=2))
 
     def forget(self, folder, kind: str) -> None:
@@ -46,9 +49,17 @@ class TrustStore:
             write_private(self.path, json.dumps(self._data, indent=2))
 
 
-def load_with_trust(engine, model: str, precision, progress=None, *, store: TrustStore,
-                    trust_remote_code: bool = False, allow_pickle: bool = False,
-                    confirm: Optional[Callable[[NeedsOptIn], bool]] = None):
+def load_with_trust(
+    engine,
+    model: str,
+    precision,
+    progress=None,
+    *,
+    store: TrustStore,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    confirm: Optional[Callable[[NeedsOptIn], bool]] = None,
+):
     """Load through ``engine``, honouring remembered opt-ins and the user's explicit ones.
 
     An explicit opt-in (a CLI flag, or ``confirm`` returning True after asking) is remembered

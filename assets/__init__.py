@@ -3,6 +3,7 @@
 Installed as the ``redline.assets`` package so that files are found through
 ``importlib.resources`` in a wheel, an editable install or a frozen bundle alike.
 """
+
 from importlib.resources import files
 
 

@@ -4,20 +4,21 @@ Qt-free and synchronous: the GUI runs one Engine on a worker thread and talks
 to it through queued signals; the CLI and the speed lab call it directly.
 Cancellation is a flag that the decode loop and the loader check.
 """
+
 from __future__ import annotations
 
 import threading
 from typing import Callable, Optional, Sequence
 
-from redline.inference.decoding.prompt import build_prompt
 from redline.inference.decoding.generate import DecodeOptions, EventFn, SamplingSettings, check_draft, generate
+from redline.inference.decoding.prompt import build_prompt
 from redline.inference.errors import IncompatibleDraft, RedlineError
 from redline.inference.events import GenerationResult
 from redline.inference.hardware.probe import default_device
 from redline.inference.loading.loader import LoadedModel, free_memory, load_model
+from redline.inference.loading.precision import PrecisionSpec
 from redline.inference.memory.calibration import MemoryCheck, check_generation, predict_loaded
 from redline.inference.memory.policy import bound_kernel_caches
-from redline.inference.loading.precision import PrecisionSpec
 from redline.inference.progress import ProgressFn, noop_progress
 from redline.inference.sources.resolve import resolve
 
@@ -26,6 +27,7 @@ def default_precision(device: str) -> str:
     """bf16 where the hardware has it (half the bytes of fp32), else fp16 on GPUs."""
     if device.startswith("cuda"):
         import torch
+
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "bf16"
 
@@ -53,13 +55,26 @@ class Engine:
         self._cancel.clear()
 
     # -- models --------------------------------------------------------------
-    def load(self, model: str, precision: PrecisionSpec, progress: ProgressFn = noop_progress,
-             trust_remote_code: bool = False, allow_pickle: bool = False) -> LoadedModel:
+    def load(
+        self,
+        model: str,
+        precision: PrecisionSpec,
+        progress: ProgressFn = noop_progress,
+        trust_remote_code: bool = False,
+        allow_pickle: bool = False,
+    ) -> LoadedModel:
         self._cancel.clear()
         source = resolve(model)
         self.unload()
-        self.target = load_model(source, precision, self.device, progress, self.cancelled,
-                                 trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        self.target = load_model(
+            source,
+            precision,
+            self.device,
+            progress,
+            self.cancelled,
+            trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle,
+        )
         self._predict(self.target)
         return self.target
 
@@ -127,28 +142,51 @@ class Engine:
             return self.cancelled
         return lambda: self.cancelled() or request_cancelled()
 
-    def generate_ids(self, input_ids: Sequence[int], sampling: SamplingSettings, options: DecodeOptions,
-                     on_event: Optional[EventFn] = None, context: Optional[int] = None,
-                     request_cancelled: Optional[Callable[[], bool]] = None) -> GenerationResult:
+    def generate_ids(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingSettings,
+        options: DecodeOptions,
+        on_event: Optional[EventFn] = None,
+        context: Optional[int] = None,
+        request_cancelled: Optional[Callable[[], bool]] = None,
+    ) -> GenerationResult:
         target = self._require_target()
         self._cancel.clear()
-        result = generate(target, input_ids, sampling, options, self.draft, on_event,
-                          self._should_cancel(request_cancelled), context)
+        result = generate(
+            target, input_ids, sampling, options, self.draft, on_event, self._should_cancel(request_cancelled), context
+        )
         return self._check_memory(result)
 
-    def chat(self, messages: Sequence[dict], sampling: SamplingSettings, options: DecodeOptions,
-             on_event: Optional[EventFn] = None, context: Optional[int] = None,
-             request_cancelled: Optional[Callable[[], bool]] = None) -> GenerationResult:
+    def chat(
+        self,
+        messages: Sequence[dict],
+        sampling: SamplingSettings,
+        options: DecodeOptions,
+        on_event: Optional[EventFn] = None,
+        context: Optional[int] = None,
+        request_cancelled: Optional[Callable[[], bool]] = None,
+    ) -> GenerationResult:
         target = self._require_target()
         context = min(context or target.context_limit, target.context_limit)
         prompt = build_prompt(target.tokenizer, messages, context, sampling.max_new_tokens)
         self._cancel.clear()
-        result = generate(target, prompt.input_ids, sampling, options, self.draft, on_event,
-                          self._should_cancel(request_cancelled), context)
+        result = generate(
+            target,
+            prompt.input_ids,
+            sampling,
+            options,
+            self.draft,
+            on_event,
+            self._should_cancel(request_cancelled),
+            context,
+        )
         result.dropped_messages = prompt.dropped_messages
         if prompt.dropped_messages:
-            result.notes.append(f"{prompt.dropped_messages} earlier message(s) did not fit the context of "
-                                f"{context} tokens and were left out of the prompt.")
+            result.notes.append(
+                f"{prompt.dropped_messages} earlier message(s) did not fit the context of "
+                f"{context} tokens and were left out of the prompt."
+            )
         if prompt.truncated_last:
             result.notes.append("The last message was longer than the context; only its end was sent.")
         if not prompt.used_template:

@@ -1,4 +1,5 @@
 """What a generation reports while it runs and when it ends."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

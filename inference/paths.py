@@ -1,4 +1,5 @@
 """Where Redline keeps files. platformdirs honours XDG_* on Linux."""
+
 from __future__ import annotations
 
 import os

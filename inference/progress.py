@@ -5,6 +5,7 @@ route those bars into our callback (mapped onto a sub-range of 0..1) through
 transformers' tqdm hook, which also gives us a place to honour cancellation in
 the middle of a load.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,9 @@ def check_cancel(should_cancel: Optional[CancelFn]) -> None:
 
 
 @contextlib.contextmanager
-def transformers_progress(progress: ProgressFn, lo: float, hi: float, phase: str,
-                          should_cancel: Optional[CancelFn] = None):
+def transformers_progress(
+    progress: ProgressFn, lo: float, hi: float, phase: str, should_cancel: Optional[CancelFn] = None
+):
     """Map transformers' tqdm bars onto ``progress`` in [lo, hi]; raise Cancelled on request."""
     from tqdm.auto import tqdm as base_tqdm
     from transformers.utils import logging as hf_logging

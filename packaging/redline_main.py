@@ -1,4 +1,5 @@
 """Entry script of the PyInstaller bundle: the same `redline` command the wheel installs."""
+
 import multiprocessing
 import os
 

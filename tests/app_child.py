@@ -1,6 +1,7 @@
 """Run the real app (window, engine thread, store) in a child process with the slow stand-in engine and send
 one message. Used by the SIGKILL test: the parent kills this process mid-reply. The profile comes from
 XDG_DATA_HOME / XDG_CONFIG_HOME in the environment."""
+
 import asyncio
 import sys
 from pathlib import Path
@@ -12,9 +13,9 @@ def main() -> int:
     import qasync
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
+    from slow_engine import SlowEngine
 
     from redline.app.gui import build_window
-    from slow_engine import SlowEngine
 
     app = QApplication(sys.argv[:1])
     loop = qasync.QEventLoop(app)

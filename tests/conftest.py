@@ -1,8 +1,8 @@
 """Shared fixtures: tiny random models (built here, offline) and the real starter model."""
+
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,29 +40,49 @@ def build_tokenizer(vocab_size: int = 400, seed_text: str = ""):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|end|>", "<|user|>", "<|assistant|>",
-                                                                         "<|system|>", "<pad>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS + [seed_text], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>", pad_token="<pad>")
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def build_tiny_model(folder: Path, *, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
-                     vocab_size: int = 400, seed: int = 0, tokenizer=None, max_positions: int = 512,
-                     tie: bool = False) -> Path:
+def build_tiny_model(
+    folder: Path,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab_size: int = 400,
+    seed: int = 0,
+    tokenizer=None,
+    max_positions: int = 512,
+    tie: bool = False,
+) -> Path:
     """A randomly initialised Llama-family model with a real byte-level BPE tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = tokenizer or build_tokenizer(vocab_size)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      max_position_embeddings=max_positions, tie_word_embeddings=tie,
-                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                      bos_token_id=None)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # larger weights than the default init make greedy outputs less repetitive
         for p in model.parameters():
@@ -87,8 +107,9 @@ def tiny_draft_dir(tmp_path_factory, tiny_model_dir) -> Path:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return build_tiny_model(tmp_path_factory.mktemp("draft") / "tiny-draft", layers=1, hidden=32, heads=2,
-                            kv_heads=1, seed=1, tokenizer=tok)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("draft") / "tiny-draft", layers=1, hidden=32, heads=2, kv_heads=1, seed=1, tokenizer=tok
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,17 @@
 """A tiny model folder whose architecture is custom code (``auto_map``): for the trust tests."""
+
 import json
 import shutil
 
 import pytest
 
-CONFIG_PY = '''
+CONFIG_PY = """
 from transformers import LlamaConfig
 
 class ToyConfig(LlamaConfig):
     model_type = "redline_toy"
-'''
-MODELING_PY = '''
+"""
+MODELING_PY = """
 import os
 from transformers import LlamaForCausalLM
 from .configuration_toy import ToyConfig
@@ -20,7 +21,7 @@ open(os.environ["REDLINE_TOY_MARKER"], "w").write("ran")
 
 class ToyForCausalLM(LlamaForCausalLM):
     config_class = ToyConfig
-'''
+"""
 
 
 @pytest.fixture
@@ -32,8 +33,10 @@ def custom_model(tiny_model_dir, tmp_path, monkeypatch):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["model_type"] = "redline_toy"
     cfg["architectures"] = ["ToyForCausalLM"]
-    cfg["auto_map"] = {"AutoConfig": "configuration_toy.ToyConfig",
-                       "AutoModelForCausalLM": "modeling_toy.ToyForCausalLM"}
+    cfg["auto_map"] = {
+        "AutoConfig": "configuration_toy.ToyConfig",
+        "AutoModelForCausalLM": "modeling_toy.ToyForCausalLM",
+    }
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "configuration_toy.py").write_text(CONFIG_PY)
     (folder / "modeling_toy.py").write_text(MODELING_PY)

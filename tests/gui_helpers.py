@@ -1,4 +1,5 @@
 """Helpers for the window tests: a qasync loop that pytest-qt drives, and a window on a temp profile."""
+
 from __future__ import annotations
 
 import asyncio

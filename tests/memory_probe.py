@@ -3,6 +3,7 @@
 A fresh process per precision, so one precision's memory cannot pollute the next's.
 Usage: python -m tests.memory_probe MODEL PRECISION [MAX_NEW_TOKENS]
 """
+
 import json
 import sys
 
@@ -17,16 +18,28 @@ def main() -> None:
     engine = Engine("cpu")
     engine.record_memory = False
     engine.load(model, parse_precision(precision))
-    result = engine.chat([{"role": "user", "content": "Write one sentence about the sea."}],
-                         SamplingSettings(max_new_tokens=max_new, temperature=0), DecodeOptions())
+    result = engine.chat(
+        [{"role": "user", "content": "Write one sentence about the sea."}],
+        SamplingSettings(max_new_tokens=max_new, temperature=0),
+        DecodeOptions(),
+    )
     check = engine.memory_check
-    print(json.dumps({"precision": precision, "predicted_bytes": check.predicted_bytes if check else None,
-                      "measured_bytes": check.measured_bytes if check else None,
-                      "error_pct": check.error_pct if check else None,
-                      "load_peak_bytes": engine.target.peak_memory_bytes,
-                      "generation_peak_bytes": result.peak_memory_bytes,
-                      "prompt_tokens": result.prompt_tokens, "new_tokens": result.new_tokens,
-                      "finish_reason": result.finish_reason, "error": result.error}))
+    print(
+        json.dumps(
+            {
+                "precision": precision,
+                "predicted_bytes": check.predicted_bytes if check else None,
+                "measured_bytes": check.measured_bytes if check else None,
+                "error_pct": check.error_pct if check else None,
+                "load_peak_bytes": engine.target.peak_memory_bytes,
+                "generation_peak_bytes": result.peak_memory_bytes,
+                "prompt_tokens": result.prompt_tokens,
+                "new_tokens": result.new_tokens,
+                "finish_reason": result.finish_reason,
+                "error": result.error,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

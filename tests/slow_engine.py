@@ -1,5 +1,6 @@
 """A stand-in engine that streams words slowly and never imports torch: for tests that must catch the app
 mid-reply (SIGKILL) deterministically. It follows the Engine interface the window's tasks use."""
+
 from __future__ import annotations
 
 import threading
@@ -50,8 +51,9 @@ class SlowEngine:
     def unload(self) -> None:
         self.target = None
 
-    def chat(self, messages, sampling, options, on_event=None, context=None,
-             request_cancelled=None) -> GenerationResult:
+    def chat(
+        self, messages, sampling, options, on_event=None, context=None, request_cancelled=None
+    ) -> GenerationResult:
         self._cancel.clear()
         start = time.perf_counter()
         text, finish = "", "length"
@@ -65,6 +67,14 @@ class SlowEngine:
                 on_event(TokenEvent(i, i, word(i), time.perf_counter() - start))
                 on_event(StatsEvent(i + 1, time.perf_counter() - start, 1 / self.interval_s, None))
         n = len(text.split())
-        return GenerationResult(text=text, token_ids=list(range(n)), prompt_tokens=1, new_tokens=n,
-                                finish_reason=finish, strategy=options.strategy, precision="fp32",
-                                tokens_per_s=1 / self.interval_s, total_s=time.perf_counter() - start)
+        return GenerationResult(
+            text=text,
+            token_ids=list(range(n)),
+            prompt_tokens=1,
+            new_tokens=n,
+            finish_reason=finish,
+            strategy=options.strategy,
+            precision="fp32",
+            tokens_per_s=1 / self.interval_s,
+            total_s=time.perf_counter() - start,
+        )

@@ -1,9 +1,9 @@
 """Help → About: version, licence, library versions, GPU (read off the UI thread), paths; the window icon."""
+
 import sys
 from importlib.metadata import version
 
 import pytest
-
 from gui_helpers import aloop, open_window, profile  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("aloop", "profile")
@@ -32,6 +32,7 @@ def test_about_dialog_shows_versions_paths_and_hardware(qtbot, profile):
     # GPU and CUDA build arrive from a worker thread; until then the rows say so.
     qtbot.waitUntil(lambda: dialog.value("GPU") != PENDING, timeout=60_000)
     import torch
+
     cuda = dialog.value("CUDA (torch build)")
     assert (torch.version.cuda in cuda) if torch.version.cuda else cuda.startswith("none")
     if not torch.cuda.is_available():
@@ -42,6 +43,7 @@ def test_about_dialog_shows_versions_paths_and_hardware(qtbot, profile):
     assert f"Version: {__version__}" in copied and "GPU: " in copied
     # A second click raises the same dialog rather than stacking another.
     from redline.ui.about import AboutDialog
+
     window.about_action.trigger()
     qtbot.wait(100)
     assert window.about_dialog is dialog and len(window.findChildren(AboutDialog)) == 1
@@ -64,6 +66,7 @@ def test_smoke_test_option_runs_in_process_free_of_torch(capsys):
     """`redline --smoke-test` in a fresh interpreter: the window starts without importing torch."""
     import json
     import subprocess
+
     code = "import sys; from app.cli import main; rc = main(['--smoke-test']); sys.exit(rc)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,4 +1,5 @@
 """The layer contracts are checked by `make test`; this proves they actually catch a violation."""
+
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,13 @@ def copy_tree(tmp_path: Path) -> Path:
 
 def lint(pkg: Path) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("lint-imports")
-    return subprocess.run([str(exe), "--config", str(pkg / "pyproject.toml"), "--no-cache"], cwd=pkg.parent,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(pkg.parent), "PATH": ""})
+    return subprocess.run(
+        [str(exe), "--config", str(pkg / "pyproject.toml"), "--no-cache"],
+        cwd=pkg.parent,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(pkg.parent), "PATH": ""},
+    )
 
 
 def test_contract_breaks_when_engine_imports_qt(tmp_path):

@@ -1,4 +1,5 @@
 """Speed lab runner: config syntax, prompt sets, real runs on tiny models, errors per row, cancel, exports, CLI."""
+
 import csv
 import io
 import json
@@ -6,26 +7,48 @@ import threading
 
 import pytest
 
-from redline.inference.bench.runner import (BenchRow, BenchSpec, BenchToken, assets_dir, builtin_prompt_sets, load_prompt_set,
-                             load_report, parse_config, parse_configs, prompt_set_from_dict, run_bench,
-                             save_report)
 from redline.inference.bench.export import to_csv, to_json, to_markdown, to_text
+from redline.inference.bench.runner import (
+    BenchRow,
+    BenchSpec,
+    BenchToken,
+    assets_dir,
+    builtin_prompt_sets,
+    load_prompt_set,
+    load_report,
+    parse_config,
+    parse_configs,
+    prompt_set_from_dict,
+    run_bench,
+    save_report,
+)
 from redline.inference.engine import Engine
 from redline.inference.errors import UnsupportedConfiguration
 
-ONE_PROMPT = prompt_set_from_dict({"name": "one", "prompts": [
-    {"id": "fox", "prompt": "The quick brown fox jumps over the lazy dog. The quick brown fox"}]})
-TWO_PROMPTS = prompt_set_from_dict({"name": "two", "prompts": [
-    "Paris is the capital of France.", "def add(a, b):\n    return a + b\n"]})
+ONE_PROMPT = prompt_set_from_dict(
+    {
+        "name": "one",
+        "prompts": [{"id": "fox", "prompt": "The quick brown fox jumps over the lazy dog. The quick brown fox"}],
+    }
+)
+TWO_PROMPTS = prompt_set_from_dict(
+    {"name": "two", "prompts": ["Paris is the capital of France.", "def add(a, b):\n    return a + b\n"]}
+)
 
 
 # -- syntax -------------------------------------------------------------------
 def test_issue_example_parses():
-    configs = parse_configs("naive:fp32,kv:bf16,kv:int8,kv:nf4,speculative:bf16+draft=starter@int8/k=5,"
-                            "prompt-lookup:bf16")
+    configs = parse_configs(
+        "naive:fp32,kv:bf16,kv:int8,kv:nf4,speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16"
+    )
     assert [(c.strategy, c.precision) for c in configs] == [
-        ("naive", "fp32"), ("kv", "bf16"), ("kv", "int8"), ("kv", "nf4"), ("speculative", "bf16"),
-        ("prompt-lookup", "bf16")]
+        ("naive", "fp32"),
+        ("kv", "bf16"),
+        ("kv", "int8"),
+        ("kv", "nf4"),
+        ("speculative", "bf16"),
+        ("prompt-lookup", "bf16"),
+    ]
     spec = configs[4]
     assert (spec.draft, spec.draft_precision, spec.k) == ("starter", "int8", 5)
     assert spec.options().num_draft_tokens == 5
@@ -33,8 +56,10 @@ def test_issue_example_parses():
 
 
 def test_commas_and_slashes_stay_inside_their_configuration():
-    configs = parse_configs("kv:nf4+keep=lm_head,model.embed_tokens,static:fp32+compile, "
-                            "speculative:fp16+draft=HuggingFaceTB/SmolLM2-135M-Instruct/k=3+schedule=heuristic")
+    configs = parse_configs(
+        "kv:nf4+keep=lm_head,model.embed_tokens,static:fp32+compile, "
+        "speculative:fp16+draft=HuggingFaceTB/SmolLM2-135M-Instruct/k=3+schedule=heuristic"
+    )
     assert len(configs) == 3
     assert configs[0].precision == "nf4+keep=lm_head,model.embed_tokens"
     assert configs[0].precision_spec("cpu").skip_modules == ("lm_head", "model.embed_tokens")
@@ -47,16 +72,19 @@ def test_commas_and_slashes_stay_inside_their_configuration():
     assert parse_config("prompt-lookup:fp32+lookup=4").lookup == 4
 
 
-@pytest.mark.parametrize("text, words", [
-    ("turbo:fp32", "Unknown strategy"),
-    ("kv:fp32,turbo:fp8", "Unknown strategy"),
-    ("kv:fp8", "Unknown precision"),
-    ("speculative:bf16", "needs a draft"),
-    ("speculative:bf16+draft=starter/k=many", "whole number"),
-    ("speculative:bf16+draft=starter/k=0", "at least 1"),
-    ("kv:bf16+colour=red", "Unknown option"),
-    ("", "No configurations"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("turbo:fp32", "Unknown strategy"),
+        ("kv:fp32,turbo:fp8", "Unknown strategy"),
+        ("kv:fp8", "Unknown precision"),
+        ("speculative:bf16", "needs a draft"),
+        ("speculative:bf16+draft=starter/k=many", "whole number"),
+        ("speculative:bf16+draft=starter/k=0", "at least 1"),
+        ("kv:bf16+colour=red", "Unknown option"),
+        ("", "No configurations"),
+    ],
+)
 def test_bad_configurations_say_what_is_wrong(text, words):
     with pytest.raises(UnsupportedConfiguration, match=words):
         parse_configs(text)
@@ -86,10 +114,12 @@ def test_builtin_prompt_sets_and_custom_files(tmp_path):
 @pytest.fixture(scope="module")
 def ladder(tiny_model_dir, tiny_draft_dir):
     """All five strategies in fp32 (greedy equivalence holds there), one warm-up, two samples."""
-    configs = parse_configs(f"naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32+lookup=3,"
-                            f"speculative:fp32+draft={tiny_draft_dir}@fp32/k=3")
-    spec = BenchSpec(model=str(tiny_model_dir), configs=configs, prompts=TWO_PROMPTS, new_tokens=12, warmup=1,
-                     samples=2, seed=0)
+    configs = parse_configs(
+        f"naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32+lookup=3,speculative:fp32+draft={tiny_draft_dir}@fp32/k=3"
+    )
+    spec = BenchSpec(
+        model=str(tiny_model_dir), configs=configs, prompts=TWO_PROMPTS, new_tokens=12, warmup=1, samples=2, seed=0
+    )
     events = []
     report = run_bench(Engine("cpu"), spec, events.append)
     return report, events
@@ -137,8 +167,17 @@ def test_exports(ladder, tmp_path):
     assert {"cpu", "gpus", "ram_total_bytes", "versions"} <= set(data["machine"])
     assert {"torch", "transformers", "bitsandbytes"} <= set(data["machine"]["versions"])
     for rec in data["results"]:
-        assert {"config", "ttft_ms", "p50_ms", "p95_ms", "tokens_per_s", "peak_memory_bytes", "acceptance_rate",
-                "speedup", "matches_baseline"} <= set(rec)
+        assert {
+            "config",
+            "ttft_ms",
+            "p50_ms",
+            "p95_ms",
+            "tokens_per_s",
+            "peak_memory_bytes",
+            "acceptance_rate",
+            "speedup",
+            "matches_baseline",
+        } <= set(rec)
     assert data["results"][1]["acceptance_rate"] is None and data["results"][4]["acceptance_rate"] is not None
     rows = list(csv.DictReader(io.StringIO(to_csv(report))))
     assert [r["config"] for r in rows] == [r.config for r in report.results]
@@ -164,8 +203,7 @@ def test_oom_and_errors_are_rows_and_the_run_goes_on(tiny_model_dir, monkeypatch
 
     monkeypatch.setattr(LlamaForCausalLM, "generate", generate)
     configs = parse_configs("kv:fp32,kv:bf16,speculative:fp32+draft=/no/such/draft/k=2,naive:fp32")
-    spec = BenchSpec(model=str(tiny_model_dir), configs=configs, prompts=ONE_PROMPT, new_tokens=6, warmup=0,
-                     samples=1)
+    spec = BenchSpec(model=str(tiny_model_dir), configs=configs, prompts=ONE_PROMPT, new_tokens=6, warmup=0, samples=1)
     report = run_bench(Engine("cpu"), spec)
     kv, bf16, spec_row, naive = report.results
     assert kv.status == "ok" and naive.status == "ok"
@@ -183,8 +221,7 @@ def test_cancel_keeps_finished_rows(tiny_model_dir):
             engine.cancel()  # what the panel's Cancel does (plus setting its own event)
 
     configs = parse_configs("kv:fp32,naive:fp32,static:fp32")
-    spec = BenchSpec(model=str(tiny_model_dir), configs=configs, prompts=ONE_PROMPT, new_tokens=6, warmup=0,
-                     samples=1)
+    spec = BenchSpec(model=str(tiny_model_dir), configs=configs, prompts=ONE_PROMPT, new_tokens=6, warmup=0, samples=1)
     report = run_bench(engine, spec, progress, cancel)
     assert report.cancelled
     assert [r.status for r in report.results] == ["ok", "cancelled", "cancelled"]
@@ -194,15 +231,29 @@ def test_cancel_keeps_finished_rows(tiny_model_dir):
 def test_stale_cancel_from_chat_does_not_stop_a_run(tiny_model_dir):
     engine = Engine("cpu")
     engine.cancel()  # e.g. the user stopped a chat reply before opening the lab
-    spec = BenchSpec(model=str(tiny_model_dir), configs=parse_configs("kv:fp32"), prompts=ONE_PROMPT,
-                     new_tokens=4, warmup=0, samples=1)
+    spec = BenchSpec(
+        model=str(tiny_model_dir),
+        configs=parse_configs("kv:fp32"),
+        prompts=ONE_PROMPT,
+        new_tokens=4,
+        warmup=0,
+        samples=1,
+    )
     assert run_bench(engine, spec).results[0].status == "ok"
 
 
 @pytest.mark.parametrize("mode", ["padded", "continuous"])
 def test_batch_sweep(tiny_model_dir, mode):
-    spec = BenchSpec(model=str(tiny_model_dir), configs=parse_configs("kv:fp32"), prompts=TWO_PROMPTS,
-                     new_tokens=8, warmup=0, samples=1, batch_sizes=[1, 3], batch_mode=mode)
+    spec = BenchSpec(
+        model=str(tiny_model_dir),
+        configs=parse_configs("kv:fp32"),
+        prompts=TWO_PROMPTS,
+        new_tokens=8,
+        warmup=0,
+        samples=1,
+        batch_sizes=[1, 3],
+        batch_mode=mode,
+    )
     report = run_bench(Engine("cpu"), spec)
     assert report.sweep_config == "kv:fp32"
     assert [(s.batch_size, s.mode, s.status) for s in report.sweep] == [(1, mode, "ok"), (3, mode, "ok")]
@@ -212,8 +263,15 @@ def test_batch_sweep(tiny_model_dir, mode):
 
 
 def test_batch_sweep_refuses_speculative(tiny_model_dir):
-    spec = BenchSpec(model=str(tiny_model_dir), configs=parse_configs("prompt-lookup:fp32"), prompts=ONE_PROMPT,
-                     new_tokens=4, warmup=0, samples=1, batch_sizes=[2])
+    spec = BenchSpec(
+        model=str(tiny_model_dir),
+        configs=parse_configs("prompt-lookup:fp32"),
+        prompts=ONE_PROMPT,
+        new_tokens=4,
+        warmup=0,
+        samples=1,
+        batch_sizes=[2],
+    )
     report = run_bench(Engine("cpu"), spec)
     assert report.sweep[0].status == "error" and "one sequence at a time" in report.sweep[0].error
 
@@ -221,8 +279,24 @@ def test_batch_sweep_refuses_speculative(tiny_model_dir):
 def test_cli_bench_json(tiny_model_dir, capsys):
     from redline.app.cli import main
 
-    rc = main(["bench", "--model", str(tiny_model_dir), "--configs", "naive:fp32,kv:fp32", "--baseline", "kv:fp32",
-               "--new-tokens", "6", "--warmup", "0", "--samples", "1", "--json"])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(tiny_model_dir),
+            "--configs",
+            "naive:fp32,kv:fp32",
+            "--baseline",
+            "kv:fp32",
+            "--new-tokens",
+            "6",
+            "--warmup",
+            "0",
+            "--samples",
+            "1",
+            "--json",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     data = json.loads(out)
@@ -240,8 +314,14 @@ def test_cli_bench_bad_input_is_a_clear_error(capsys):
 
 @pytest.mark.starter
 def test_starter_kv_matches_naive(starter_dir):
-    spec = BenchSpec(model="starter", configs=parse_configs("naive:fp32,kv:fp32"), prompts=ONE_PROMPT,
-                     new_tokens=24, warmup=0, samples=1)
+    spec = BenchSpec(
+        model="starter",
+        configs=parse_configs("naive:fp32,kv:fp32"),
+        prompts=ONE_PROMPT,
+        new_tokens=24,
+        warmup=0,
+        samples=1,
+    )
     report = run_bench(Engine("cpu"), spec)
     naive, kv = report.results
     assert naive.status == kv.status == "ok"
@@ -254,8 +334,14 @@ def test_rows_report_bytes_per_token_and_roofline(tiny_model_dir):
 
     prompts = load_prompt_set("short")
     prompts.prompts = prompts.prompts[:1]
-    spec = BenchSpec(model=str(tiny_model_dir), configs=parse_configs("kv:fp32,fast:fp32"), prompts=prompts,
-                     new_tokens=8, warmup=0, samples=1)
+    spec = BenchSpec(
+        model=str(tiny_model_dir),
+        configs=parse_configs("kv:fp32,fast:fp32"),
+        prompts=prompts,
+        new_tokens=8,
+        warmup=0,
+        samples=1,
+    )
     report = run_bench(Engine(device="cpu"), spec)
     for row in report.results:
         assert row.status == "ok", row.error

@@ -1,4 +1,5 @@
 """The one decode path: five strategies, same tokens under greedy fp32, streaming, cancel, errors."""
+
 import threading
 
 import pytest
@@ -46,7 +47,8 @@ def test_naive_really_recomputes_the_whole_sequence(engine):
     seen = []
     model = engine.target.model
     handle = model.model.register_forward_pre_hook(
-        lambda mod, args, kwargs: seen.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        lambda mod, args, kwargs: seen.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     try:
         naive = run(engine, "naive", SamplingSettings(max_new_tokens=5, temperature=0))
         naive_lengths = list(seen)
@@ -62,9 +64,12 @@ def test_naive_really_recomputes_the_whole_sequence(engine):
 
 def test_events_stream_and_deltas_join_to_text(engine):
     events = []
-    result = engine.chat([{"role": "user", "content": "你好，世界！ Emoji 😀🚀 café"}],
-                         SamplingSettings(max_new_tokens=40, temperature=0), DecodeOptions("kv"),
-                         on_event=events.append)
+    result = engine.chat(
+        [{"role": "user", "content": "你好，世界！ Emoji 😀🚀 café"}],
+        SamplingSettings(max_new_tokens=40, temperature=0),
+        DecodeOptions("kv"),
+        on_event=events.append,
+    )
     tokens = [e for e in events if isinstance(e, TokenEvent)]
     assert isinstance(events[-1], FinishedEvent) and events[-1].result is result
     assert "".join(e.text for e in tokens) == result.text
@@ -87,8 +92,9 @@ def test_cancel_keeps_partial_and_model_stays_usable(engine):
             if count == 5:
                 engine.cancel()
 
-    result = engine.chat(PROMPT, SamplingSettings(max_new_tokens=50, temperature=0), DecodeOptions("kv"),
-                         on_event=on_event)
+    result = engine.chat(
+        PROMPT, SamplingSettings(max_new_tokens=50, temperature=0), DecodeOptions("kv"), on_event=on_event
+    )
     assert result.finish_reason == "cancelled"
     assert 5 <= result.new_tokens < 50
     again = run(engine, "kv")
@@ -104,8 +110,13 @@ def test_cancel_from_another_thread(engine):
 
     t = threading.Thread(target=lambda: (started.wait(5), engine.cancel()))
     t.start()
-    result = engine.chat(PROMPT, SamplingSettings(max_new_tokens=400, temperature=0), DecodeOptions("naive"),
-                         on_event=on_event, context=500)
+    result = engine.chat(
+        PROMPT,
+        SamplingSettings(max_new_tokens=400, temperature=0),
+        DecodeOptions("naive"),
+        on_event=on_event,
+        context=500,
+    )
     t.join()
     assert result.finish_reason == "cancelled" and result.new_tokens < 400
 
@@ -116,12 +127,12 @@ def test_context_overflow_drops_oldest_turns_keeps_system(engine):
         messages.append({"role": "user", "content": f"Question {i}: the quick brown fox jumps over the lazy dog"})
         messages.append({"role": "assistant", "content": f"Answer {i}: Paris is the capital of France."})
     messages.append({"role": "user", "content": "Last question?"})
-    result = engine.chat(messages, SamplingSettings(max_new_tokens=8, temperature=0), DecodeOptions("kv"),
-                         context=200)
+    result = engine.chat(messages, SamplingSettings(max_new_tokens=8, temperature=0), DecodeOptions("kv"), context=200)
     assert result.dropped_messages > 0
     assert any("did not fit" in n for n in result.notes)
     assert result.prompt_tokens + 8 <= 200
     from redline.inference.decoding.prompt import build_prompt
+
     prompt = build_prompt(engine.target.tokenizer, messages, 200, 8)
     text = engine.target.tokenizer.decode(prompt.input_ids)
     assert "You are terse." in text and "Last question?" in text and "Question 0:" not in text
@@ -129,8 +140,12 @@ def test_context_overflow_drops_oldest_turns_keeps_system(engine):
 
 def test_single_message_longer_than_context_keeps_its_end(engine):
     long = "lazy dog " * 400 + "FINAL WORDS"
-    result = engine.chat([{"role": "user", "content": long}], SamplingSettings(max_new_tokens=4, temperature=0),
-                         DecodeOptions("kv"), context=128)
+    result = engine.chat(
+        [{"role": "user", "content": long}],
+        SamplingSettings(max_new_tokens=4, temperature=0),
+        DecodeOptions("kv"),
+        context=128,
+    )
     assert result.prompt_tokens <= 124
     assert any("only its end" in n for n in result.notes)
 
@@ -188,9 +203,11 @@ def test_draft_with_other_tokenizer_uses_universal_assisted(tiny_model_dir, tiny
 def test_draft_with_same_vocab_size_but_other_tokens_is_refused(tiny_model_dir, tmp_path):
     import sys
     from pathlib import Path
+
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import build_tiny_model, build_tokenizer
     from transformers import AutoTokenizer
+
     n = len(AutoTokenizer.from_pretrained(tiny_model_dir))
     for size in range(n, n + 40):  # train until the vocabulary has the same size but other tokens
         tok = build_tokenizer(size, seed_text="zebra quagga okapi " * 50)
@@ -208,14 +225,20 @@ def test_draft_with_same_vocab_size_but_other_tokens_is_refused(tiny_model_dir, 
 
 def test_prompt_fills_context_is_refused(engine):
     from redline.inference.errors import UnsupportedConfiguration
+
     with pytest.raises(UnsupportedConfiguration, match="fills the context"):
         generate(engine.target, list(range(10, 60)), GREEDY, DecodeOptions("kv"), context_limit=50)
 
 
 def test_stats_events_during_long_generation(engine):
     events = []
-    engine.chat(PROMPT, SamplingSettings(max_new_tokens=300, temperature=0), DecodeOptions("naive"),
-                on_event=events.append, context=500)
+    engine.chat(
+        PROMPT,
+        SamplingSettings(max_new_tokens=300, temperature=0),
+        DecodeOptions("naive"),
+        on_event=events.append,
+        context=500,
+    )
     # naive decoding of 300 tokens takes well over the 0.5 s stats interval on any CPU
     stats = [e for e in events if isinstance(e, StatsEvent)]
     assert stats and all(s.tokens_per_s_1s > 0 for s in stats)

@@ -1,5 +1,6 @@
 """Memory estimator: exact parameter counts, KV cache arithmetic, weights per precision, fit and suggestion,
 bad configs, the per-machine correction, the CLI, and the engine's predicted-vs-measured hook."""
+
 from __future__ import annotations
 
 import functools
@@ -9,26 +10,77 @@ import re
 import pytest
 
 from redline.inference.errors import ModelLoadError, UnsupportedConfiguration
-from redline.inference.memory.model_shapes import STARTER_CONFIG, read_shape
-from redline.inference.memory.estimator import (GB, MB, ModelShape, estimate, kv_cache_bytes, shape_from_config,
-                                 should_convert, weights_bytes)
 from redline.inference.loading.precision import parse_precision
+from redline.inference.memory.estimator import (
+    GB,
+    MB,
+    ModelShape,
+    estimate,
+    kv_cache_bytes,
+    shape_from_config,
+    should_convert,
+    weights_bytes,
+)
+from redline.inference.memory.model_shapes import STARTER_CONFIG, read_shape
 
 # Configs as published on the models' pages (only the fields that shape the network).
-GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
-        "vocab_size": 50257, "tie_word_embeddings": True}
-LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
-             "max_position_embeddings": 4096, "tie_word_embeddings": False, "dtype": "float16"}
-LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-             "max_position_embeddings": 8192, "tie_word_embeddings": False, "dtype": "bfloat16"}
-QWEN2_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-             "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
-             "max_position_embeddings": 32768, "tie_word_embeddings": True, "dtype": "bfloat16"}
-MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
-              "max_position_embeddings": 32768, "sliding_window": 4096, "dtype": "bfloat16"}
+GPT2 = {
+    "model_type": "gpt2",
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_positions": 1024,
+    "vocab_size": 50257,
+    "tie_word_embeddings": True,
+}
+LLAMA2_7B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "dtype": "float16",
+}
+LLAMA3_8B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
+}
+QWEN2_05B = {
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "dtype": "bfloat16",
+}
+MISTRAL_7B = {
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "sliding_window": 4096,
+    "dtype": "bfloat16",
+}
 
 
 def shape_of(cfg: dict) -> ModelShape:
@@ -38,6 +90,7 @@ def shape_of(cfg: dict) -> ModelShape:
 @functools.lru_cache(maxsize=None)
 def _shape_of(cfg_json: str) -> ModelShape:  # building a 7B model on the meta device takes a second
     from transformers import AutoConfig
+
     data = json.loads(cfg_json)
     return shape_from_config(AutoConfig.for_model(data.pop("model_type"), **data))
 
@@ -52,13 +105,16 @@ def llama_formula(h, i, layers, heads, kv, vocab, tied, head_dim=None, qkv_bias=
     return vocab * h * (1 if tied else 2) + layers * per_layer + h
 
 
-@pytest.mark.parametrize("cfg,expected", [
-    (GPT2, 124_439_808),  # multi-head, attention biases, tied embeddings, Conv1D layers
-    (LLAMA2_7B, 6_738_415_616),  # multi-head
-    (LLAMA3_8B, 8_030_261_248),  # grouped-query
-    (QWEN2_05B, 494_032_768),  # grouped-query, q/k/v biases, tied embeddings
-    (STARTER_CONFIG, 134_515_008),  # SmolLM2-135M: grouped-query, tied embeddings
-])
+@pytest.mark.parametrize(
+    "cfg,expected",
+    [
+        (GPT2, 124_439_808),  # multi-head, attention biases, tied embeddings, Conv1D layers
+        (LLAMA2_7B, 6_738_415_616),  # multi-head
+        (LLAMA3_8B, 8_030_261_248),  # grouped-query
+        (QWEN2_05B, 494_032_768),  # grouped-query, q/k/v biases, tied embeddings
+        (STARTER_CONFIG, 134_515_008),  # SmolLM2-135M: grouped-query, tied embeddings
+    ],
+)
 def test_exact_parameter_counts(cfg, expected):
     assert shape_of(cfg).parameters == expected
 
@@ -94,9 +150,18 @@ def test_sliding_window_layers_capped_at_window():
 
 def test_multi_query_flag():
     from transformers import AutoConfig
+
     from redline.inference.memory.estimator import kv_geometry
-    cfg = AutoConfig.for_model("falcon", hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
-                               multi_query=True, new_decoder_architecture=False, vocab_size=100)
+
+    cfg = AutoConfig.for_model(
+        "falcon",
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        multi_query=True,
+        new_decoder_architecture=False,
+        vocab_size=100,
+    )
     assert kv_geometry(cfg)["kv_heads"] == 1
 
 
@@ -138,6 +203,7 @@ def test_attention_bias_stays_unquantised():
 
 def test_should_convert_matches_transformers():
     from transformers.quantizers.quantizers_utils import should_convert_module
+
     names = ["lm_head", "model.layers.1.mlp.gate_proj", "model.layers.11.self_attn.q_proj", "model.norm"]
     for patterns in (["lm_head"], ["mlp"], ["model.layers.1"], ["layers.*.self_attn"], ["mlp.gate"]):
         for n in names:
@@ -190,12 +256,15 @@ def test_config_only_folder(tmp_path):
 # ------------------------------------------------------------------ fit and suggestion
 def planner_for(cfg, available, device="cuda", draft=None, bf16=True):
     from redline.inference.memory.fit import Planner, Target
-    return Planner(shape_of(cfg), Target(device, int(available), "this GPU", None, bf16, None, "this GPU has free"),
-                   draft=draft)
+
+    return Planner(
+        shape_of(cfg), Target(device, int(available), "this GPU", None, bf16, None, "this GPU has free"), draft=draft
+    )
 
 
 def test_suggestion_picks_highest_precision_that_fits():
     from redline.inference.memory.fit import suggest
+
     s = suggest(planner_for(LLAMA3_8B, 13 * GB), 4096)  # bf16 needs ~17 GB: int8 is the best that fits
     assert s.precision == "int8" and s.context == 4096
     assert re.match(r"int8 fits with \d+\.\d GB to spare at 4096 tokens", s.text)
@@ -206,11 +275,13 @@ def test_suggestion_picks_highest_precision_that_fits():
 
 def test_suggestion_fp16_on_cards_without_bf16():
     from redline.inference.memory.fit import suggest
+
     assert suggest(planner_for(STARTER_CONFIG, 8 * GB, bf16=False), 2048).precision == "fp16"
 
 
 def test_nothing_fits_names_one_change():
     from redline.inference.memory.fit import suggest
+
     # nf4 weights ~5.7 GB, KV cache 4.3 GB at 32768 tokens: with 8 GB free only a shorter context fits.
     p = planner_for(LLAMA3_8B, 8 * GB)
     s = suggest(p, 32768)
@@ -232,6 +303,7 @@ def test_nothing_fits_names_one_change():
 
 def test_fixed_precision_that_does_not_fit_suggests_lower():
     from redline.inference.memory.fit import suggest
+
     s = suggest(planner_for(LLAMA3_8B, 13 * GB), 4096, precision="bf16")
     assert s.precision == "int8" and s.change == "precision"
 
@@ -246,6 +318,7 @@ def test_longest_context_is_monotonic_boundary():
 
 def test_gpu_list_lookup():
     from redline.inference.hardware.gpus import find_gpu, gpu_for_memory
+
     assert find_gpu("3060").name == "RTX 3060 12GB"
     assert find_gpu("rtx 4060 ti 16").memory_bytes == 16 << 30
     assert find_gpu("RTX 4090").memory_bytes == 24 << 30
@@ -260,6 +333,7 @@ def test_gpu_list_lookup():
 # ------------------------------------------------------------------ correction
 def test_correction_learns_median_residual(tmp_path):
     from redline.inference.memory.calibration import MemoryCheck, correction_bytes, record
+
     path = tmp_path / "cal.json"
     assert correction_bytes("cpu", path) == 0
     for residual in (100, 120, 900):  # one odd load must not swing it
@@ -284,13 +358,15 @@ def test_draft_adds_weights_and_kv():
     draft = shape_of(STARTER_CONFIG)
     e = estimate(shape, parse_precision("bf16"), 4096, device="cuda", draft=draft)
     assert e.draft_bytes == 2 * draft.parameters + kv_cache_bytes(30, 3, 64, 4096, 1, 2)
-    assert e.total_bytes == (e.weights_bytes + e.kv_cache_bytes + e.activation_bytes + e.overhead_bytes
-                             + e.draft_bytes + e.loading_bytes)
+    assert e.total_bytes == (
+        e.weights_bytes + e.kv_cache_bytes + e.activation_bytes + e.overhead_bytes + e.draft_bytes + e.loading_bytes
+    )
 
 
 # ------------------------------------------------------------------ CLI and engine
 def test_cli_json(capsys, tmp_path):
     from redline.app.cli import main
+
     folder = write_config(tmp_path / "qwen", json.dumps(QWEN2_05B))
     assert main(["estimate", str(folder), "--gpu", "RTX 3060 12GB", "--context", "4096", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -299,8 +375,16 @@ def test_cli_json(capsys, tmp_path):
     assert data["parameters"] == 494_032_768 and data["available_bytes"] == 12 << 30
     assert [e["precision"] for e in data["estimates"]] == ["fp32", "fp16", "bf16", "int8", "nf4", "fp4", "q8", "q4"]
     for e in data["estimates"]:
-        for key in ("precision", "weights_bytes", "kv_cache_bytes", "activation_bytes", "overhead_bytes",
-                    "draft_bytes", "total_bytes", "fits"):
+        for key in (
+            "precision",
+            "weights_bytes",
+            "kv_cache_bytes",
+            "activation_bytes",
+            "overhead_bytes",
+            "draft_bytes",
+            "total_bytes",
+            "fits",
+        ):
             assert key in e
     assert data["suggestion"]["precision"] == "bf16" and data["suggestion"]["context"] == 4096
     assert data["suggestion"]["text"].startswith("bf16 fits with")
@@ -308,6 +392,7 @@ def test_cli_json(capsys, tmp_path):
 
 def test_cli_table_and_bad_model(capsys, tmp_path):
     from redline.app.cli import main
+
     folder = write_config(tmp_path / "m", json.dumps(STARTER_CONFIG))
     assert main(["estimate", str(folder), "--free-gb", "0.5", "--precision", "nf4"]) == 0
     out = capsys.readouterr().out
@@ -326,12 +411,13 @@ def test_engine_records_predicted_and_measured(tiny_model_dir, tmp_path, monkeyp
     engine = Engine("cpu")
     loaded = engine.load(str(tiny_model_dir), parse_precision("fp32"))
     assert loaded.predicted_bytes and loaded.predicted_bytes > 0
-    result = engine.chat([{"role": "user", "content": "Paris"}], SamplingSettings(max_new_tokens=4, temperature=0),
-                         DecodeOptions())
+    result = engine.chat(
+        [{"role": "user", "content": "Paris"}], SamplingSettings(max_new_tokens=4, temperature=0), DecodeOptions()
+    )
     assert result.predicted_memory_bytes and result.measured_memory_bytes
     assert result.memory_error_pct == pytest.approx(
-        100 * (result.predicted_memory_bytes - result.measured_memory_bytes) / result.measured_memory_bytes,
-        abs=0.01)
+        100 * (result.predicted_memory_bytes - result.measured_memory_bytes) / result.measured_memory_bytes, abs=0.01
+    )
     assert engine.memory_check.tokens == result.prompt_tokens + result.new_tokens
     records = history("cpu")
     assert len(records) == 1 and records[0]["measured_bytes"] == result.measured_memory_bytes
@@ -339,6 +425,7 @@ def test_engine_records_predicted_and_measured(tiny_model_dir, tmp_path, monkeyp
 
 def test_shipped_starter_shape_matches_meta_count():
     from redline.inference.memory.model_shapes import shipped_starter_shape
+
     shipped = shipped_starter_shape()
     fresh = shape_of(STARTER_CONFIG)
     shipped.name = fresh.name
@@ -348,16 +435,31 @@ def test_shipped_starter_shape_matches_meta_count():
 @pytest.mark.starter
 def test_starter_folder_config_gives_the_shipped_shape(starter_dir):
     from redline.inference.memory.model_shapes import shape_for_folder, shipped_starter_shape
+
     folder = shape_for_folder(starter_dir, "starter")
     shipped = shipped_starter_shape()
-    for key in ("parameters", "layers", "heads", "kv_heads", "head_dim", "hidden", "intermediate", "vocab",
-                "max_positions", "stored_dtype", "linears", "default_not_convert", "tied_linears"):
+    for key in (
+        "parameters",
+        "layers",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "hidden",
+        "intermediate",
+        "vocab",
+        "max_positions",
+        "stored_dtype",
+        "linears",
+        "default_not_convert",
+        "tied_linears",
+    ):
         assert getattr(folder, key) == getattr(shipped, key), key
 
 
 def test_weight_only_q8_q4_bytes():
     """q8/q4 (torch's packed kernels) pack every Linear, a tied head as its own copy."""
     from types import SimpleNamespace
+
     shape = shape_of(STARTER_CONFIG)
     p, v, h = shape.parameters, 49152, 576
     q = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
@@ -373,6 +475,7 @@ def test_weight_only_q8_q4_bytes():
 
 def test_hub_id_offline_without_cache_says_so(monkeypatch, tmp_path):
     from redline.inference.errors import ModelSourceError
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelSourceError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
@@ -383,6 +486,7 @@ def test_gguf_metadata_source(tmp_path, monkeypatch):
     """A .gguf file is estimated from its metadata (gguf.GGUFReader via transformers), never converted."""
     import gguf
     import numpy as np
+
     monkeypatch.setenv("REDLINE_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")

@@ -5,6 +5,7 @@ engine's prediction (made for the tokens it used) beside the peak RSS it
 measured over the load and the generation. The accuracy target: within 10 %
 or 300 MB, whichever is larger.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_probe(precision: str, data_dir: Path) -> dict:
-    env = dict(os.environ, REDLINE_DATA_DIR=str(data_dir), PYTHONPATH=str(ROOT) + os.pathsep +
-               os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "tests.memory_probe", "starter", precision, "4"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ, REDLINE_DATA_DIR=str(data_dir), PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.memory_probe", "starter", precision, "4"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -38,17 +46,28 @@ def test_prediction_within_target_of_measured_rss(precision, starter_dir, tmp_pa
     assert r["new_tokens"] > 0
     predicted, measured = r["predicted_bytes"], r["measured_bytes"]
     assert measured >= max(r["load_peak_bytes"], r["generation_peak_bytes"])
-    print(f"{precision}: predicted {predicted / 1e6:.0f} MB, measured {measured / 1e6:.0f} MB "
-          f"({r['error_pct']:+.1f} %)")
+    print(
+        f"{precision}: predicted {predicted / 1e6:.0f} MB, measured {measured / 1e6:.0f} MB ({r['error_pct']:+.1f} %)"
+    )
     assert abs(predicted - measured) <= accuracy_margin(measured), r
 
 
 @pytest.mark.starter
 def test_cli_estimate_starter_offline(starter_dir, tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", REDLINE_DATA_DIR=str(tmp_path),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "redline", "estimate", "starter", "--precision", "all", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        REDLINE_DATA_DIR=str(tmp_path),
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "redline", "estimate", "starter", "--precision", "all", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["parameters"] == 134_515_008 and data["context"] == 8192

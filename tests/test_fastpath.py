@@ -1,4 +1,5 @@
 """The fast decode path gives transformers' tokens, with its own cache and fused weights."""
+
 import pytest
 import torch
 
@@ -63,12 +64,13 @@ def test_fast_after_cancel_and_reuse(engine):
             if seen == 4:
                 engine.cancel()
 
-    cancelled = engine.chat(msgs, SamplingSettings(max_new_tokens=50, temperature=0), DecodeOptions("fast"),
-                            on_event=on_event)
+    cancelled = engine.chat(
+        msgs, SamplingSettings(max_new_tokens=50, temperature=0), DecodeOptions("fast"), on_event=on_event
+    )
     assert cancelled.finish_reason == "cancelled" and 4 <= cancelled.new_tokens < 50
     again = engine.chat(msgs, GREEDY, DecodeOptions("fast"))
     assert again.token_ids == engine.chat(msgs, GREEDY, DecodeOptions("kv")).token_ids
-    assert again.token_ids[:cancelled.new_tokens] == cancelled.token_ids
+    assert again.token_ids[: cancelled.new_tokens] == cancelled.token_ids
 
 
 def test_fast_sampling_matches_generate_with_the_same_seed(engine):
@@ -95,6 +97,7 @@ def test_weight_only_precisions_stay_close_to_bf16(tiny_model_dir, precision, mi
     eng = Engine(device="cpu")
     loaded = eng.load(str(tiny_model_dir), parse_precision(precision))
     from redline.inference.loading.weight_only import PackedLinear
+
     assert isinstance(loaded.model.model.layers[0].mlp.up_proj, PackedLinear)
     with torch.inference_mode():
         quant = loaded.model(ids).logits[0, -1].float()
@@ -108,7 +111,9 @@ def test_q8_with_fp32_compute_matches_kv_exactly(tiny_model_dir):
     eng = Engine(device="cpu")
     eng.load(str(tiny_model_dir), parse_precision("q8+compute=fp32"))
     msgs = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog"}]
-    assert eng.chat(msgs, GREEDY, DecodeOptions("fast")).token_ids == eng.chat(msgs, GREEDY, DecodeOptions("kv")).token_ids
+    assert (
+        eng.chat(msgs, GREEDY, DecodeOptions("fast")).token_ids == eng.chat(msgs, GREEDY, DecodeOptions("kv")).token_ids
+    )
 
 
 def test_unsupported_model_falls_back_and_says_so(tiny_model_dir):
@@ -121,6 +126,7 @@ def test_unsupported_model_falls_back_and_says_so(tiny_model_dir):
 
 def test_packed_int8_linear_is_close_to_float():
     from redline.inference.loading.weight_only import PackedLinear
+
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48)
     x = torch.randn(3, 64)

@@ -1,10 +1,10 @@
 """The chat window with a tiny random model: streaming, stop, persistence, regenerate, edit, errors."""
+
 import time
 
 import pytest
-from PySide6.QtCore import Qt
-
 from gui_helpers import aloop, open_window, profile, send, write_settings  # noqa: F401 - fixtures
+from PySide6.QtCore import Qt
 
 pytestmark = pytest.mark.usefixtures("aloop", "profile")
 
@@ -80,8 +80,10 @@ def test_regenerate_and_edit_resend(qtbot, tiny_window):
     with qtbot.waitSignal(w.reply_finished, timeout=60_000):
         w.send()
     msgs = w.store.messages(w.conversation_id)
-    assert [(m.role, m.content if m.role == "user" else "") for m in msgs] == [("user", "second question"),
-                                                                               ("assistant", "")]
+    assert [(m.role, m.content if m.role == "user" else "") for m in msgs] == [
+        ("user", "second question"),
+        ("assistant", ""),
+    ]
 
 
 def test_restart_restores_conversations(qtbot, tiny_model_dir):
@@ -118,6 +120,7 @@ def test_close_mid_reply_saves_partial_and_stops(qtbot, tiny_model_dir):
 
 def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_path):
     import dataclasses
+
     w = tiny_window
     send(qtbot, w, "keep this")
     cid = w.conversation_id
@@ -172,6 +175,7 @@ def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tin
 
 def test_corrupt_settings_file_is_reported(qtbot):
     from redline.app.settings import settings_path
+
     settings_path().parent.mkdir(parents=True, exist_ok=True)
     settings_path().write_text("{oops", encoding="utf-8")
     window = open_window(qtbot)
@@ -184,6 +188,7 @@ def test_corrupt_settings_file_is_reported(qtbot):
 
 def test_switching_precision_reloads(qtbot, tiny_window):
     import dataclasses
+
     w = tiny_window
     assert w.loaded.precision == "fp32"
     w.settings_panel.set_settings(w.settings)
@@ -194,6 +199,7 @@ def test_switching_precision_reloads(qtbot, tiny_window):
     assert blocker.args[0].precision == "bf16"
     assert "bf16" in w.model_label.text()
     from redline.app.settings import load_settings
+
     assert load_settings()[0].precision == "bf16"  # persisted
     result = send(qtbot, w, "after the switch")
     assert result.precision == "bf16"
@@ -218,8 +224,13 @@ def test_stop_before_the_reply_starts_is_not_lost(tiny_model_dir):
     engine.load(str(tiny_model_dir), PrecisionSpec("fp32"))
     channel = EventChannel(lambda events: None)
     channel.cancelled = True  # the user pressed Stop before the task ran
-    task = chat_task([{"role": "user", "content": "hello"}], {"max_new_tokens": 50, "temperature": 0},
-                     {"strategy": "kv"}, None, channel)
+    task = chat_task(
+        [{"role": "user", "content": "hello"}],
+        {"max_new_tokens": 50, "temperature": 0},
+        {"strategy": "kv"},
+        None,
+        channel,
+    )
     engine.cancel()
     result = task(engine, lambda obj: None)
     assert result.finish_reason == "cancelled" and result.new_tokens <= 2

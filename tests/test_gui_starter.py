@@ -1,10 +1,10 @@
 """The window with the real starter model: a right answer, live gauges, and a UI that never stalls."""
+
 import time
 
 import pytest
-from PySide6.QtCore import QTimer
-
 from gui_helpers import aloop, open_window, profile, send, write_settings  # noqa: F401 - fixtures
+from PySide6.QtCore import QTimer
 
 pytestmark = [pytest.mark.starter, pytest.mark.usefixtures("aloop", "profile")]
 
@@ -55,8 +55,10 @@ def test_starter_answers_and_ui_stays_responsive(qtbot, starter_dir):
         meter.stop()
         story = blocker.args[0]
         assert story.new_tokens >= 32
-        print(f"\nlongest UI stall while generating: {meter.longest_ms:.1f} ms over {meter.ticks} ticks; "
-              f"{story.tokens_per_s:.1f} tok/s")
+        print(
+            f"\nlongest UI stall while generating: {meter.longest_ms:.1f} ms over {meter.ticks} ticks; "
+            f"{story.tokens_per_s:.1f} tok/s"
+        )
         assert meter.ticks > 50
         assert meter.longest_ms < 50, f"the UI thread stalled for {meter.longest_ms:.0f} ms"
 

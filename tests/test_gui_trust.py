@@ -1,11 +1,11 @@
 """The window asks before running a model's own code, names the files, and remembers the answer;
 a multi-megabyte paste is handled without freezing the window."""
+
 import time
 
 import pytest
-
-from gui_helpers import aloop, open_window, profile, send, write_settings  # noqa: F401 - fixtures
 from custom_model import custom_model  # noqa: F401 - fixture
+from gui_helpers import aloop, open_window, profile, send, write_settings  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("aloop", "profile")
 

@@ -1,10 +1,11 @@
 """Broken model folders get clear errors that name the file and the fix."""
+
 import shutil
 
 import pytest
 
-from redline.inference.errors import ModelLoadError, ModelSourceError, RedlineError, UnsupportedConfiguration
 from redline.inference.engine import Engine
+from redline.inference.errors import ModelLoadError, ModelSourceError, RedlineError, UnsupportedConfiguration
 from redline.inference.loading.precision import PrecisionSpec, parse_precision
 
 
@@ -59,12 +60,14 @@ def test_pickle_weights_refused_without_opt_in(tiny_model_dir, tmp_path):
     (broken / "model.safetensors").unlink()
     (broken / "pytorch_model.bin").write_bytes(b"\x80\x04junk")
     from redline.inference.errors import NeedsOptIn
+
     with pytest.raises(NeedsOptIn, match="pickle"):
         load(broken)
 
 
 def test_custom_code_refused(tiny_model_dir, tmp_path):
     import json
+
     broken = copy_model(tiny_model_dir, tmp_path / "m")
     cfg = json.loads((broken / "config.json").read_text())
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilModel"}

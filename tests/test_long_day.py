@@ -1,6 +1,7 @@
 """Staying usable over a long day: unloading frees the model, a killed app keeps the reply so far, a corrupt
 or locked database never stops the app, long conversations open a page at a time, streaming touches only the
 new reply. (Speed figures live in tools/bench_app.py, not here.)"""
+
 import gc
 import json
 import os
@@ -14,7 +15,6 @@ import weakref
 from pathlib import Path
 
 import pytest
-
 from gui_helpers import aloop, open_window, profile, send, write_settings  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _db_path() -> Path:
     from redline.app.store import default_db_path
+
     return default_db_path()
 
 
 # -- unloading ------------------------------------------------------------------------------------
+
 
 def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
     from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
@@ -34,8 +36,9 @@ def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
 
     engine = Engine("cpu")
     loaded = engine.load(str(tiny_model_dir), parse_precision("fp32"))
-    engine.chat([{"role": "user", "content": "hi"}], SamplingSettings(max_new_tokens=4, temperature=0),
-                DecodeOptions("fast"))
+    engine.chat(
+        [{"role": "user", "content": "hi"}], SamplingSettings(max_new_tokens=4, temperature=0), DecodeOptions("fast")
+    )
     assert loaded.fast_decoder is not None  # the fast path built its fused weights and KV cache
     model, decoder = weakref.ref(loaded.model), weakref.ref(loaded.fast_decoder)
     cache = weakref.ref(loaded.fast_decoder.k_cache)
@@ -52,14 +55,19 @@ def test_unloading_the_starter_returns_its_memory(starter_dir):
     unloaded; resident memory must come back within 10 % of where it was (the long-day budget). Measured:
     +28-32 MB on a 441 MB baseline; without inference.memory.policy, +79-106 MB (the worker thread's heap
     kept the freed weights)."""
-    out = subprocess.run([sys.executable, "-m", "tests.unload_probe", str(starter_dir)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.unload_probe", str(starter_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     before, loaded = figures["before"], figures["loaded"]
-    assert loaded - before > 200 * 2 ** 20  # the model really was resident
+    assert loaded - before > 200 * 2**20  # the model really was resident
     for after in figures["after"]:
-        assert after <= before * 1.10, f"{(after - before) / 2 ** 20:.0f} MB stayed after unloading"
+        assert after <= before * 1.10, f"{(after - before) / 2**20:.0f} MB stayed after unloading"
 
 
 def test_memory_policy_windows_nest_and_restore(monkeypatch):
@@ -76,8 +84,10 @@ def test_memory_policy_windows_nest_and_restore(monkeypatch):
     with mp.weights_in_own_mappings():
         assert calls[-2:] == [(mp.M_MMAP_THRESHOLD, mp.OWN_MAPPING_BYTES), (mp.M_TRIM_THRESHOLD, mp.DECODE_TRIM_BYTES)]
         with mp.returning_freed_memory():  # e.g. a failed load frees what it made
-            assert calls[-2:] == [(mp.M_MMAP_THRESHOLD, mp.OWN_MAPPING_BYTES),
-                                  (mp.M_TRIM_THRESHOLD, mp.OWN_MAPPING_BYTES)]
+            assert calls[-2:] == [
+                (mp.M_MMAP_THRESHOLD, mp.OWN_MAPPING_BYTES),
+                (mp.M_TRIM_THRESHOLD, mp.OWN_MAPPING_BYTES),
+            ]
             with mp.returning_freed_memory():
                 pass
             assert calls[-1] == (mp.M_TRIM_THRESHOLD, mp.OWN_MAPPING_BYTES)  # the outer window still holds
@@ -125,16 +135,25 @@ def test_window_unload_then_reload(qtbot, tiny_model_dir):
 
 # -- SIGKILL mid-reply ------------------------------------------------------------------------------
 
+
 @pytest.mark.usefixtures("profile")
 def test_sigkill_mid_reply_keeps_partial_text(tmp_path):
-    from redline.app.store import open_store
     from slow_engine import word
 
+    from redline.app.store import open_store
+
     write_settings(model="fake", temperature=0, max_new_tokens=2000)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               QT_QPA_PLATFORM="offscreen")
-    child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "app_child.py"), "Tell me everything."],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        QT_QPA_PLATFORM="offscreen",
+    )
+    child = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "app_child.py"), "Tell me everything."],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         saved = ""
         deadline = time.monotonic() + 120
@@ -175,6 +194,7 @@ def test_sigkill_mid_reply_keeps_partial_text(tmp_path):
 
 # -- corrupt and locked databases -------------------------------------------------------------------
 
+
 @pytest.mark.usefixtures("aloop", "profile")
 def test_corrupt_database_is_kept_aside_and_app_starts(qtbot):
     db = _db_path()
@@ -205,12 +225,19 @@ def test_locked_database_is_reported_and_app_starts(qtbot):
     db = _db_path()
     before = db.read_bytes()
     locker = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sqlite3, sys, time\n"
-         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-         "c.execute('BEGIN EXCLUSIVE')\n"
-         "print('locked', flush=True)\n"
-         "time.sleep(120)\n", str(db)], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('BEGIN EXCLUSIVE')\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(120)\n",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert locker.stdout.readline().strip() == "locked"
         w = open_window(qtbot)
@@ -251,6 +278,7 @@ def test_database_and_settings_files_are_private(profile):
 
 # -- large histories ----------------------------------------------------------------------------------
 
+
 def test_store_pages_messages(profile):
     from redline.app.store import Store
 
@@ -264,8 +292,9 @@ def test_store_pages_messages(profile):
     assert [m.content for m in older] == [f"m{i}" for i in range(10, 20)]
     assert s.message_count(c.id) == 30 and s.message_count(c.id, last[0].position) == 20
     assert [m.content for m in s.messages(c.id)] == [f"m{i}" for i in range(30)]
-    plan = " ".join(r[-1] for r in s._conn.execute(
-        "EXPLAIN QUERY PLAN SELECT * FROM conversations ORDER BY updated DESC, id DESC"))
+    plan = " ".join(
+        r[-1] for r in s._conn.execute("EXPLAIN QUERY PLAN SELECT * FROM conversations ORDER BY updated DESC, id DESC")
+    )
     assert "conversations_by_updated" in plan  # the list never sorts the whole table
     s.close()
 
@@ -304,7 +333,7 @@ def test_long_conversation_opens_one_page_and_loads_older_on_demand(qtbot, tiny_
         counts = [x.render_count for x in view.widgets]
         result = send(qtbot, w, "and one more")
         assert result.new_tokens > 0
-        assert [x.render_count for x in view.widgets[:len(counts)]] == counts
+        assert [x.render_count for x in view.widgets[: len(counts)]] == counts
         assert [x.role for x in view.widgets[-2:]] == ["user", "assistant"]
         assert view.widgets[-1].text == result.text and not view.widgets[-1].streaming
         assert w.store.message_count(c.id) == 102

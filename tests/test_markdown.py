@@ -1,4 +1,5 @@
 """Message rendering: Markdown, highlighted code, tinted draft tokens, no resource loading."""
+
 from PySide6.QtGui import QTextCursor
 
 from redline.ui.chat_view import MessageWidget, format_stats
@@ -37,8 +38,12 @@ def test_remote_and_local_resources_are_never_loaded(qapp, tmp_path):
     doc2.adjustSize()
     assert any("example.com" in url for url in doc2.blocked)
     widget = MessageWidget(1, "assistant", "![a](https://example.com/pixel.png)")
-    assert widget.browser.loadResource(2, __import__("PySide6.QtCore", fromlist=["QUrl"]).QUrl(
-        "https://example.com/pixel.png")) is None
+    assert (
+        widget.browser.loadResource(
+            2, __import__("PySide6.QtCore", fromlist=["QUrl"]).QUrl("https://example.com/pixel.png")
+        )
+        is None
+    )
 
 
 def test_draft_tokens_are_tinted(qapp):
@@ -52,8 +57,17 @@ def test_draft_tokens_are_tinted(qapp):
 
 
 def test_stats_line():
-    line = format_stats({"new_tokens": 12, "tokens_per_s": 33.33, "ttft_ms": 120.4, "strategy": "speculative",
-                         "precision": "bf16", "acceptance_rate": 0.5, "draft_accepted": 5, "draft_proposed": 10,
-                         "finish_reason": "cancelled"})
-    assert line == ("12 tokens · 33.3 tok/s · TTFT 120 ms · speculative · bf16 · draft accepted 50% (5/10) · "
-                    "stopped")
+    line = format_stats(
+        {
+            "new_tokens": 12,
+            "tokens_per_s": 33.33,
+            "ttft_ms": 120.4,
+            "strategy": "speculative",
+            "precision": "bf16",
+            "acceptance_rate": 0.5,
+            "draft_accepted": 5,
+            "draft_proposed": 10,
+            "finish_reason": "cancelled",
+        }
+    )
+    assert line == ("12 tokens · 33.3 tok/s · TTFT 120 ms · speculative · bf16 · draft accepted 50% (5/10) · stopped")

@@ -1,4 +1,5 @@
 """The shipped forms work: the wheel installed (not editable) into a fresh venv, and the desktop metadata."""
+
 import json
 import os
 import re
@@ -22,8 +23,11 @@ def _build(tmp: Path) -> tuple[Path, Path]:
     No build isolation: setuptools comes from this environment, so the test needs no network.
     """
     out = tmp / "dist"
-    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return next(out.glob("redline-*.whl")), next(out.glob("redline-*.tar.gz"))
 
@@ -41,13 +45,20 @@ def installed_wheel(tmp_path_factory):
     clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # Install first: once the .pth below is in place, pip would see this environment's (editable) Redline
     # and call the requirement satisfied.
-    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
-                          capture_output=True, text=True, env=clean_env)
+    proc = subprocess.run(
+        [str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        env=clean_env,
+    )
     assert proc.returncode == 0 and (env_dir / "bin" / "redline").exists(), proc.stdout + proc.stderr
     # Dependencies (torch etc.) come from the test's own environment. A path line in a .pth does not run
     # that directory's own .pth files, so this environment's editable Redline stays invisible.
-    new_site = Path(subprocess.check_output([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
-                                            text=True, env=clean_env).strip())
+    new_site = Path(
+        subprocess.check_output(
+            [str(py), "-c", "import site; print(site.getsitepackages()[0])"], text=True, env=clean_env
+        ).strip()
+    )
     (new_site / "redline_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return env_dir, wheel, sdist
 
@@ -59,18 +70,23 @@ def run_installed(env_dir, *args, cwd, timeout=300):
     env["HF_HUB_OFFLINE"] = "1"
     env["XDG_DATA_HOME"] = str(cwd / "data")
     env["XDG_CONFIG_HOME"] = str(cwd / "config")
-    return subprocess.run([str(env_dir / "bin" / "redline"), *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [str(env_dir / "bin" / "redline"), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
 
 
 def _asset_files() -> list[str]:
-    return sorted(str(p.relative_to(ROOT / "assets")) for p in (ROOT / "assets").rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    return sorted(
+        str(p.relative_to(ROOT / "assets"))
+        for p in (ROOT / "assets").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
 
 
 def test_wheel_contains_package_data(installed_wheel):
     import tarfile
     import zipfile
+
     _, wheel, sdist = installed_wheel
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("icons/redline.svg", "style/redline.qss"):
@@ -90,10 +106,16 @@ def test_wheel_contains_package_data(installed_wheel):
     assert tops == {"redline", f"{wheel.name.split('-')[0]}-{_project_version()}.dist-info"}, tops
     assert not [n for n in names if n.startswith(("redline/tests/", "redline/tools/", "redline/packaging/"))]
     # The sdist carries what `make install-desktop` and `make dist` need, and the tests.
-    top = sdist.name[:-len(".tar.gz")]
+    top = sdist.name[: -len(".tar.gz")]
     in_sdist = tarfile.open(sdist).getnames()
-    for needed in ("Makefile", f"packaging/linux/{APP_ID}.desktop", f"packaging/linux/{APP_ID}.metainfo.xml",
-                   "packaging/linux/render_icons.py", "packaging/redline.spec", "tests/test_packaging.py"):
+    for needed in (
+        "Makefile",
+        f"packaging/linux/{APP_ID}.desktop",
+        f"packaging/linux/{APP_ID}.metainfo.xml",
+        "packaging/linux/render_icons.py",
+        "packaging/redline.spec",
+        "tests/test_packaging.py",
+    ):
         assert f"{top}/{needed}" in in_sdist, needed
 
 
@@ -103,14 +125,26 @@ def test_installed_version_runs_outside_the_source_tree(installed_wheel, tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"redline {_project_version()}"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.check_output([str(env_dir / "bin" / "python"), "-c",
-                                     "import redline.app, redline.assets, redline.ui; "
-                                     "print(redline.app.__file__, redline.assets.__file__, redline.ui.__file__)"],
-                                    text=True, cwd=tmp_path, env=env)
+    where = subprocess.check_output(
+        [
+            str(env_dir / "bin" / "python"),
+            "-c",
+            "import redline.app, redline.assets, redline.ui; "
+            "print(redline.app.__file__, redline.assets.__file__, redline.ui.__file__)",
+        ],
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert str(ROOT) not in where  # really the installed copy, not the checkout
     # `python -m redline` is the same program as the `redline` script.
-    proc = subprocess.run([str(env_dir / "bin" / "python"), "-m", "redline", "--version"], capture_output=True,
-                          text=True, cwd=tmp_path, env=env)
+    proc = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "redline", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == f"redline {_project_version()}", proc.stderr
 
 
@@ -118,12 +152,16 @@ def test_wheel_installs_one_top_level_package(installed_wheel):
     """The wheel's RECORD: one import package, `redline`, its dist-info and the `redline` script: nothing
     named `app`, `ui` or `inference` to collide with other software or the user's own code."""
     import zipfile
+
     _, wheel, _ = installed_wheel
     with zipfile.ZipFile(wheel) as zf:
         record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
         installed = {line.split(",")[0] for line in zf.read(record).decode().splitlines() if line}
-        top_level = zf.read(record.replace("RECORD", "top_level.txt")).decode().split() \
-            if record.replace("RECORD", "top_level.txt") in zf.namelist() else None
+        top_level = (
+            zf.read(record.replace("RECORD", "top_level.txt")).decode().split()
+            if record.replace("RECORD", "top_level.txt") in zf.namelist()
+            else None
+        )
         entry_points = zf.read(record.replace("RECORD", "entry_points.txt")).decode()
     assert {p.split("/")[0] for p in installed} == {"redline", record.split("/")[0]}
     if top_level is not None:
@@ -174,16 +212,18 @@ def test_metainfo_screenshots_exist_in_the_repository():
     assert images, "the AppStream metadata names no screenshot"
     for rel in images:
         assert (ROOT / rel).is_file(), f"{rel} (named in the metainfo) is not in the repository"
-    assert re.search(r'<release version="{}"'.format(re.escape(_project_version())), text), \
+    assert re.search(r'<release version="{}"'.format(re.escape(_project_version())), text), (
         "the metainfo has no release entry for the project's version"
+    )
 
 
 def test_metainfo_validates():
     tool = shutil.which("appstreamcli")
     if tool is None:
         pytest.skip("appstreamcli is not installed (CI installs appstream)")
-    proc = subprocess.run([tool, "validate", "--no-net", str(LINUX / f"{APP_ID}.metainfo.xml")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [tool, "validate", "--no-net", str(LINUX / f"{APP_ID}.metainfo.xml")], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -195,6 +235,7 @@ def test_icons_render_in_all_sizes(qapp, tmp_path):  # qapp: a QApplication, not
         sys.path.remove(str(LINUX))
     written = render(tmp_path)
     from PySide6.QtGui import QImage
+
     for size in SIZES:
         img = QImage(str(tmp_path / "hicolor" / f"{size}x{size}" / "apps" / f"{APP_ID}.png"))
         assert img.width() == size and img.height() == size

@@ -1,4 +1,5 @@
 """Every strategy × {fp32, int8, nf4} loads and generates on the CPU for real (bitsandbytes included)."""
+
 import pytest
 
 from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings
@@ -15,6 +16,7 @@ def test_every_strategy_runs_at_precision(precision, tiny_model_dir, tiny_draft_
     loaded = eng.load(str(tiny_model_dir), parse_precision(precision))
     if precision.startswith(("int8", "nf4", "fp4")):
         import bitsandbytes as bnb
+
         linear = loaded.model.model.layers[0].mlp.up_proj
         assert isinstance(linear, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit))
         assert type(loaded.model.lm_head).__name__ == "Linear"  # never quantised

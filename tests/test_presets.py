@@ -1,4 +1,5 @@
 """Presets on disk, the model checks the wizard's first page makes, and the draft check without weights."""
+
 import json
 import os
 import stat
@@ -18,8 +19,17 @@ def values(**kw):
 
 def test_save_list_rename_delete(tmp_path):
     store = PresetStore(tmp_path / "presets")
-    p = store.save("Llama 8B · nf4 · 8k", values(model="meta/llama", precision="nf4", context_length=8192,
-                                                  strategy="speculative", draft_model="starter", temperature=0.7))
+    p = store.save(
+        "Llama 8B · nf4 · 8k",
+        values(
+            model="meta/llama",
+            precision="nf4",
+            context_length=8192,
+            strategy="speculative",
+            draft_model="starter",
+            temperature=0.7,
+        ),
+    )
     assert p.path.name == "llama-8b-nf4-8k.json"
     doc = json.loads(p.path.read_text(encoding="utf-8"))  # readable: a name and the settings, indented
     assert doc["name"] == "Llama 8B · nf4 · 8k" and doc["settings"]["precision"] == "nf4"
@@ -51,8 +61,9 @@ def test_bad_files_are_skipped_and_kept(tmp_path):
     store = PresetStore(folder)
     store.save("Good", values(model="starter"))
     (folder / "broken.json").write_text("{ not json", encoding="utf-8")
-    (folder / "wrong.json").write_text(json.dumps({"name": "Wrong", "settings": {"strategy": "warp"}}),
-                                       encoding="utf-8")
+    (folder / "wrong.json").write_text(
+        json.dumps({"name": "Wrong", "settings": {"strategy": "warp"}}), encoding="utf-8"
+    )
     assert [p.name for p in store.presets()] == ["Good"]
     assert any("broken.json" in p for p in store.problems) and any("strategy" in p for p in store.problems)
     assert (folder / "broken.json").read_text(encoding="utf-8") == "{ not json"  # never overwritten
@@ -86,9 +97,18 @@ def test_describe_rejects_with_reason(tmp_path):
         describe(str(empty))
     odd = tmp_path / "odd"
     odd.mkdir()
-    (odd / "config.json").write_text(json.dumps({"model_type": "no-such-arch", "hidden_size": 8,
-                                                 "num_hidden_layers": 1, "num_attention_heads": 1,
-                                                 "vocab_size": 10}), encoding="utf-8")
+    (odd / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "no-such-arch",
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 1,
+                "vocab_size": 10,
+            }
+        ),
+        encoding="utf-8",
+    )
     with pytest.raises(RedlineError, match="no-such-arch"):
         describe(str(odd))
     bad = tmp_path / "broken.gguf"

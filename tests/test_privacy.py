@@ -1,4 +1,5 @@
 """Model output is untrusted: it fetches nothing, raw HTML stays text, links need a click and a look."""
+
 import http.server
 import threading
 
@@ -30,10 +31,12 @@ def local_server():
 
 def test_hostile_output_makes_no_request_and_shows_as_text(qtbot, local_server):
     port, hits = local_server
-    hostile = (f"Look: ![x](http://127.0.0.1:{port}/pixel.png)\n\n"
-               f'<img src="http://127.0.0.1:{port}/img.png">\n\n'
-               f"<script>fetch('http://127.0.0.1:{port}/script')</script>\n\n"
-               f'<iframe src="http://127.0.0.1:{port}/frame"></iframe>')
+    hostile = (
+        f"Look: ![x](http://127.0.0.1:{port}/pixel.png)\n\n"
+        f'<img src="http://127.0.0.1:{port}/img.png">\n\n'
+        f"<script>fetch('http://127.0.0.1:{port}/script')</script>\n\n"
+        f'<iframe src="http://127.0.0.1:{port}/frame"></iframe>'
+    )
     widget = MessageWidget(1, "assistant", hostile)
     qtbot.addWidget(widget)
     widget.resize(600, 400)

@@ -1,4 +1,5 @@
 """Settings file (corrupt-file backup) and the SQLite conversation store."""
+
 import json
 
 import pytest
@@ -92,9 +93,13 @@ def test_export_markdown_and_json(dirs):
     store = Store()
     c = store.create_conversation("Export me", "Be kind.")
     store.add_message(c.id, "user", "Hi")
-    store.add_message(c.id, "assistant", "Hello **there**", partial=True,
-                      stats={"new_tokens": 3, "tokens_per_s": 12.5, "ttft_ms": 80.0, "strategy": "kv",
-                             "precision": "bf16"})
+    store.add_message(
+        c.id,
+        "assistant",
+        "Hello **there**",
+        partial=True,
+        stats={"new_tokens": 3, "tokens_per_s": 12.5, "ttft_ms": 80.0, "strategy": "kv", "precision": "bf16"},
+    )
     md = store.export_markdown(c.id)
     assert "# Export me" in md and "Be kind." in md and "## Assistant (partial)" in md
     assert "12.5 tok/s" in md and "Hello **there**" in md
@@ -105,9 +110,9 @@ def test_export_markdown_and_json(dirs):
 
 
 def test_settings_offer_every_engine_strategy_and_precision():
+    from redline.app.settings import STRATEGIES as SETTINGS_STRATEGIES
     from redline.inference.decoding.generate import STRATEGIES
     from redline.inference.loading.precision import PRECISIONS
-    from redline.app.settings import STRATEGIES as SETTINGS_STRATEGIES
     from redline.ui.settings_panel import PRECISION_CHOICES, STRATEGY_CHOICES
 
     assert set(SETTINGS_STRATEGIES) == set(STRATEGIES) == set(STRATEGY_CHOICES)

@@ -1,9 +1,8 @@
 """Model arguments: each accepted form resolves, anything else says what is accepted."""
-import json
 
 import pytest
 
-from redline.inference.errors import ModelLoadError, ModelSourceError
+from redline.inference.errors import ModelSourceError
 from redline.inference.sources.resolve import resolve
 
 

@@ -1,4 +1,5 @@
 """The speed lab panel drives a real (tiny) run on the engine thread: columns, table, charts, exports, history."""
+
 import csv
 import json
 

@@ -1,4 +1,5 @@
 """Code from a model folder never runs without an opt-in; opt-ins are remembered per content."""
+
 import os
 import shutil
 import stat
@@ -6,14 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from custom_model import MODELING_PY, custom_model  # noqa: F401 - fixture
 
+from redline.app.trust_store import TrustStore, load_with_trust
 from redline.inference.engine import Engine
 from redline.inference.errors import NeedsOptIn
 from redline.inference.loading.precision import PrecisionSpec
-
-from redline.app.trust_store import TrustStore, load_with_trust
-
-from custom_model import MODELING_PY, custom_model  # noqa: F401 - fixture
 
 
 def test_custom_code_refused_then_loaded_after_opt_in_and_remembered(custom_model, tmp_path):
@@ -46,8 +45,13 @@ def test_confirm_callback_is_asked_with_the_files(custom_model, tmp_path):
     asked = []
     store = TrustStore(tmp_path / "trust.json")
     with pytest.raises(NeedsOptIn):
-        load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=store,
-                        confirm=lambda exc: asked.append(exc.files) or False)
+        load_with_trust(
+            Engine(device="cpu"),
+            str(folder),
+            PrecisionSpec("fp32"),
+            store=store,
+            confirm=lambda exc: asked.append(exc.files) or False,
+        )
     assert asked == [["configuration_toy.py", "modeling_toy.py"]]
 
 
@@ -64,15 +68,18 @@ def test_pickle_weights_need_opt_in_and_load_weights_only(tiny_model_dir, tmp_pa
     with pytest.raises(NeedsOptIn) as err:
         load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=store)
     assert err.value.kind == "pickle" and err.value.files == ["pytorch_model.bin"]
-    loaded = load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=store,
-                             allow_pickle=True)
+    loaded = load_with_trust(Engine(device="cpu"), str(folder), PrecisionSpec("fp32"), store=store, allow_pickle=True)
     assert loaded.model is not None
 
 
 def test_cli_refuses_custom_code_with_a_clear_message(custom_model):
     folder, marker = custom_model
-    proc = subprocess.run([sys.executable, "-m", "redline", "chat", "hi", "--model", str(folder)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "redline", "chat", "hi", "--model", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "modeling_toy.py" in proc.stderr and "--trust-remote-code" in proc.stderr
     assert "Traceback" not in proc.stderr and not marker.exists()

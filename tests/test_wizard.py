@@ -1,13 +1,12 @@
 """The configuration wizard, driven page by page: the starter end to end, the "does not fit" path,
 rejected choices, a draft model's compatibility, tooltips."""
+
 import json
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import (QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QSlider, QTableWidget,
-                               QWizard)
-
 from gui_helpers import aloop, open_window, profile, write_settings  # noqa: F401 - fixtures
+from PySide6.QtWidgets import QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QSlider, QTableWidget, QWizard
 
 pytestmark = pytest.mark.usefixtures("aloop", "profile")
 LLAMA3_8B_CONFIG = Path(__file__).parent / "data" / "llama-3-8b-config.json"
@@ -71,8 +70,10 @@ def test_wizard_end_to_end_on_starter(qtbot, starter_dir):
     err = 100 * (info.predicted_bytes - info.measured_bytes) / info.measured_bytes
     assert load.predicted.text().endswith("MB") and load.measured.text().endswith("MB")
     assert load.error.text() == f"{err:+.1f} %" and load.figures.isVisible()
-    print(f"\nstarter {best} via the wizard: predicted {info.predicted_bytes / 1e6:.0f} MB, measured "
-          f"{info.measured_bytes / 1e6:.0f} MB ({err:+.1f} %)")
+    print(
+        f"\nstarter {best} via the wizard: predicted {info.predicted_bytes / 1e6:.0f} MB, measured "
+        f"{info.measured_bytes / 1e6:.0f} MB ({err:+.1f} %)"
+    )
     next_page(qtbot, wiz)
 
     preset = wiz.preset_page  # 6. save as a preset
@@ -84,7 +85,9 @@ def test_wizard_end_to_end_on_starter(qtbot, starter_dir):
     doc = json.loads(saved.path.read_text(encoding="utf-8"))
     assert doc["settings"]["model"] == "starter" and doc["settings"]["context_length"] == 2048
     assert doc["settings"]["precision"] == best
-    assert "Starter 2k" in [window.settings_panel.preset.itemText(i) for i in range(window.settings_panel.preset.count())]
+    assert "Starter 2k" in [
+        window.settings_panel.preset.itemText(i) for i in range(window.settings_panel.preset.count())
+    ]
     window.shutdown()
 
     # After a restart with no model configured, the preset is listed and loads.
@@ -135,8 +138,9 @@ def test_does_not_fit_names_the_fix(qtbot, tmp_path):
     window.shutdown()
 
 
-def test_rejected_choices_draft_check_and_tooltips(qtbot, tmp_path, tiny_model_dir, tiny_draft_dir,
-                                                    tiny_other_tokenizer_dir):
+def test_rejected_choices_draft_check_and_tooltips(
+    qtbot, tmp_path, tiny_model_dir, tiny_draft_dir, tiny_other_tokenizer_dir
+):
     window = open_window(qtbot)
     wiz = window.open_wizard()
     page = wiz.model_page
@@ -185,8 +189,14 @@ def test_rejected_choices_draft_check_and_tooltips(qtbot, tmp_path, tiny_model_d
     missing = []
     for pid in wiz.pageIds():
         p = wiz.page(pid)
-        for w in p.findChildren(QAbstractButton) + p.findChildren(QComboBox) + p.findChildren(QLineEdit) + \
-                p.findChildren(QAbstractSpinBox) + p.findChildren(QSlider) + p.findChildren(QTableWidget):
+        for w in (
+            p.findChildren(QAbstractButton)
+            + p.findChildren(QComboBox)
+            + p.findChildren(QLineEdit)
+            + p.findChildren(QAbstractSpinBox)
+            + p.findChildren(QSlider)
+            + p.findChildren(QTableWidget)
+        ):
             if isinstance(w.parent(), (QAbstractSpinBox, QComboBox, QTableWidget)):
                 continue  # parts of another control (a spin box's editor, the table's corner button)
             if not w.toolTip():

@@ -1,4 +1,5 @@
 """The engine worker runs tasks off the UI thread and reports through queued signals."""
+
 import os
 import sys
 import threading

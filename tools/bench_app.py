@@ -24,6 +24,7 @@ engine thread, the SQLite store, Qt's offscreen platform (or a real display if D
 
 Usage: python tools/bench_app.py [--phases startup,unload,soak,history] [--soak-replies N] [--switches N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,15 +40,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-MB = 1024 ** 2
-PROMPTS = ["Name a colour.", "What is 2 + 2?", "Say hello in French.", "Name a planet.", "What is the capital of Italy?",
-           "Give me a fruit.", "Name an animal.", "What day comes after Monday?", "Name a musical instrument.",
-           "What is the opposite of hot?"]
+MB = 1024**2
+PROMPTS = [
+    "Name a colour.",
+    "What is 2 + 2?",
+    "Say hello in French.",
+    "Name a planet.",
+    "What is the capital of Italy?",
+    "Give me a fruit.",
+    "Name an animal.",
+    "What day comes after Monday?",
+    "Name a musical instrument.",
+    "What is the opposite of hot?",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers shared by the children
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def use_profile(folder: Path) -> None:
     os.environ["XDG_DATA_HOME"] = str(folder / "data")
@@ -58,6 +69,7 @@ def use_profile(folder: Path) -> None:
 
 def write_settings(**values) -> None:
     from redline.app.settings import Settings, save_settings
+
     save_settings(Settings(**values))
 
 
@@ -122,8 +134,11 @@ class Gui:
             loaded = []
             window.model_loaded.connect(loaded.append)
             window.start()
-            self.wait_until(lambda: bool(loaded) or (window.banner.isVisible() and window.banner.kind == "error"),
-                            model_timeout_s, "the model to load")
+            self.wait_until(
+                lambda: bool(loaded) or (window.banner.isVisible() and window.banner.kind == "error"),
+                model_timeout_s,
+                "the model to load",
+            )
             if not loaded:
                 raise RuntimeError(window.banner.label.text())
         else:
@@ -147,6 +162,7 @@ def child_env() -> dict:
 
 def rss_mb() -> float:
     import psutil
+
     return psutil.Process().memory_info().rss / MB
 
 
@@ -165,6 +181,7 @@ def device_mb():
 # ---------------------------------------------------------------------------------------------------------------
 # phase: start-up (child)
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def child_startup() -> None:
     """Mirrors app.gui.run_gui, plus a key event posted once the window is shown."""
@@ -188,15 +205,21 @@ def child_startup() -> None:
 
     def typed(_=None):
         if window.input.toPlainText() == "x":
-            report(ready=time.time(), shown=shown_at, visible=window.isVisible(), heavy_on_ui_thread=heavy_on_ui,
-                   conversations=window.conversations.list.count())
+            report(
+                ready=time.time(),
+                shown=shown_at,
+                visible=window.isVisible(),
+                heavy_on_ui_thread=heavy_on_ui,
+                conversations=window.conversations.list.count(),
+            )
             sys.stdout.flush()
             os._exit(0)  # the model keeps loading on the engine thread; nothing more to measure
 
     window.input.textChanged.connect(typed)
     # Posted, not sent: it is delivered by the running event loop, as a real key press is.
-    QTimer.singleShot(0, lambda: QApplication.postEvent(
-        window.input, QKeyEvent(QEvent.KeyPress, Qt.Key_X, Qt.NoModifier, "x")))
+    QTimer.singleShot(
+        0, lambda: QApplication.postEvent(window.input, QKeyEvent(QEvent.KeyPress, Qt.Key_X, Qt.NoModifier, "x"))
+    )
     with loop:
         loop.run_forever()
 
@@ -204,6 +227,7 @@ def child_startup() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # phase: unload (child)
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def child_unload(switches: int, tiny: str) -> None:
     import dataclasses
@@ -235,10 +259,23 @@ def child_unload(switches: int, tiny: str) -> None:
         result = gui.send(w, PROMPTS[k % len(PROMPTS)])
         peak = rss_mb()
         unload()
-        rows.append(dict(precision=precision, before=before, loaded=peak, after=rss_mb(),
-                         tokens_per_s=result.tokens_per_s, device_before=device_before, device_after=device_mb()))
-        print(f"  switch {k + 1}: {precision} before {before:.0f} MB, loaded+reply {peak:.0f} MB, "
-              f"unloaded {rows[-1]['after']:.0f} MB", file=sys.stderr, flush=True)
+        rows.append(
+            dict(
+                precision=precision,
+                before=before,
+                loaded=peak,
+                after=rss_mb(),
+                tokens_per_s=result.tokens_per_s,
+                device_before=device_before,
+                device_after=device_mb(),
+            )
+        )
+        print(
+            f"  switch {k + 1}: {precision} before {before:.0f} MB, loaded+reply {peak:.0f} MB, "
+            f"unloaded {rows[-1]['after']:.0f} MB",
+            file=sys.stderr,
+            flush=True,
+        )
     w.shutdown()
     report(rows=rows)
 
@@ -247,20 +284,26 @@ def child_unload(switches: int, tiny: str) -> None:
 # phase: soak (child)
 # ---------------------------------------------------------------------------------------------------------------
 
+
 class Reference:
     """A second process with a plain engine and the same model, asked for the same reply right after each of the
     soak's first and last 10: the machine's speed at those moments. On a shared machine the CPUs' speed moves
     by tens of percent (at times 2x) within minutes, so the soak's drift is judged against this process's."""
 
     def __init__(self, max_new_tokens: int):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--child", "reference", str(max_new_tokens)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--child", "reference", str(max_new_tokens)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
         self._read("READY")
 
     def _read(self, tag: str) -> str:
         for line in self.proc.stdout:
             if line.startswith(tag):
-                return line[len(tag):].strip()
+                return line[len(tag) :].strip()
         raise RuntimeError(f"the reference process ended (exit {self.proc.wait()})")
 
     def reply(self, gui: Gui, i: int) -> float:
@@ -299,8 +342,9 @@ def child_reference(max_new_tokens: int) -> None:
             if i % len(PROMPTS) == 0:
                 history = []
             history.append({"role": "user", "content": PROMPTS[i % len(PROMPTS)]})
-            result = engine.chat(history, SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0),
-                                 DecodeOptions())
+            result = engine.chat(
+                history, SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0), DecodeOptions()
+            )
             history.append({"role": "assistant", "content": result.text})
             print(f"RATE {result.tokens_per_s or 0}", flush=True)
 
@@ -324,27 +368,45 @@ def child_soak(replies: int, max_new_tokens: int) -> None:
             w.new_chat()
         edges.append(time.perf_counter())
         result = gui.send(w, PROMPTS[i % len(PROMPTS)])
-        rows.append(dict(tokens_per_s=result.tokens_per_s, new_tokens=result.new_tokens, rss=rss_mb(),
-                         finish=result.finish_reason))
+        rows.append(
+            dict(
+                tokens_per_s=result.tokens_per_s,
+                new_tokens=result.new_tokens,
+                rss=rss_mb(),
+                finish=result.finish_reason,
+            )
+        )
         if i < 10 or i >= replies - 10:
             rows[-1]["reference_tokens_per_s"] = reference.reply(gui, i)
         if (i + 1) % 10 == 0:
-            print(f"  {i + 1} replies, {time.monotonic() - started:.0f} s, RSS {rows[-1]['rss']:.0f} MB, "
-                  f"longest stall {gui.longest_gap_ms:.0f} ms", file=sys.stderr, flush=True)
+            print(
+                f"  {i + 1} replies, {time.monotonic() - started:.0f} s, RSS {rows[-1]['rss']:.0f} MB, "
+                f"longest stall {gui.longest_gap_ms:.0f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
     gui.stop_meter()
     reference.close()
     w.shutdown()
     near_edges = sum(1 for t, gap in gui.stalls if any(-0.05 <= t - e <= gap / 1000 + 0.05 for e in edges))
-    report(rows=rows, longest_stall_ms=gui.longest_gap_ms, gaps_over_50=gui.gaps_over_50, ticks=gui.ticks,
-           seconds=time.monotonic() - started, stalls_at_reply_edges=near_edges)
+    report(
+        rows=rows,
+        longest_stall_ms=gui.longest_gap_ms,
+        gaps_over_50=gui.gaps_over_50,
+        ticks=gui.ticks,
+        seconds=time.monotonic() - started,
+        stalls_at_reply_edges=near_edges,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # phase: large history
 # ---------------------------------------------------------------------------------------------------------------
 
-WORDS = ("the model answers quickly and the cache keeps every key and value so decoding stays cheap while the "
-         "conversation grows across the day with code tables lists and plain prose").split()
+WORDS = (
+    "the model answers quickly and the cache keeps every key and value so decoding stays cheap while the "
+    "conversation grows across the day with code tables lists and plain prose"
+).split()
 
 
 def _text(rng: random.Random, i: int) -> str:
@@ -367,8 +429,16 @@ def build_history_db(path: Path, conversations=1000, messages=50_000, long_one=5
     rng = random.Random(7)
     now = time.time()
     con = sqlite3.connect(path)
-    convs = [(i + 1, f"Conversation {i + 1}: {rng.choice(WORDS)} {rng.choice(WORDS)}", "",
-              now - 86400 * 30 + i * 60, now - 86400 + i * 60) for i in range(conversations)]
+    convs = [
+        (
+            i + 1,
+            f"Conversation {i + 1}: {rng.choice(WORDS)} {rng.choice(WORDS)}",
+            "",
+            now - 86400 * 30 + i * 60,
+            now - 86400 + i * 60,
+        )
+        for i in range(conversations)
+    ]
     long_id = conversations // 2
     counts = {c[0]: 0 for c in convs}
     counts[long_id] = long_one
@@ -379,15 +449,31 @@ def build_history_db(path: Path, conversations=1000, messages=50_000, long_one=5
     for cid, n in counts.items():
         for pos in range(n):
             role = "user" if pos % 2 == 0 else "assistant"
-            stats = json.dumps({"new_tokens": 60, "tokens_per_s": 21.5, "ttft_ms": 140.0, "strategy": "kv",
-                                "precision": "bf16", "device": "cpu", "finish_reason": "eos"}) \
-                if role == "assistant" else None
+            stats = (
+                json.dumps(
+                    {
+                        "new_tokens": 60,
+                        "tokens_per_s": 21.5,
+                        "ttft_ms": 140.0,
+                        "strategy": "kv",
+                        "precision": "bf16",
+                        "device": "cpu",
+                        "finish_reason": "eos",
+                    }
+                )
+                if role == "assistant"
+                else None
+            )
             rows.append((cid, pos, role, _text(rng, pos), 0, stats, now - 86400 + cid * 60 + pos))
     with con:
-        con.executemany("INSERT INTO conversations (id, title, system_prompt, created, updated) "
-                        "VALUES (?, ?, ?, ?, ?)", convs)
-        con.executemany("INSERT INTO messages (conversation_id, position, role, content, partial, stats, created) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        con.executemany(
+            "INSERT INTO conversations (id, title, system_prompt, created, updated) VALUES (?, ?, ?, ?, ?)", convs
+        )
+        con.executemany(
+            "INSERT INTO messages (conversation_id, position, role, content, partial, stats, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
     con.close()
     return long_id
 
@@ -405,6 +491,7 @@ def child_history(long_id: int, tiny: str) -> None:
 
     t0 = time.perf_counter()
     from redline.app.gui import build_window
+
     w = build_window()
     w.show()
     gui.app.processEvents()
@@ -427,10 +514,13 @@ def child_history(long_id: int, tiny: str) -> None:
     # Fling the wheel to the top: 120 px every 16 ms (a frame at 60 Hz) until the first message is on screen, then
     # back to the bottom, with the stall meter running: messages are built (and dropped) while this goes on.
     from PySide6.QtCore import QTimer
+
     bar = view.verticalScrollBar()
     scroll = {}
-    for name, delta, done in (("up", -120, lambda: bar.value() == 0 and view._earlier == 0),
-                              ("down", 120, lambda: bar.value() == bar.maximum() and view._later == 0)):
+    for name, delta, done in (
+        ("up", -120, lambda: bar.value() == 0 and view._earlier == 0),
+        ("down", 120, lambda: bar.value() == bar.maximum() and view._later == 0),
+    ):
         wheel = QTimer()
         wheel.setInterval(16)
         wheel.timeout.connect(lambda d=delta: bar.setValue(max(0, min(bar.maximum(), bar.value() + d))))
@@ -441,9 +531,13 @@ def child_history(long_id: int, tiny: str) -> None:
         gui.wait_until(done, 900, f"the scroll {name}")
         wheel.stop()
         gui.stop_meter()
-        scroll[name] = dict(seconds=time.perf_counter() - t0, stall_ms=gui.longest_gap_ms, over_50=gui.gaps_over_50,
-                            edge=(view.widgets[0].position if name == "up" else view.widgets[-1].position),
-                            alive=len(view.widgets))
+        scroll[name] = dict(
+            seconds=time.perf_counter() - t0,
+            stall_ms=gui.longest_gap_ms,
+            over_50=gui.gaps_over_50,
+            edge=(view.widgets[0].position if name == "up" else view.widgets[-1].position),
+            alive=len(view.widgets),
+        )
     gui.longest_gap_ms, gui.gaps_over_50 = 0.0, 0
 
     # Stream a reply into the 500-message conversation: only the new reply's widget may render.
@@ -457,29 +551,47 @@ def child_history(long_id: int, tiny: str) -> None:
     gui.stop_meter()
     rerendered = sum(1 for x, c in before if x.render_count != c or x not in view.widgets)
     w.shutdown()
-    report(conversations=n_conv, listed=listed, found=found, warning=warning, t_open=t_open, t_window=t_window,
-           t_search=t_search, t_open_long=t_open_long, first_page=first_page,
-           scroll=scroll,
-           rerendered=rerendered, stream_tokens=result.new_tokens, stream_longest_stall_ms=gui.longest_gap_ms)
+    report(
+        conversations=n_conv,
+        listed=listed,
+        found=found,
+        warning=warning,
+        t_open=t_open,
+        t_window=t_window,
+        t_search=t_search,
+        t_open_long=t_open_long,
+        first_page=first_page,
+        scroll=scroll,
+        rerendered=rerendered,
+        stream_tokens=result.new_tokens,
+        stream_longest_stall_ms=gui.longest_gap_ms,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the parent: run the phases, print figure / budget / PASS|FAIL
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def run_child(args: list[str], profile: Path, timeout: float = 7200) -> tuple[dict, float]:
     env = dict(child_env(), XDG_DATA_HOME=str(profile / "data"), XDG_CONFIG_HOME=str(profile / "config"))
     if not env.get("DISPLAY"):
         env["QT_QPA_PLATFORM"] = "offscreen"
     launched = time.time()
-    proc = subprocess.run([sys.executable, __file__, "--child", *args], env=env, stdout=subprocess.PIPE,
-                          stderr=None, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=None,
+        text=True,
+        timeout=timeout,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if lines:  # the raw figures, next to the profiles, for anyone who wants more than the table
-        (profile.parent / f"{args[0]}-{int(launched)}.json").write_text(lines[-1][len("RESULT "):])
+        (profile.parent / f"{args[0]}-{int(launched)}.json").write_text(lines[-1][len("RESULT ") :])
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"phase {args[0]} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):]), launched
+    return json.loads(lines[-1][len("RESULT ") :]), launched
 
 
 def tiny_model(folder: Path) -> str:
@@ -524,20 +636,27 @@ def phase_startup(table: Table, work: Path, history_db: Path | None) -> None:
     use_profile(profile)
     write_settings(model="starter")  # the starter starts loading at once, on the engine thread
     figures = launch(profile)
-    table.add("start-up: launch → window shown, typing accepted (median of 3; starter loading)",
-              f"{statistics.median(figures):.2f} s (all: {', '.join(f'{f:.2f}' for f in figures)})", "≤ 1.5 s",
-              statistics.median(figures) <= 1.5)
+    table.add(
+        "start-up: launch → window shown, typing accepted (median of 3; starter loading)",
+        f"{statistics.median(figures):.2f} s (all: {', '.join(f'{f:.2f}' for f in figures)})",
+        "≤ 1.5 s",
+        statistics.median(figures) <= 1.5,
+    )
     if history_db is not None:
         big = work / "startup-big"
         (big / "data" / "redline").mkdir(parents=True, exist_ok=True)
         use_profile(big)
         write_settings(model="starter")
         import shutil
+
         shutil.copyfile(history_db, big / "data" / "redline" / "conversations.sqlite3")
         figures = launch(big)
-        table.add("start-up with 1,000 conversations / 50,000 messages (median of 3)",
-                  f"{statistics.median(figures):.2f} s (all: {', '.join(f'{f:.2f}' for f in figures)})", "≤ 1.5 s",
-                  statistics.median(figures) <= 1.5)
+        table.add(
+            "start-up with 1,000 conversations / 50,000 messages (median of 3)",
+            f"{statistics.median(figures):.2f} s (all: {', '.join(f'{f:.2f}' for f in figures)})",
+            "≤ 1.5 s",
+            statistics.median(figures) <= 1.5,
+        )
 
 
 def phase_unload(table: Table, work: Path, switches: int) -> None:
@@ -547,25 +666,42 @@ def phase_unload(table: Table, work: Path, switches: int) -> None:
     base = rows[0]["before"]
     worst = max(r["after"] for r in rows)
     worst_each = max(r["after"] / r["before"] - 1 for r in rows)
-    table.add("unload: RSS after unload vs before the first load (worst of all switches)",
-              f"{worst:.0f} MB vs {base:.0f} MB ({(worst / base - 1) * 100:+.1f} %)", "≤ +10 %",
-              worst <= base * 1.10)
-    table.add("unload: RSS after each unload vs just before that load (worst switch)",
-              f"{worst_each * 100:+.1f} %", "≤ +10 %", worst_each <= 0.10)
-    table.add(f"unload: growth over {len(rows)} switches (after last vs after first unload)",
-              f"{rows[-1]['after'] - rows[0]['after']:+.0f} MB ({(rows[-1]['after'] / base - rows[0]['after'] / base) * 100:+.1f} % of baseline)",
-              "≤ +10 % of baseline", rows[-1]["after"] - rows[0]["after"] <= 0.10 * base)
+    table.add(
+        "unload: RSS after unload vs before the first load (worst of all switches)",
+        f"{worst:.0f} MB vs {base:.0f} MB ({(worst / base - 1) * 100:+.1f} %)",
+        "≤ +10 %",
+        worst <= base * 1.10,
+    )
+    table.add(
+        "unload: RSS after each unload vs just before that load (worst switch)",
+        f"{worst_each * 100:+.1f} %",
+        "≤ +10 %",
+        worst_each <= 0.10,
+    )
+    table.add(
+        f"unload: growth over {len(rows)} switches (after last vs after first unload)",
+        f"{rows[-1]['after'] - rows[0]['after']:+.0f} MB ({(rows[-1]['after'] / base - rows[0]['after'] / base) * 100:+.1f} % of baseline)",
+        "≤ +10 % of baseline",
+        rows[-1]["after"] - rows[0]["after"] <= 0.10 * base,
+    )
     loaded = [r["loaded"] - r["before"] for r in rows]
-    table.add("unload: memory a loaded starter held (bf16 / fp32, with one reply)",
-              f"{statistics.median(loaded[0::2]):.0f} / {statistics.median(loaded[1::2] or [0]):.0f} MB", "—", None)
+    table.add(
+        "unload: memory a loaded starter held (bf16 / fp32, with one reply)",
+        f"{statistics.median(loaded[0::2]):.0f} / {statistics.median(loaded[1::2] or [0]):.0f} MB",
+        "—",
+        None,
+    )
     if rows[0]["device_before"] is None:
         table.add("unload: device memory (CUDA)", "no CUDA device on this machine", "≤ +10 %", None)
         return
     dev0 = max(rows[0]["device_before"], 1.0)  # the CUDA context is there: the tiny model ran on the GPU first
     dev_worst = max(r["device_after"] for r in rows)
-    table.add("unload: GPU memory after unload vs before the first load (worst; NVML, this process)",
-              f"{dev_worst:.0f} MB vs {dev0:.0f} MB ({(dev_worst / dev0 - 1) * 100:+.1f} %)", "≤ +10 %",
-              dev_worst <= dev0 * 1.10)
+    table.add(
+        "unload: GPU memory after unload vs before the first load (worst; NVML, this process)",
+        f"{dev_worst:.0f} MB vs {dev0:.0f} MB ({(dev_worst / dev0 - 1) * 100:+.1f} %)",
+        "≤ +10 %",
+        dev_worst <= dev0 * 1.10,
+    )
 
 
 def phase_soak(table: Table, work: Path, replies: int, max_new_tokens: int) -> None:
@@ -573,27 +709,48 @@ def phase_soak(table: Table, work: Path, replies: int, max_new_tokens: int) -> N
     rows = out["rows"]
     first, last = rows[:10], rows[-10:]
     rss10, rss_end = rows[9]["rss"], rows[-1]["rss"]
-    table.add(f"soak: RSS growth from reply 10 to reply {len(rows)}",
-              f"{rss10:.0f} → {rss_end:.0f} MB ({(rss_end / rss10 - 1) * 100:+.1f} %)", "< +5 %",
-              rss_end < rss10 * 1.05)
+    table.add(
+        f"soak: RSS growth from reply 10 to reply {len(rows)}",
+        f"{rss10:.0f} → {rss_end:.0f} MB ({(rss_end / rss10 - 1) * 100:+.1f} %)",
+        "< +5 %",
+        rss_end < rss10 * 1.05,
+    )
     tf = statistics.median(r["tokens_per_s"] or 0 for r in first)
     tl = statistics.median(r["tokens_per_s"] or 0 for r in last)
     rf = statistics.median(r["reference_tokens_per_s"] for r in first)
     rl = statistics.median(r["reference_tokens_per_s"] for r in last)
     for name, part in (("first", first), ("last", last)):
-        print(f"  decode tokens/s of the {name} 10 replies (window / fresh reference process right after): "
-              + ", ".join(f"{r['tokens_per_s'] or 0:.1f}/{r['reference_tokens_per_s']:.1f}" for r in part), flush=True)
-    table.add("soak: decode tokens/s, last 10 vs first 10 replies (medians, as measured)",
-              f"{tl:.1f} vs {tf:.1f} ({(tl / tf - 1) * 100:+.1f} %)", "info: the machine's speed moves too", None)
-    table.add("soak: the same replies in a fresh process alongside (the machine's drift)",
-              f"{rl:.1f} vs {rf:.1f} ({(rl / rf - 1) * 100:+.1f} %)", "—", None)
+        print(
+            f"  decode tokens/s of the {name} 10 replies (window / fresh reference process right after): "
+            + ", ".join(f"{r['tokens_per_s'] or 0:.1f}/{r['reference_tokens_per_s']:.1f}" for r in part),
+            flush=True,
+        )
+    table.add(
+        "soak: decode tokens/s, last 10 vs first 10 replies (medians, as measured)",
+        f"{tl:.1f} vs {tf:.1f} ({(tl / tf - 1) * 100:+.1f} %)",
+        "info: the machine's speed moves too",
+        None,
+    )
+    table.add(
+        "soak: the same replies in a fresh process alongside (the machine's drift)",
+        f"{rl:.1f} vs {rf:.1f} ({(rl / rf - 1) * 100:+.1f} %)",
+        "—",
+        None,
+    )
     drift = (tl / rl) / (tf / rf) - 1 if tf and rf and rl else float("nan")
-    table.add("soak: decode tokens/s, last 10 vs first 10, relative to the fresh process",
-              f"{drift * 100:+.1f} %", "within ±10 %", abs(drift) <= 0.10)
-    table.add(f"soak: longest UI stall over {len(rows)} replies ({out['seconds']:.0f} s, {out['ticks']} ticks)",
-              f"{out['longest_stall_ms']:.0f} ms ({out['gaps_over_50']} gaps over 50 ms, "
-              f"{out.get('stalls_at_reply_edges', '?')} of them at a reply's start or end)", "≤ 50 ms",
-              out["longest_stall_ms"] <= 50)
+    table.add(
+        "soak: decode tokens/s, last 10 vs first 10, relative to the fresh process",
+        f"{drift * 100:+.1f} %",
+        "within ±10 %",
+        abs(drift) <= 0.10,
+    )
+    table.add(
+        f"soak: longest UI stall over {len(rows)} replies ({out['seconds']:.0f} s, {out['ticks']} ticks)",
+        f"{out['longest_stall_ms']:.0f} ms ({out['gaps_over_50']} gaps over 50 ms, "
+        f"{out.get('stalls_at_reply_edges', '?')} of them at a reply's start or end)",
+        "≤ 50 ms",
+        out["longest_stall_ms"] <= 50,
+    )
 
 
 def phase_history(table: Table, work: Path, history_db: Path) -> None:
@@ -601,25 +758,43 @@ def phase_history(table: Table, work: Path, history_db: Path) -> None:
     (profile / "data" / "redline").mkdir(parents=True, exist_ok=True)
     db = profile / "data" / "redline" / "conversations.sqlite3"
     import shutil
+
     shutil.copyfile(history_db, db)
     long_id = json.loads((history_db.parent / "long_id.json").read_text())
     out, _ = run_child(["history", str(long_id), tiny_model(work)], profile)
     t = out["t_open"] + out["t_window"] + out["t_search"]
-    table.add(f"history: open the database + window listing {out['listed']} conversations + search",
-              f"{t:.2f} s (store {out['t_open']:.2f}, window {out['t_window']:.2f}, search {out['t_search'] * 1000:.0f} ms)",
-              "≤ 1 s", t <= 1.0 and out["listed"] == 1000)
-    table.add("history: open a 500-message conversation",
-              f"{out['t_open_long']:.2f} s ({out['first_page']} message widgets built)", "< 1 s",
-              out["t_open_long"] < 1.0)
+    table.add(
+        f"history: open the database + window listing {out['listed']} conversations + search",
+        f"{t:.2f} s (store {out['t_open']:.2f}, window {out['t_window']:.2f}, search {out['t_search'] * 1000:.0f} ms)",
+        "≤ 1 s",
+        t <= 1.0 and out["listed"] == 1000,
+    )
+    table.add(
+        "history: open a 500-message conversation",
+        f"{out['t_open_long']:.2f} s ({out['first_page']} message widgets built)",
+        "< 1 s",
+        out["t_open_long"] < 1.0,
+    )
     for name, sc in out["scroll"].items():
-        table.add(f"history: fling it to the {'top' if name == 'up' else 'bottom again'} (120 px per 16 ms, "
-                  f"{sc['seconds']:.1f} s, ≤ {sc['alive']} widgets alive), longest UI stall",
-                  f"{sc['stall_ms']:.0f} ms ({sc['over_50']} gaps over 50 ms)", "≤ 50 ms",
-                  sc["stall_ms"] <= 50 and sc["edge"] == (0 if name == "up" else 499))
-    table.add(f"history: earlier messages re-rendered while streaming {out['stream_tokens']} tokens into it",
-              f"{out['rerendered']}", "0", out["rerendered"] == 0)
-    table.add("history: longest UI stall while streaming into it", f"{out['stream_longest_stall_ms']:.0f} ms",
-              "≤ 50 ms", out["stream_longest_stall_ms"] <= 50)
+        table.add(
+            f"history: fling it to the {'top' if name == 'up' else 'bottom again'} (120 px per 16 ms, "
+            f"{sc['seconds']:.1f} s, ≤ {sc['alive']} widgets alive), longest UI stall",
+            f"{sc['stall_ms']:.0f} ms ({sc['over_50']} gaps over 50 ms)",
+            "≤ 50 ms",
+            sc["stall_ms"] <= 50 and sc["edge"] == (0 if name == "up" else 499),
+        )
+    table.add(
+        f"history: earlier messages re-rendered while streaming {out['stream_tokens']} tokens into it",
+        f"{out['rerendered']}",
+        "0",
+        out["rerendered"] == 0,
+    )
+    table.add(
+        "history: longest UI stall while streaming into it",
+        f"{out['stream_longest_stall_ms']:.0f} ms",
+        "≤ 50 ms",
+        out["stream_longest_stall_ms"] <= 50,
+    )
 
 
 def main() -> int:
@@ -646,8 +821,11 @@ def main() -> int:
     phases = args.phases.split(",")
     work = Path(tempfile.mkdtemp(prefix="redline-bench-app-"))
     load0 = os.getloadavg()
-    print(f"Redline long-day benchmark — {os.cpu_count()} CPUs, load average {load0[0]:.2f} {load0[1]:.2f} "
-          f"{load0[2]:.2f} at start; profiles under a temporary folder", flush=True)
+    print(
+        f"Redline long-day benchmark — {os.cpu_count()} CPUs, load average {load0[0]:.2f} {load0[1]:.2f} "
+        f"{load0[2]:.2f} at start; profiles under a temporary folder",
+        flush=True,
+    )
     table = Table()
     history_db = None
     if "history" in phases or "startup" in phases:
@@ -655,13 +833,18 @@ def main() -> int:
         t0 = time.perf_counter()
         long_id = build_history_db(history_db)
         (work / "long_id.json").write_text(json.dumps(long_id))
-        print(f"  built 1,000 conversations / 50,000 messages in {time.perf_counter() - t0:.1f} s "
-              f"({history_db.stat().st_size / MB:.0f} MB)", flush=True)
+        print(
+            f"  built 1,000 conversations / 50,000 messages in {time.perf_counter() - t0:.1f} s "
+            f"({history_db.stat().st_size / MB:.0f} MB)",
+            flush=True,
+        )
     started = time.monotonic()
-    runs = [("startup", lambda: phase_startup(table, work, history_db)),
-            ("history", lambda: phase_history(table, work, history_db)),
-            ("unload", lambda: phase_unload(table, work, args.switches)),
-            ("soak", lambda: phase_soak(table, work, args.soak_replies, args.soak_tokens))]
+    runs = [
+        ("startup", lambda: phase_startup(table, work, history_db)),
+        ("history", lambda: phase_history(table, work, history_db)),
+        ("unload", lambda: phase_unload(table, work, args.switches)),
+        ("soak", lambda: phase_soak(table, work, args.soak_replies, args.soak_tokens)),
+    ]
     for name, run in runs:
         if name in phases:
             try:
@@ -671,8 +854,10 @@ def main() -> int:
                 table.add(f"{name}: the phase itself", f"crashed ({type(exc).__name__})", "runs", False)
     load1 = os.getloadavg()
     table.print()
-    print(f"\n{len(table.rows)} figures in {time.monotonic() - started:.0f} s; load average {load1[0]:.2f} "
-          f"{load1[1]:.2f} {load1[2]:.2f} at the end (other processes share these CPUs).")
+    print(
+        f"\n{len(table.rows)} figures in {time.monotonic() - started:.0f} s; load average {load1[0]:.2f} "
+        f"{load1[1]:.2f} {load1[2]:.2f} at the end (other processes share these CPUs)."
+    )
     return 0 if all(r[3] != "FAIL" for r in table.rows) else 1
 
 

@@ -1,5 +1,6 @@
 """What the tools that drive the real window need (the screenshot tools, the long-day benchmark): a throwaway
 profile, a Qt app on qasync's loop, and ways to wait."""
+
 from __future__ import annotations
 
 import asyncio

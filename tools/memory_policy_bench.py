@@ -12,6 +12,7 @@ Each ratio compares figures measured in the same run. Linux (glibc) only: it rea
 
 Usage: python tools/memory_policy_bench.py [--part heap,caches] [--rounds N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,15 +30,17 @@ PROMPT = [{"role": "user", "content": "Explain in two sentences why the sky is b
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
 
 
 def heap_in_use_mb() -> float:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2
     info = libc.mallinfo2()
-    return (info.uordblks + info.hblkhd) / 2 ** 20  # heap blocks in use + blocks in their own mappings
+    return (info.uordblks + info.hblkhd) / 2**20  # heap blocks in use + blocks in their own mappings
 
 
 def _engine():
@@ -65,8 +68,10 @@ def part_heap(rounds: int) -> None:
         print("heap: not glibc; nothing to measure")
         return
     engine = _engine()
-    policies = {"wide": (memory_policy.DECODE_MMAP_BYTES, memory_policy.DECODE_TRIM_BYTES),
-                "tight": (memory_policy.OWN_MAPPING_BYTES, memory_policy.OWN_MAPPING_BYTES)}
+    policies = {
+        "wide": (memory_policy.DECODE_MMAP_BYTES, memory_policy.DECODE_TRIM_BYTES),
+        "tight": (memory_policy.OWN_MAPPING_BYTES, memory_policy.OWN_MAPPING_BYTES),
+    }
     for strategy in ("kv", "fast"):
         _decode_rate(engine, strategy)  # warm-up: the fast path fuses its weights on first use
         rates = {name: [] for name in policies}
@@ -78,8 +83,11 @@ def part_heap(rounds: int) -> None:
         memory_policy._apply()  # back to Redline's own setting
         wide, tight = (statistics.median(rates[n]) for n in ("wide", "tight"))
         slower = sum(t < w for t, w in zip(rates["tight"], rates["wide"]))
-        print(f"heap, {strategy}:bf16, 64 tokens × {rounds} rounds: wide {wide:.1f} tok/s, tight {tight:.1f} tok/s "
-              f"→ tight/wide {tight / wide:.2f} (tight slower in {slower} of {rounds} pairs)", flush=True)
+        print(
+            f"heap, {strategy}:bf16, 64 tokens × {rounds} rounds: wide {wide:.1f} tok/s, tight {tight:.1f} tok/s "
+            f"→ tight/wide {tight / wide:.2f} (tight slower in {slower} of {rounds} pairs)",
+            flush=True,
+        )
 
 
 def child_caches(capacity: str, turns: int, samples: int) -> None:
@@ -105,21 +113,34 @@ def part_caches(rounds: int, capacities: list[int], turns: int = 30, samples: in
     figures: dict[int, list[dict]] = {c: [] for c in sorted(set(capacities) | {KERNEL_CACHE_ENTRIES, 1024})}
     for _ in range(rounds):
         for capacity in figures:
-            out = subprocess.run([sys.executable, __file__, "--child", str(capacity), str(turns), str(samples)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", str(capacity), str(turns), str(samples)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                check=True,
+            )
             line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-            figures[capacity].append(json.loads(line[len("RESULT "):]))
+            figures[capacity].append(json.loads(line[len("RESULT ") :]))
     default_rate = statistics.median(f["rate"] for f in figures[1024])
-    print(f"caches, kv:bf16 on the starter, a {turns}-turn conversation then {samples} replies of 64 tokens, "
-          f"{rounds} processes per capacity, alternated:")
+    print(
+        f"caches, kv:bf16 on the starter, a {turns}-turn conversation then {samples} replies of 64 tokens, "
+        f"{rounds} processes per capacity, alternated:"
+    )
     for capacity, runs in figures.items():
         rate = statistics.median(f["rate"] for f in runs)
         each = ", ".join(f"{f['rate']:.1f}" for f in runs)
-        mark = "  ← Redline's" if capacity == KERNEL_CACHE_ENTRIES else ("  ← the libraries' default"
-                                                                          if capacity == 1024 else "")
-        print(f"  {capacity:5d} entries: C heap grew {statistics.median(f['grown_mb'] for f in runs):6.1f} MB over "
-              f"the conversation; decode {rate:5.1f} tok/s = {rate / default_rate:.2f}× the default "
-              f"(per process: {each}){mark}", flush=True)
+        mark = (
+            "  ← Redline's"
+            if capacity == KERNEL_CACHE_ENTRIES
+            else ("  ← the libraries' default" if capacity == 1024 else "")
+        )
+        print(
+            f"  {capacity:5d} entries: C heap grew {statistics.median(f['grown_mb'] for f in runs):6.1f} MB over "
+            f"the conversation; decode {rate:5.1f} tok/s = {rate / default_rate:.2f}× the default "
+            f"(per process: {each}){mark}",
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -136,7 +157,7 @@ def main() -> int:
     if "heap" in args.part:
         part_heap(args.rounds)
     if "caches" in args.part:
-        part_caches(max(2, args.rounds // 2), [int(c) for c in args.capacities.split(',')])
+        part_caches(max(2, args.rounds // 2), [int(c) for c in args.capacities.split(",")])
     return 0
 
 

@@ -3,6 +3,7 @@
 Run with `make screenshots`. Uses a throwaway profile (conversations and settings go to a
 temporary folder) and the Qt offscreen platform unless DISPLAY is set (e.g. under xvfb-run).
 """
+
 from __future__ import annotations
 
 import sys
@@ -53,10 +54,12 @@ def main() -> int:
 
     # Prompt lookup copies tokens from the conversation: those are tinted like draft tokens.
     import dataclasses
+
     window.new_chat()
     window.apply_settings(dataclasses.replace(window.settings, strategy="prompt-lookup", max_new_tokens=120))
-    window.input.setPlainText("Repeat this sentence exactly: The quick brown fox jumps over the lazy dog "
-                              "near the river bank at dawn.")
+    window.input.setPlainText(
+        "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near the river bank at dawn."
+    )
     window.send()
     wait_until(lambda: len(finished) == 3)
     window.resize(1500, 800)

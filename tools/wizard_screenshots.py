@@ -5,6 +5,7 @@ offscreen platform unless DISPLAY is set. The speculative page pairs the starter
 random draft built here from the starter's own tokenizer (a real tokenizer check, not a useful
 draft); the "does not fit" page uses Llama-3-8B's config.json alone, planned for an RTX 4060 Ti 8GB.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from gui_session import OUT, ROOT, qt_app, settle, throwaway_profile, wait_until  # noqa: E402
+
 LLAMA3_8B_CONFIG = ROOT / "tests" / "data" / "llama-3-8b-config.json"
 
 
@@ -22,9 +24,16 @@ def build_draft(starter: Path, dest: Path) -> Path:
 
     tok = AutoTokenizer.from_pretrained(starter)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(cfg).save_pretrained(dest)
     tok.save_pretrained(dest)
     return dest

@@ -5,6 +5,7 @@ application (ui never imports app). Library versions come from the installed pac
 opening the dialog imports nothing heavy; the GPU and torch's CUDA build need torch, so they are read by
 ``probe_hardware()`` on a worker thread and filled in when ready.
 """
+
 from __future__ import annotations
 
 import platform
@@ -14,21 +15,25 @@ from typing import Optional, Union
 
 from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QPushButton,
-                               QVBoxLayout)
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
 from .style import app_icon
 
 PENDING = "detecting…"
 # (label, distribution names to try): read from package metadata, never by importing the package.
-LIBRARIES = (("PySide6", ("PySide6-Essentials", "PySide6")), ("torch", ("torch",)),
-             ("transformers", ("transformers",)), ("bitsandbytes", ("bitsandbytes",)),
-             ("accelerate", ("accelerate",)))
+LIBRARIES = (
+    ("PySide6", ("PySide6-Essentials", "PySide6")),
+    ("torch", ("torch",)),
+    ("transformers", ("transformers",)),
+    ("bitsandbytes", ("bitsandbytes",)),
+    ("accelerate", ("accelerate",)),
+)
 
 
 @dataclass(frozen=True)
 class AboutInfo:
     """What the application knows about itself; built by the app and handed to the window."""
+
     version: str
     licence: str
     paths: tuple[tuple[str, str], ...] = ()  # (what, where), e.g. ("Conversations", ".../conversations.sqlite3")
@@ -68,9 +73,13 @@ def probe_hardware() -> HardwareSummary:
     from redline.inference.hardware.probe import probe, torch_cuda_build
 
     info = probe()
-    return HardwareSummary(cuda_build=torch_cuda_build(), cuda_available=info.cuda_available,
-                           gpus=[f"{g.name} · {_gib(g.total_bytes)}" for g in info.gpus],
-                           cpu=f"{info.cpu} · {info.cpu_cores} threads", ram=_gib(info.ram_total_bytes))
+    return HardwareSummary(
+        cuda_build=torch_cuda_build(),
+        cuda_available=info.cuda_available,
+        gpus=[f"{g.name} · {_gib(g.total_bytes)}" for g in info.gpus],
+        cpu=f"{info.cpu} · {info.cpu_cores} threads",
+        ram=_gib(info.ram_total_bytes),
+    )
 
 
 class AboutDialog(QDialog):
@@ -86,8 +95,10 @@ class AboutDialog(QDialog):
         logo = QLabel()
         logo.setPixmap(app_icon().pixmap(64, 64))
         head.addWidget(logo)
-        title = QLabel(f"<b style='font-size:18px'>Redline {info.version}</b><br>"
-                       "Chat with local models, and see, measured, why it is fast.")
+        title = QLabel(
+            f"<b style='font-size:18px'>Redline {info.version}</b><br>"
+            "Chat with local models, and see, measured, why it is fast."
+        )
         title.setObjectName("aboutTitle")
         head.addWidget(title, 1)
         v.addLayout(head)

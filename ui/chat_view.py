@@ -11,6 +11,7 @@ and drops the newest beyond the window, and scrolling back down does the
 reverse, keeping what is on screen in place. Opening a 500-message conversation
 costs one page, and scrolling through it never lays out more than the window.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -18,8 +19,19 @@ from typing import Callable, Optional, Sequence
 
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMenu, QPushButton, QScrollArea, QSizePolicy,
-                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from .markdown import SafeDocument, append_reply, code_blocks, render
 
@@ -45,8 +57,10 @@ def format_stats(stats: dict) -> str:
         if stats.get(key):
             bits.append(str(stats[key]))
     if stats.get("acceptance_rate") is not None:
-        bits.append(f"draft accepted {stats['acceptance_rate'] * 100:.0f}% "
-                    f"({stats.get('draft_accepted', 0)}/{stats.get('draft_proposed', 0)})")
+        bits.append(
+            f"draft accepted {stats['acceptance_rate'] * 100:.0f}% "
+            f"({stats.get('draft_accepted', 0)}/{stats.get('draft_proposed', 0)})"
+        )
     reason = stats.get("finish_reason")
     if reason == "cancelled":
         bits.append("stopped")
@@ -63,9 +77,13 @@ def confirm_open_link(parent, address: str) -> bool:
     """Ask before opening a link from a message (tests replace this)."""
     from PySide6.QtWidgets import QMessageBox
 
-    answer = QMessageBox.question(parent, "Open link?",
-                                  f"Open this address in your browser?\n\n{address}",
-                                  QMessageBox.Open | QMessageBox.Cancel, QMessageBox.Cancel)
+    answer = QMessageBox.question(
+        parent,
+        "Open link?",
+        f"Open this address in your browser?\n\n{address}",
+        QMessageBox.Open | QMessageBox.Cancel,
+        QMessageBox.Cancel,
+    )
     return answer == QMessageBox.Open
 
 
@@ -84,8 +102,7 @@ class MessageBrowser(QTextBrowser):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setFrameShape(QFrame.NoFrame)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
-        self.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard
-                                     | Qt.LinksAccessibleByMouse)
+        self.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard | Qt.LinksAccessibleByMouse)
         self.document().documentLayout().documentSizeChanged.connect(lambda _s: self._fit())
 
     def loadResource(self, kind, url):  # noqa: N802 - Qt override: never fetch anything for model output
@@ -117,8 +134,15 @@ class MessageWidget(QFrame):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
 
-    def __init__(self, message_id: Optional[int], role: str, text: str = "", stats: Optional[dict] = None,
-                 partial: bool = False, parent=None):
+    def __init__(
+        self,
+        message_id: Optional[int],
+        role: str,
+        text: str = "",
+        stats: Optional[dict] = None,
+        partial: bool = False,
+        parent=None,
+    ):
         super().__init__(parent)
         self.message_id = message_id
         self.role = role
@@ -149,11 +173,13 @@ class MessageWidget(QFrame):
         self.copy_code_button = self._tool("Copy code", "Copy a code block from this message", self.copy_code)
         header.addWidget(self.copy_code_button)
         if role == "assistant":
-            self.action_button = self._tool("Regenerate", "Generate this reply again",
-                                            lambda: self.regenerate_requested.emit(self.message_id or -1))
+            self.action_button = self._tool(
+                "Regenerate", "Generate this reply again", lambda: self.regenerate_requested.emit(self.message_id or -1)
+            )
         else:
-            self.action_button = self._tool("Edit", "Edit this message and send it again",
-                                            lambda: self.edit_requested.emit(self.message_id or -1))
+            self.action_button = self._tool(
+                "Edit", "Edit this message and send it again", lambda: self.edit_requested.emit(self.message_id or -1)
+            )
         header.addWidget(self.action_button)
         layout.addLayout(header)
         self.browser = MessageBrowser(self)
@@ -195,8 +221,10 @@ class MessageWidget(QFrame):
         self.render_count += 1
         shown = self.text if self.text or not self.streaming else "…"
         if len(shown) > SHOWN_CHARS:  # typesetting megabytes would freeze the window; the store keeps it all
-            shown = (shown[:SHOWN_CHARS] + f"\n\n*… {len(self.text) - SHOWN_CHARS:,} more characters not shown "
-                     "(the whole message is saved and exported).*")
+            shown = (
+                shown[:SHOWN_CHARS] + f"\n\n*… {len(self.text) - SHOWN_CHARS:,} more characters not shown "
+                "(the whole message is saved and exported).*"
+            )
         render(self.browser.document(), shown, self.draft_spans)
         self.browser._fit()
         self.stats_label.setText(format_stats(self.stats))
@@ -222,8 +250,10 @@ class MessageWidget(QFrame):
         menu = QMenu(self)
         for i, (lang, code) in enumerate(blocks, 1):
             first = code.strip().splitlines()[0][:40] if code.strip() else ""
-            menu.addAction(f"Block {i}{' (' + lang + ')' if lang else ''}: {first}",
-                           lambda c=code: QGuiApplication.clipboard().setText(c))
+            menu.addAction(
+                f"Block {i}{' (' + lang + ')' if lang else ''}: {first}",
+                lambda c=code: QGuiApplication.clipboard().setText(c),
+            )
         menu.exec(self.copy_code_button.mapToGlobal(self.copy_code_button.rect().bottomLeft()))
 
 
@@ -399,8 +429,9 @@ class ChatView(QScrollArea):
                 return existing
         if position is None:
             position = self.widgets[-1].position + 1 if self.widgets else 0
-        w = self._make(SimpleNamespace(id=message_id, role=role, content=text, stats=stats, partial=partial,
-                                       position=position))
+        w = self._make(
+            SimpleNamespace(id=message_id, role=role, content=text, stats=stats, partial=partial, position=position)
+        )
         self._append(w)
         self.placeholder.setVisible(False)
         self._follow = True
@@ -455,8 +486,9 @@ class ChatView(QScrollArea):
 
     def _wants_more(self) -> bool:
         bar = self.verticalScrollBar()
-        return ((self._earlier > 0 and bar.value() < LOAD_MARGIN_PX)
-                or (self._later > 0 and bar.value() > bar.maximum() - LOAD_MARGIN_PX))
+        return (self._earlier > 0 and bar.value() < LOAD_MARGIN_PX) or (
+            self._later > 0 and bar.value() > bar.maximum() - LOAD_MARGIN_PX
+        )
 
     def _load_more(self) -> None:
         self._load_pending = False

@@ -1,11 +1,22 @@
 """The conversation list: search by title, new, rename, delete."""
+
 from __future__ import annotations
 
 from typing import Optional
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QHBoxLayout, QInputDialog, QLineEdit, QListWidget, QListWidgetItem, QMenu,
-                               QMessageBox, QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QInputDialog,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from .protocols import ConversationStore
 
@@ -123,8 +134,9 @@ class ConversationList(QWidget):
         if cid is None:
             return
         conv = self.store.conversation(cid)
-        answer = QMessageBox.question(self, "Delete conversation",
-                                      f"Delete “{conv.title if conv else cid}” and all its messages?")
+        answer = QMessageBox.question(
+            self, "Delete conversation", f"Delete “{conv.title if conv else cid}” and all its messages?"
+        )
         if answer == QMessageBox.Yes:
             self.store.delete_conversation(cid)
             self.refresh()

@@ -5,6 +5,7 @@ events from the decode loop go through an ``EventChannel``: the worker appends
 to a buffer and sends at most one wake-up signal until the UI has drained it, so
 a fast model never floods the UI thread's event queue.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -95,6 +96,7 @@ class EngineClient(QObject):
 
 # -- tasks (run on the worker thread; inference imports happen there, off the UI thread) --------
 
+
 @dataclass
 class LoadProgress:
     fraction: float
@@ -117,10 +119,17 @@ class ModelInfo:
     measured_bytes: Optional[int] = None
 
 
-def load_task(model: str, precision: str, draft_model: Optional[str], draft_precision: str, with_draft: bool,
-              is_trusted: Optional[Callable[[Any], bool]] = None):
+def load_task(
+    model: str,
+    precision: str,
+    draft_model: Optional[str],
+    draft_precision: str,
+    with_draft: bool,
+    is_trusted: Optional[Callable[[Any], bool]] = None,
+):
     """``is_trusted(NeedsOptIn) -> bool`` says whether the user already opted in for that folder's code or
     pickle weights (as they are now); without it, such a model is refused with NeedsOptIn."""
+
     def task(engine, report):
         from redline.inference.engine import default_precision
         from redline.inference.errors import Cancelled, NeedsOptIn, RedlineError
@@ -138,15 +147,22 @@ def load_task(model: str, precision: str, draft_model: Optional[str], draft_prec
                 if key in flags or is_trusted is None or not is_trusted(exc):
                     raise
                 flags[key] = True
-        info = ModelInfo(loaded.name, loaded.device, loaded.precision.label(), loaded.memory_bytes,
-                         loaded.load_seconds, list(loaded.notes))
+        info = ModelInfo(
+            loaded.name,
+            loaded.device,
+            loaded.precision.label(),
+            loaded.memory_bytes,
+            loaded.load_seconds,
+            list(loaded.notes),
+        )
         if with_draft and draft_model:
-            dspec = parse_precision(default_precision(engine.device) if draft_precision == "auto"
-                                    else draft_precision)
+            dspec = parse_precision(default_precision(engine.device) if draft_precision == "auto" else draft_precision)
             try:
-                draft = engine.load_draft(draft_model, dspec,
-                                          lambda f, phase: report(LoadProgress(share + f * (1 - share),
-                                                                               f"draft: {phase}")))
+                draft = engine.load_draft(
+                    draft_model,
+                    dspec,
+                    lambda f, phase: report(LoadProgress(share + f * (1 - share), f"draft: {phase}")),
+                )
                 info.draft_name = draft.name
             except Cancelled:
                 raise
@@ -157,6 +173,7 @@ def load_task(model: str, precision: str, draft_model: Optional[str], draft_prec
         info.predicted_bytes, info.measured_bytes = _predicted_vs_measured(engine)
         report(LoadProgress(1.0, "Loaded"))
         return info
+
     return task
 
 
@@ -178,11 +195,15 @@ def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
 
 # -- what the configuration wizard asks the engine thread (torch and tokenizers load there) ------
 
+
 def describe_task(spec: str):
     """Validate a model choice and read its shape (``inference.sources.describe.describe``)."""
+
     def task(engine, report):
         from redline.inference.sources.describe import describe
+
         return describe(spec)
+
     return task
 
 
@@ -197,31 +218,37 @@ class MachineInfo:
 
 def hardware_task():
     def task(engine, report):
-        from redline.inference.memory.fit import detect_target
         from redline.inference.hardware.probe import probe
         from redline.inference.memory.calibration import correction_bytes
+        from redline.inference.memory.fit import detect_target
 
         reclaimable = sum(m.memory_bytes for m in (engine.target, engine.draft) if m is not None)
         hardware = probe()
         target = detect_target(reclaimable_bytes=reclaimable, device=engine.device)
         correction = correction_bytes(target.device, key=target.calibration_key) if target.calibration_key else 0
         return MachineInfo(hardware, target, correction, reclaimable, engine.device)
+
     return task
 
 
 def pair_task(target_spec: str, draft_spec: str):
     """Whether the draft pairs with the target, from configs and tokenizers (``inference.decoding.draft_check``)."""
+
     def task(engine, report):
         from redline.inference.decoding.draft_check import check_pair
+
         return check_pair(target_spec, draft_spec)
+
     return task
 
 
 def unload_task():
     """Free the model and draft (weights, caches, allocator pages) on the engine thread."""
+
     def task(engine, report):
         engine.unload()
         return None
+
     return task
 
 
@@ -233,9 +260,19 @@ def chat_task(messages: list[dict], sampling: dict, options: dict, context: Opti
         opts = dict(options)
         if opts.get("strategy") == "speculative" and engine.draft is None:
             from redline.inference.errors import IncompatibleDraft
-            raise IncompatibleDraft("Speculative decoding needs a draft model, and none is loaded.",
-                                    "Choose a draft model in Settings (a small model of the same family), "
-                                    "or pick another strategy such as prompt-lookup.")
-        return engine.chat(messages, SamplingSettings(**sampling), DecodeOptions(**opts),
-                           on_event=channel.push, context=context, request_cancelled=lambda: channel.cancelled)
+
+            raise IncompatibleDraft(
+                "Speculative decoding needs a draft model, and none is loaded.",
+                "Choose a draft model in Settings (a small model of the same family), "
+                "or pick another strategy such as prompt-lookup.",
+            )
+        return engine.chat(
+            messages,
+            SamplingSettings(**sampling),
+            DecodeOptions(**opts),
+            on_event=channel.push,
+            context=context,
+            request_cancelled=lambda: channel.cancelled,
+        )
+
     return task

@@ -3,6 +3,7 @@
 Every figure shown is one that was read; a figure that could not be read is
 shown as "unknown" with the reason, never guessed.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,7 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLay
 
 SPARK_POINTS = 200
 ACCENT = QColor(214, 40, 57)  # the "redline"
-GB = 1024 ** 3
+GB = 1024**3
 
 
 def fmt_bytes(n: Optional[int]) -> str:
@@ -23,7 +24,7 @@ def fmt_bytes(n: Optional[int]) -> str:
         return "unknown"
     if n >= GB:
         return f"{n / GB:.2f} GiB"
-    return f"{n / 1024 ** 2:.0f} MiB"
+    return f"{n / 1024**2:.0f} MiB"
 
 
 def _nice_max(value: float) -> float:
@@ -137,14 +138,15 @@ class Sparkline(QWidget):
         if self.values:
             top = _nice_max(max(self.values))
             p.setPen(QColor(110, 110, 115))
-            p.drawText(QRectF(0, plot.top() - 6, self.AXIS_W - 4, 14), Qt.AlignRight | Qt.AlignVCenter,
-                       f"{top:g}")
+            p.drawText(QRectF(0, plot.top() - 6, self.AXIS_W - 4, 14), Qt.AlignRight | Qt.AlignVCenter, f"{top:g}")
             p.drawText(QRectF(0, plot.bottom() - 8, self.AXIS_W - 4, 14), Qt.AlignRight | Qt.AlignVCenter, "0")
             n = len(self.values)
             step = plot.width() / max(1, SPARK_POINTS - 1)
             x0 = plot.right() - step * (n - 1)
-            points = [QPointF(x0 + i * step, plot.bottom() - plot.height() * min(v, top) / top)
-                      for i, v in enumerate(self.values)]
+            points = [
+                QPointF(x0 + i * step, plot.bottom() - plot.height() * min(v, top) / top)
+                for i, v in enumerate(self.values)
+            ]
             p.setPen(QPen(ACCENT, 1.5))
             p.drawPolyline(QPolygonF(points))
         p.end()
@@ -237,8 +239,14 @@ class GaugesPanel(QFrame):
         self._latencies.extend(ms)
         self._curve.setData(list(self._latencies))
 
-    def finish_reply(self, tokens_per_s: Optional[float], ttft_ms: Optional[float], new_tokens: int,
-                     p50_ms: Optional[float], p95_ms: Optional[float]) -> None:
+    def finish_reply(
+        self,
+        tokens_per_s: Optional[float],
+        ttft_ms: Optional[float],
+        new_tokens: int,
+        p50_ms: Optional[float],
+        p95_ms: Optional[float],
+    ) -> None:
         self.gauge.set_value(tokens_per_s, "tok/s (last reply)")
         self.ttft_label.setText("—" if ttft_ms is None else f"{ttft_ms:.0f} ms")
         self.tokens_label.setText(str(new_tokens))
@@ -263,21 +271,27 @@ class GaugesPanel(QFrame):
             used = snap.device_used_bytes
             if mine is None:  # NVML per-process figures unavailable (e.g. in some containers)
                 segments = [(used or 0, self.THIS)]
-                legend = (f"{sw(self.THIS)} used (all processes) {fmt_bytes(used)}<br>"
-                          "this process / others: unknown (NVML gives no per-process figures here)")
+                legend = (
+                    f"{sw(self.THIS)} used (all processes) {fmt_bytes(used)}<br>"
+                    "this process / others: unknown (NVML gives no per-process figures here)"
+                )
             else:
                 segments = [(mine, self.THIS), (others or 0, self.OTHER)]
-                legend = (f"{sw(self.THIS)} this process {fmt_bytes(mine)}<br>"
-                          f"{sw(self.OTHER)} other processes {fmt_bytes(others)}")
+                legend = (
+                    f"{sw(self.THIS)} this process {fmt_bytes(mine)}<br>"
+                    f"{sw(self.OTHER)} other processes {fmt_bytes(others)}"
+                )
             free = (total - used) if (total is not None and used is not None) else None
             self.mem_bar.set_segments(segments, total)
             self.mem_label.setText(f"{legend}<br>free {fmt_bytes(free)} of {fmt_bytes(total)}")
             self.torch_bar.show()
             alloc, reserved = snap.cuda_allocated_bytes, snap.cuda_reserved_bytes
-            self.torch_bar.set_segments([(alloc or 0, self.TORCH), ((reserved or 0) - (alloc or 0),
-                                                                    QColor(160, 180, 230))], reserved or None)
-            self.torch_label.setText(f"torch: {sw(self.TORCH)} allocated {fmt_bytes(alloc)} of "
-                                     f"{fmt_bytes(reserved)} reserved")
+            self.torch_bar.set_segments(
+                [(alloc or 0, self.TORCH), ((reserved or 0) - (alloc or 0), QColor(160, 180, 230))], reserved or None
+            )
+            self.torch_label.setText(
+                f"torch: {sw(self.TORCH)} allocated {fmt_bytes(alloc)} of {fmt_bytes(reserved)} reserved"
+            )
         else:
             total = snap.system_total_bytes
             others = max(0, snap.system_used_bytes - snap.rss_bytes)
@@ -285,6 +299,7 @@ class GaugesPanel(QFrame):
             self.mem_label.setText(
                 f"{sw(self.THIS)} this process (RSS) {fmt_bytes(snap.rss_bytes)}<br>"
                 f"{sw(self.OTHER)} rest of the system {fmt_bytes(others)}<br>"
-                f"free {fmt_bytes(total - snap.system_used_bytes)} of {fmt_bytes(total)} RAM")
+                f"free {fmt_bytes(total - snap.system_used_bytes)} of {fmt_bytes(total)} RAM"
+            )
             self.torch_bar.hide()
             self.torch_label.setText("")

@@ -3,6 +3,7 @@
 The speed lab pulls in pyqtgraph and its charts; building it only when the user
 opens the tab keeps the window's start-up fast.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional

@@ -6,6 +6,7 @@ on the UI thread, in small transactions: a user message when sent, an assistant
 message as soon as its reply starts (marked partial), updated about once a
 second while it grows, and finalised when it ends.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,17 +18,37 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QDockWidget, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
-                               QMessageBox, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMainWindow,
+    QMessageBox,
+    QPushButton,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 from qasync import asyncSlot
 
 from .about import AboutDialog, AboutInfo, probe_hardware
 from .chat_view import PAGE, ChatView, MessageWidget
-from .markdown import append_reply
 from .conversation_list import ConversationList
-from .engine_client import (EngineClient, EventChannel, LoadProgress, ModelInfo, TaskFailed, chat_task, load_task,
-                            unload_task)
+from .engine_client import (
+    EngineClient,
+    EventChannel,
+    LoadProgress,
+    ModelInfo,
+    TaskFailed,
+    chat_task,
+    load_task,
+    unload_task,
+)
 from .gauges import GaugesPanel
+from .markdown import append_reply
 from .memory_sampler import MemorySampler
 from .protocols import ConversationStore, PresetStoreLike, TrustDecisions
 from .settings_panel import SettingsPanel
@@ -36,8 +57,10 @@ from .widgets import Banner, LoadBar, MessageInput
 from .worker import EngineThread
 
 SAVE_INTERVAL_S = 1.0  # how often a growing reply is written to the database
-STARTER_OFFER = ("No model is configured yet. Redline can use its built-in starter model, SmolLM2-135M-Instruct "
-                 "(about 100 MB to fetch the first time, then offline; it runs on a CPU).")
+STARTER_OFFER = (
+    "No model is configured yet. Redline can use its built-in starter model, SmolLM2-135M-Instruct "
+    "(about 100 MB to fetch the first time, then offline; it runs on a CPU)."
+)
 
 STILL_LOADING = "The model is still loading; your message stays in the box. Send it once loading ends."
 NOT_LOADED = "No model is loaded. Load one first; your message stays in the box."
@@ -61,9 +84,25 @@ class _Generation:
 
 
 def stats_from_result(result, model: str, draft_spans: list) -> dict:
-    keys = ("new_tokens", "prompt_tokens", "tokens_per_s", "ttft_ms", "p50_ms", "p95_ms", "strategy", "precision",
-            "device", "finish_reason", "error", "draft_proposed", "draft_accepted", "acceptance_rate",
-            "mean_accepted_length", "peak_memory_bytes", "total_s")
+    keys = (
+        "new_tokens",
+        "prompt_tokens",
+        "tokens_per_s",
+        "ttft_ms",
+        "p50_ms",
+        "p95_ms",
+        "strategy",
+        "precision",
+        "device",
+        "finish_reason",
+        "error",
+        "draft_proposed",
+        "draft_accepted",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "peak_memory_bytes",
+        "total_s",
+    )
     stats = {k: getattr(result, k) for k in keys}
     stats["model"] = model
     stats["draft_spans"] = draft_spans
@@ -83,14 +122,21 @@ def _about_executor() -> ThreadPoolExecutor:
 
 def confirm_opt_in(parent, exc) -> bool:
     """Ask before running code from a model folder, naming exactly what would run (tests replace this)."""
-    what = ("run this Python code shipped with the model" if exc.kind == "remote_code"
-            else "unpickle these weight files (loaded with weights_only=True)")
+    what = (
+        "run this Python code shipped with the model"
+        if exc.kind == "remote_code"
+        else "unpickle these weight files (loaded with weights_only=True)"
+    )
     files = "\n".join(f"  • {name}" for name in exc.files) or "  (none listed)"
-    box = QMessageBox(QMessageBox.Warning, "Run code from this model?",
-                      f"{exc.message}\n\nTo load it, Redline would {what}:\n{files}\n\nin {exc.folder}\n\n"
-                      "Only do this if you trust where the model came from. Redline remembers your answer for "
-                      "this folder and asks again if any of these files change.",
-                      QMessageBox.Yes | QMessageBox.No, parent)
+    box = QMessageBox(
+        QMessageBox.Warning,
+        "Run code from this model?",
+        f"{exc.message}\n\nTo load it, Redline would {what}:\n{files}\n\nin {exc.folder}\n\n"
+        "Only do this if you trust where the model came from. Redline remembers your answer for "
+        "this folder and asks again if any of these files change.",
+        QMessageBox.Yes | QMessageBox.No,
+        parent,
+    )
     box.setDefaultButton(QMessageBox.No)
     return box.exec() == QMessageBox.Yes
 
@@ -101,10 +147,17 @@ class MainWindow(QMainWindow):
     load_progress = Signal(float, str)  # fraction, phase (the wizard's load page follows it)
     model_unloaded = Signal()
 
-    def __init__(self, engine: EngineThread, store: ConversationStore, settings: Any,
-                 save_settings: Callable[[Any], None], settings_warning: Optional[str] = None,
-                 presets: Optional[PresetStoreLike] = None, about: Optional[AboutInfo] = None,
-                 trust: Optional[TrustDecisions] = None):
+    def __init__(
+        self,
+        engine: EngineThread,
+        store: ConversationStore,
+        settings: Any,
+        save_settings: Callable[[Any], None],
+        settings_warning: Optional[str] = None,
+        presets: Optional[PresetStoreLike] = None,
+        about: Optional[AboutInfo] = None,
+        trust: Optional[TrustDecisions] = None,
+    ):
         super().__init__()
         self.setWindowTitle("Redline")
         self.setWindowIcon(app_icon())
@@ -161,8 +214,9 @@ class MainWindow(QMainWindow):
         self.chat_view.regenerate_requested.connect(self.regenerate)
         self.chat_view.edit_requested.connect(self.edit_message)
         v.addWidget(self.chat_view, 1)
-        self.edit_bar = QLabel("Editing a message: Enter sends the new version (later messages are replaced); "
-                               "Esc cancels.")
+        self.edit_bar = QLabel(
+            "Editing a message: Enter sends the new version (later messages are replaced); Esc cancels."
+        )
         self.edit_bar.setObjectName("reloadNote")
         self.edit_bar.hide()
         v.addWidget(self.edit_bar)
@@ -231,8 +285,9 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.Quit)
         self.model_menu = mb.addMenu("&Model")
-        self.wizard_action = self._action(self.model_menu, "&Configure model…", self.open_wizard,
-                                          QKeySequence("Ctrl+Shift+M"))
+        self.wizard_action = self._action(
+            self.model_menu, "&Configure model…", self.open_wizard, QKeySequence("Ctrl+Shift+M")
+        )
         self.presets_menu = self.model_menu.addMenu("&Presets")
         self.presets_menu.aboutToShow.connect(self._fill_presets_menu)
         self._fill_presets_menu()
@@ -260,10 +315,13 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(widget, title)
 
     def _shortcuts_help(self) -> None:
-        QMessageBox.information(self, "Keyboard shortcuts",
-                                "Enter — send\nShift+Enter — new line\nEsc — stop the reply\n"
-                                "Ctrl+N — new chat\nCtrl+, — settings\nCtrl+Shift+M — configure model\n"
-                                "Ctrl+Q — quit")
+        QMessageBox.information(
+            self,
+            "Keyboard shortcuts",
+            "Enter — send\nShift+Enter — new line\nEsc — stop the reply\n"
+            "Ctrl+N — new chat\nCtrl+, — settings\nCtrl+Shift+M — configure model\n"
+            "Ctrl+Q — quit",
+        )
 
     @asyncSlot()
     async def show_about(self) -> None:
@@ -295,8 +353,11 @@ class MainWindow(QMainWindow):
         self.send_button.setEnabled(not generating)
         self.stop_button.setEnabled(generating)
         if self.loaded is None:
-            self.chat_view.set_placeholder("Loading the model…" if self.loading else
-                                           "No model loaded. Choose one in Model → Configure model… or Model → Settings.")
+            self.chat_view.set_placeholder(
+                "Loading the model…"
+                if self.loading
+                else "No model loaded. Choose one in Model → Configure model… or Model → Settings."
+            )
         else:
             self.chat_view.set_placeholder(f"Chatting with {self.loaded.name}. Type a message below.")
 
@@ -305,8 +366,9 @@ class MainWindow(QMainWindow):
             self.model_label.setText("Loading…" if self.loading else "No model loaded")
             return
         draft = f" · draft {self.loaded.draft_name}" if self.loaded.draft_name else ""
-        self.model_label.setText(f"{self.loaded.name} · {self.loaded.precision} · {self.loaded.device}"
-                                 f" · {self.settings.strategy}{draft}")
+        self.model_label.setText(
+            f"{self.loaded.name} · {self.loaded.precision} · {self.loaded.device} · {self.settings.strategy}{draft}"
+        )
 
     # -- model loading ------------------------------------------------------------
     def start(self, model: Optional[str] = None) -> None:
@@ -319,9 +381,15 @@ class MainWindow(QMainWindow):
             self.load_model()
         else:
             prefix = f"{self._settings_warning} " if self._settings_warning else ""
-            self.banner.show_message(prefix + STARTER_OFFER, "warning" if prefix else "info", [("Use the starter model", self.use_starter),
-                                                             ("Choose another…", self.show_settings),
-                                                             ("Configure model…", self.open_wizard)])
+            self.banner.show_message(
+                prefix + STARTER_OFFER,
+                "warning" if prefix else "info",
+                [
+                    ("Use the starter model", self.use_starter),
+                    ("Choose another…", self.show_settings),
+                    ("Configure model…", self.open_wizard),
+                ],
+            )
 
     def use_starter(self) -> None:
         self.apply_settings(dataclasses.replace(self.settings, model="starter"), force_reload=True)
@@ -361,8 +429,9 @@ class MainWindow(QMainWindow):
         if self.trust is not None:
             trust = self.trust
             is_trusted = lambda exc: trust.is_trusted(exc.folder, exc.kind, exc.fingerprint)  # noqa: E731
-        task = load_task(s.model, s.precision, s.draft_model, s.draft_precision, s.strategy == "speculative",
-                         is_trusted)
+        task = load_task(
+            s.model, s.precision, s.draft_model, s.draft_precision, s.strategy == "speculative", is_trusted
+        )
         ask_opt_in = None
         try:
             info = await self.client.run(task, self._on_load_progress)
@@ -375,12 +444,15 @@ class MainWindow(QMainWindow):
                 ask_opt_in = original  # asked below, once the load bar is gone
             elif type(original).__name__ == "Cancelled":
                 self.last_load_error = "Loading was cancelled. No model is loaded."
-                self.banner.show_message("Loading was cancelled. No model is loaded.", "warning",
-                                         [("Load again", lambda: self.load_model())])
+                self.banner.show_message(
+                    "Loading was cancelled. No model is loaded.", "warning", [("Load again", lambda: self.load_model())]
+                )
             else:
-                self.banner.show_message(f"The model could not be loaded: {exc}", "error",
-                                         [("Open settings", self.show_settings),
-                                          ("Use the starter model", self.use_starter)])
+                self.banner.show_message(
+                    f"The model could not be loaded: {exc}",
+                    "error",
+                    [("Open settings", self.show_settings), ("Use the starter model", self.use_starter)],
+                )
             if ask_opt_in is None:
                 return None
         finally:
@@ -394,24 +466,31 @@ class MainWindow(QMainWindow):
             if confirm_opt_in(self, ask_opt_in):
                 self.trust.remember(ask_opt_in.folder, ask_opt_in.kind, ask_opt_in.fingerprint, ask_opt_in.files)
                 return await self.load_model()
-            self.banner.show_message(f"The model was not loaded: {self.last_load_error}", "warning",
-                                     [("Open settings", self.show_settings),
-                                      ("Use the starter model", self.use_starter)])
+            self.banner.show_message(
+                f"The model was not loaded: {self.last_load_error}",
+                "warning",
+                [("Open settings", self.show_settings), ("Use the starter model", self.use_starter)],
+            )
             return None
         self.loaded = info
         self.sampler.set_device(info.device)
-        self.gauges.set_device(f"{info.device} · {info.name} ({info.precision}), loaded in "
-                               f"{info.load_seconds:.1f} s")
+        self.gauges.set_device(f"{info.device} · {info.name} ({info.precision}), loaded in {info.load_seconds:.1f} s")
         self._status()
         self._update_controls()
         if info.draft_error:
-            self.banner.show_message(f"The draft model was not loaded: {info.draft_error} Replies use the "
-                                     "target alone until you change the draft or the strategy.", "warning",
-                                     [("Open settings", self.show_settings)])
+            self.banner.show_message(
+                f"The draft model was not loaded: {info.draft_error} Replies use the "
+                "target alone until you change the draft or the strategy.",
+                "warning",
+                [("Open settings", self.show_settings)],
+            )
         elif self.settings.strategy == "speculative" and not info.draft_name:
-            self.banner.show_message("The speculative strategy needs a draft model. Choose one in Settings, "
-                                     "or pick another strategy such as prompt-lookup.", "warning",
-                                     [("Open settings", self.show_settings)])
+            self.banner.show_message(
+                "The speculative strategy needs a draft model. Choose one in Settings, "
+                "or pick another strategy such as prompt-lookup.",
+                "warning",
+                [("Open settings", self.show_settings)],
+            )
         if self.presets is not None:
             self.presets.remember_model(s.model)
         self.model_loaded.emit(info)
@@ -469,8 +548,11 @@ class MainWindow(QMainWindow):
     def apply_preset(self, name: str) -> None:
         preset = self.presets.get(name) if self.presets is not None else None
         if preset is None:
-            self.banner.show_message(f"The preset “{name}” is gone (its file was removed or is unreadable).",
-                                     "warning", [("Configure model…", self.open_wizard)])
+            self.banner.show_message(
+                f"The preset “{name}” is gone (its file was removed or is unreadable).",
+                "warning",
+                [("Configure model…", self.open_wizard)],
+            )
             self._refresh_presets()
             return
         new = dataclasses.replace(self.settings, **preset.values)
@@ -553,8 +635,11 @@ class MainWindow(QMainWindow):
         cid = self.conversation_id
         page = self.store.messages(cid, limit=PAGE)
         earlier = self.store.message_count(cid, page[0].position) if page else 0
-        self.chat_view.show_messages(page, earlier, lambda before, after, n: self.store.messages(
-            cid, limit=n, before_position=before, after_position=after))
+        self.chat_view.show_messages(
+            page,
+            earlier,
+            lambda before, after, n: self.store.messages(cid, limit=n, before_position=before, after_position=after),
+        )
         if gen is not None and gen.conversation_id == cid:
             w = self.chat_view.widget_for(gen.message_id)
             if w is not None:
@@ -571,10 +656,14 @@ class MainWindow(QMainWindow):
         return self.conversation_id == conversation_id
 
     def _show_reply(self, gen: "_Generation") -> None:
-        if self.generation is gen and self._showing(gen.conversation_id) and \
-                self.chat_view.widget_for(gen.message_id) is None:
-            self._attach_stream(gen, self.chat_view.add_message(gen.message_id, "assistant", "", None, True,
-                                                                gen.position))
+        if (
+            self.generation is gen
+            and self._showing(gen.conversation_id)
+            and self.chat_view.widget_for(gen.message_id) is None
+        ):
+            self._attach_stream(
+                gen, self.chat_view.add_message(gen.message_id, "assistant", "", None, True, gen.position)
+            )
 
     def _stream_widget(self, gen: "_Generation") -> Optional[MessageWidget]:
         """The widget showing the growing reply, if it is built: scrolling far up drops it from the view's
@@ -656,8 +745,11 @@ class MainWindow(QMainWindow):
             if self.loading:
                 self.banner.show_message(STILL_LOADING, "info")
             else:
-                self.banner.show_message(NOT_LOADED, "warning", [("Use the starter model", self.use_starter),
-                                                                 ("Open settings", self.show_settings)])
+                self.banner.show_message(
+                    NOT_LOADED,
+                    "warning",
+                    [("Use the starter model", self.use_starter), ("Open settings", self.show_settings)],
+                )
             return
         if self.banner.label.text() in (STILL_LOADING, NOT_LOADED):
             self.banner.hide()  # the message it held back is going out now: the notice is stale
@@ -691,14 +783,19 @@ class MainWindow(QMainWindow):
     async def _generate(self, conversation_id: int) -> None:
         conv = self.store.conversation(conversation_id)
         messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
-        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(conversation_id)
-                     if m.content]
+        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(conversation_id) if m.content]
         s = self.settings
-        placeholder = self.store.add_message(conversation_id, "assistant", "", partial=True,
-                                             stats={"finish_reason": "interrupted", "model": self.loaded.name})
+        placeholder = self.store.add_message(
+            conversation_id,
+            "assistant",
+            "",
+            partial=True,
+            stats={"finish_reason": "interrupted", "model": self.loaded.name},
+        )
         channel = EventChannel(self._on_events)
-        gen = _Generation(conversation_id, placeholder.id, channel, model=self.loaded.name,
-                          position=placeholder.position)
+        gen = _Generation(
+            conversation_id, placeholder.id, channel, model=self.loaded.name, position=placeholder.position
+        )
         self.generation = gen
         if self._showing(conversation_id):
             # Only the new reply's widget is built; earlier ones stay as they are. In the next event-loop turn:
@@ -707,8 +804,14 @@ class MainWindow(QMainWindow):
         self.gauges.start_reply()
         self.sampler.set_fast(True)
         self._update_controls()
-        sampling = dict(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                        repetition_penalty=s.repetition_penalty, seed=s.seed)
+        sampling = dict(
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            repetition_penalty=s.repetition_penalty,
+            seed=s.seed,
+        )
         options = dict(strategy=s.strategy, num_draft_tokens=s.num_draft_tokens)
         result, error = None, None
         try:
@@ -755,16 +858,21 @@ class MainWindow(QMainWindow):
             partial = result.finish_reason in ("cancelled", "error")
             if result.finish_reason == "error":
                 error = result.error
-            self.gauges.finish_reply(result.tokens_per_s, result.ttft_ms, result.new_tokens, result.p50_ms,
-                                     result.p95_ms)
+            self.gauges.finish_reply(
+                result.tokens_per_s, result.ttft_ms, result.new_tokens, result.p50_ms, result.p95_ms
+            )
         else:
             stats = {"finish_reason": "error", "error": error, "model": gen.model, "draft_spans": gen.draft_spans}
             partial = True
         shown = self._stream_widget(gen)
         if gen.text:
             self.store.update_message(gen.message_id, gen.text, partial, stats)
-            if shown is None and self._showing(gen.conversation_id) and self.chat_view.showing_latest() \
-                    and self.chat_view.widget_for(gen.message_id) is None:
+            if (
+                shown is None
+                and self._showing(gen.conversation_id)
+                and self.chat_view.showing_latest()
+                and self.chat_view.widget_for(gen.message_id) is None
+            ):
                 # It ended before its widget was due to be built.
                 shown = self.chat_view.add_message(gen.message_id, "assistant", gen.text, stats, partial, gen.position)
             if shown is not None:
@@ -777,8 +885,11 @@ class MainWindow(QMainWindow):
                 self.chat_view.remove_from(gen.message_id)
         gen.widget = None
         if error:
-            self.banner.show_message(f"The reply failed: {error} Your conversation is kept.", "error",
-                                     [("Open settings", self.show_settings)])
+            self.banner.show_message(
+                f"The reply failed: {error} Your conversation is kept.",
+                "error",
+                [("Open settings", self.show_settings)],
+            )
         self.conversations.touch(gen.conversation_id)
         self.last_result = result
         self._update_controls()
@@ -798,9 +909,12 @@ class MainWindow(QMainWindow):
         if gen is not None:
             self.client.cancel()
             gen.channel.drain()
-            self.store.update_message(gen.message_id, gen.text, True,
-                                      {"finish_reason": "cancelled", "model": gen.model,
-                                       "draft_spans": gen.draft_spans})
+            self.store.update_message(
+                gen.message_id,
+                gen.text,
+                True,
+                {"finish_reason": "cancelled", "model": gen.model, "draft_spans": gen.draft_spans},
+            )
             self.generation = None
         if self.loading:
             self.client.cancel()

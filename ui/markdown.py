@@ -6,6 +6,7 @@ disk). Draft tokens (speculative decoding) are tinted by aligning the rendered
 text back onto the raw reply: rendering only drops Markdown syntax, so the
 rendered characters are a subsequence of the raw ones.
 """
+
 from __future__ import annotations
 
 import re
@@ -150,7 +151,7 @@ def _highlight_code(doc: QTextDocument) -> None:
 def _tint(doc: QTextDocument, raw: str, draft_spans: Sequence[Sequence[int]]) -> None:
     is_draft = bytearray(len(raw))
     for start, end in draft_spans:
-        is_draft[max(0, start):max(0, min(end, len(raw)))] = b"\x01" * max(0, min(end, len(raw)) - max(0, start))
+        is_draft[max(0, start) : max(0, min(end, len(raw)))] = b"\x01" * max(0, min(end, len(raw)) - max(0, start))
     rendered = doc.toPlainText()
     runs: list[list[int]] = []
     j = 0

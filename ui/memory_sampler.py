@@ -1,4 +1,5 @@
 """Reads memory figures on a thread of its own, so neither the UI nor the engine waits for NVML."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
@@ -50,6 +51,7 @@ class _Sampler(QObject):
     def sample(self) -> None:
         try:
             from redline.inference.memory.measured import snapshot
+
             snap = snapshot(self.device)
         except Exception as exc:  # reported as unreadable, never replaced by a guess
             snap = exc

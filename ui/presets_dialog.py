@@ -1,9 +1,20 @@
 """Model → Presets → Manage presets…: load, rename and delete the saved configurations."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QHBoxLayout, QInputDialog, QLabel, QListWidget,
-                               QListWidgetItem, QMessageBox, QPushButton, QVBoxLayout)
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+)
 
 from .protocols import PresetStoreLike
 
@@ -67,7 +78,9 @@ class PresetsDialog(QDialog):
         name = self.current()
         preset = self.store.get(name) if name else None
         problems = "\n".join(f"Skipped: {p}" for p in self.store.problems)
-        self.detail.setText((preset.describe() if preset else "No presets yet.") + ("\n" + problems if problems else ""))
+        self.detail.setText(
+            (preset.describe() if preset else "No presets yet.") + ("\n" + problems if problems else "")
+        )
         for b in (self.load_button, self.rename_button, self.delete_button):
             b.setEnabled(preset is not None)
 
@@ -104,6 +117,9 @@ class PresetsDialog(QDialog):
 
     def _ask_delete(self) -> None:
         name = self.current()
-        if name and QMessageBox.question(self, "Delete preset", f"Delete the preset “{name}”?") == \
-                QMessageBox.StandardButton.Yes:
+        if (
+            name
+            and QMessageBox.question(self, "Delete preset", f"Delete the preset “{name}”?")
+            == QMessageBox.StandardButton.Yes
+        ):
             self.delete(name)

@@ -1,5 +1,6 @@
 """What the widgets need from the application's objects. ``ui`` never imports ``app``:
 the store and the settings are handed in, and these Protocols say what they must offer."""
+
 from __future__ import annotations
 
 from typing import Any, Optional, Protocol
@@ -28,12 +29,18 @@ class ConversationStore(Protocol):
     def rename_conversation(self, conversation_id: int, title: str) -> None: ...
     def set_system_prompt(self, conversation_id: int, system_prompt: str) -> None: ...
     def delete_conversation(self, conversation_id: int) -> None: ...
-    def messages(self, conversation_id: int, limit: Optional[int] = None, before_position: Optional[int] = None,
-                 after_position: Optional[int] = None) -> list[MessageLike]: ...
+    def messages(
+        self,
+        conversation_id: int,
+        limit: Optional[int] = None,
+        before_position: Optional[int] = None,
+        after_position: Optional[int] = None,
+    ) -> list[MessageLike]: ...
     def message_count(self, conversation_id: int, before_position: Optional[int] = None) -> int: ...
     def message(self, message_id: int) -> Optional[MessageLike]: ...
-    def add_message(self, conversation_id: int, role: str, content: str, partial: bool = False,
-                    stats: Optional[dict] = None) -> MessageLike: ...
+    def add_message(
+        self, conversation_id: int, role: str, content: str, partial: bool = False, stats: Optional[dict] = None
+    ) -> MessageLike: ...
     def update_message(self, message_id: int, content: str, partial: bool, stats: Optional[dict] = None) -> None: ...
     def delete_from(self, message_id: int) -> None: ...
     def export_markdown(self, conversation_id: int) -> str: ...
@@ -44,6 +51,7 @@ class SettingsLike(Protocol):
     """A frozen dataclass: fields model, precision, strategy, draft_model, draft_precision,
     num_draft_tokens, context_length, max_new_tokens, temperature, top_p, top_k,
     repetition_penalty, seed."""
+
     model: Optional[str]
     precision: str
     strategy: str
@@ -60,6 +68,7 @@ class PresetLike(Protocol):
 
 class PresetStoreLike(Protocol):
     """Named configurations, one readable file each (``app.presets.PresetStore``)."""
+
     problems: list[str]  # files the last presets() skipped, with the reason
 
     def presets(self) -> list[PresetLike]: ...

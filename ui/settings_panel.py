@@ -4,14 +4,26 @@ The panel edits a copy; "Apply" hands a new settings object to the window,
 which saves it and reloads the model when the change needs that. The panel
 says beforehand whether applying will reload.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
-                               QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32", "int8", "nf4", "fp4", "nf4+keep=lm_head", "q8", "q4")
 STRATEGY_CHOICES = ("kv", "fast", "naive", "static", "speculative", "prompt-lookup")
@@ -50,13 +62,16 @@ class SettingsPanel(QWidget):
         # Presets fill every field below; Apply loads them. The wizard makes new ones.
         self._presets: list = []
         self.preset = QComboBox()
-        self.preset.setToolTip("A saved configuration (model, precision, context, strategy, draft, sampling): "
-                               "choosing one fills the fields; Apply loads it")
+        self.preset.setToolTip(
+            "A saved configuration (model, precision, context, strategy, draft, sampling): "
+            "choosing one fills the fields; Apply loads it"
+        )
         self.preset.activated.connect(self._preset_chosen)
         self.wizard_button = QToolButton()
         self.wizard_button.setText("Wizard…")
-        self.wizard_button.setToolTip("Configure model…: choose a model, see what fits your memory, load it and "
-                                      "save a preset (Ctrl+Shift+M)")
+        self.wizard_button.setToolTip(
+            "Configure model…: choose a model, see what fits your memory, load it and save a preset (Ctrl+Shift+M)"
+        )
         self.wizard_button.clicked.connect(self.wizard_requested)
         preset_row = QWidget()
         ph = QHBoxLayout(preset_row)
@@ -122,8 +137,16 @@ class SettingsPanel(QWidget):
         self.set_settings(settings)
         for w in (self.model, self.precision, self.strategy, self.draft_model, self.draft_precision):
             w.currentTextChanged.connect(lambda _t: self._update_note())
-        for w in (self.num_draft_tokens, self.context_length, self.max_new_tokens, self.temperature, self.top_p,
-                  self.top_k, self.repetition_penalty, self.seed):
+        for w in (
+            self.num_draft_tokens,
+            self.context_length,
+            self.max_new_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.repetition_penalty,
+            self.seed,
+        ):
             w.valueChanged.connect(lambda _v: self._update_note())
 
     @staticmethod
@@ -225,8 +248,9 @@ class SettingsPanel(QWidget):
             return
         self.apply_button.setEnabled(True)
         if self.current.needs_reload(cand):
-            self.reload_note.setText("This change needs the model reloaded: Apply reloads it (progress shown "
-                                     "above the chat).")
+            self.reload_note.setText(
+                "This change needs the model reloaded: Apply reloads it (progress shown above the chat)."
+            )
         else:
             self.reload_note.setText("Applies to the next reply; no reload needed.")
 

@@ -5,6 +5,7 @@ one task; its progress events (phases, output tokens, finished rows) come back
 through ``EngineThread.progress``. The panel never calls the engine except
 ``cancel()``. Past runs are JSON files in a folder the caller hands in.
 """
+
 from __future__ import annotations
 
 import threading
@@ -14,25 +15,68 @@ from typing import Optional
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QTextCursor
-from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPlainTextEdit,
-                               QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter, QTableWidget,
-                               QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget, QComboBox)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMessageBox,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
-from redline.inference.bench.runner import (SEED_PRESET, BenchPhase, BenchReport, BenchRow, BenchSpec, BenchStarted,
-                             BenchSweepRow, BenchToken, ConfigResult, builtin_prompt_sets, list_reports,
-                             load_prompt_set, load_report, parse_configs, run_bench, save_report)
 from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown
+from redline.inference.bench.runner import (
+    SEED_PRESET,
+    BenchPhase,
+    BenchReport,
+    BenchRow,
+    BenchSpec,
+    BenchStarted,
+    BenchSweepRow,
+    BenchToken,
+    ConfigResult,
+    builtin_prompt_sets,
+    list_reports,
+    load_prompt_set,
+    load_report,
+    parse_configs,
+    run_bench,
+    save_report,
+)
 from redline.inference.errors import RedlineError
-
 from redline.ui.worker import EngineThread
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32"
 # The raw value behind each column, for sorting numerically rather than by text.
 _SORT_KEYS = {
-    "TTFT p50 ms": "ttft_ms", "tok p50 ms": "p50_ms", "tok p95 ms": "p95_ms", "tok/s": "tokens_per_s",
-    "tok/s range": "tokens_per_s_min", "total s": "total_s", "load s": "load_s", "peak MiB": "peak_memory_bytes",
-    "accept": "acceptance_rate", "acc. len": "mean_accepted_length", "speedup": "speedup",
+    "TTFT p50 ms": "ttft_ms",
+    "tok p50 ms": "p50_ms",
+    "tok p95 ms": "p95_ms",
+    "tok/s": "tokens_per_s",
+    "tok/s range": "tokens_per_s_min",
+    "total s": "total_s",
+    "load s": "load_s",
+    "peak MiB": "peak_memory_bytes",
+    "accept": "acceptance_rate",
+    "acc. len": "mean_accepted_length",
+    "speedup": "speedup",
     "matches": "diverges_at",
 }
 
@@ -57,7 +101,7 @@ class _SortItem(QTableWidgetItem):
 
 
 def _short(label: str, width: int = 22) -> str:
-    return label if len(label) <= width else label[:width - 1] + "…"
+    return label if len(label) <= width else label[: width - 1] + "…"
 
 
 _ABBREV = {"speculative": "spec", "prompt-lookup": "lookup"}
@@ -76,8 +120,13 @@ class SpeedLabPanel(QWidget):
 
     run_finished = Signal(object)  # BenchReport
 
-    def __init__(self, worker: EngineThread, runs_dir: Optional[Path] = None, model: str = "starter",
-                 parent: Optional[QWidget] = None):
+    def __init__(
+        self,
+        worker: EngineThread,
+        runs_dir: Optional[Path] = None,
+        model: str = "starter",
+        parent: Optional[QWidget] = None,
+    ):
         super().__init__(parent)
         self.worker = worker
         self.runs_dir = Path(runs_dir) if runs_dir else None
@@ -98,8 +147,10 @@ class SpeedLabPanel(QWidget):
         self.model_edit = QLineEdit(model)
         self.model_edit.setToolTip("starter, a model folder, a .gguf file or a hub id")
         self.configs_edit = QLineEdit(DEFAULT_CONFIGS)
-        self.configs_edit.setToolTip("strategy:precision, comma-separated, e.g. naive:fp32,kv:bf16,kv:int8,"
-                                     "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16")
+        self.configs_edit.setToolTip(
+            "strategy:precision, comma-separated, e.g. naive:fp32,kv:bf16,kv:int8,"
+            "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16"
+        )
         self.baseline_spin = QSpinBox(minimum=1, maximum=64, value=1)
         self.baseline_spin.setToolTip("Which configuration (1 = first) the others are compared with")
         self.prompts_combo = QComboBox(editable=True)
@@ -118,8 +169,12 @@ class SpeedLabPanel(QWidget):
         preset = QPushButton(f"Seed protocol ({SEED_PRESET['warmup']} warm-up / {SEED_PRESET['samples']} samples)")
         preset.clicked.connect(self.apply_seed_preset)
         counts = QHBoxLayout()
-        for text, w in (("new tokens", self.new_tokens_spin), ("warm-up", self.warmup_spin),
-                        ("samples", self.samples_spin), ("seed", self.seed_spin)):
+        for text, w in (
+            ("new tokens", self.new_tokens_spin),
+            ("warm-up", self.warmup_spin),
+            ("samples", self.samples_spin),
+            ("seed", self.seed_spin),
+        ):
             counts.addWidget(QLabel(text))
             counts.addWidget(w)
         counts.addWidget(preset)
@@ -245,11 +300,17 @@ class SpeedLabPanel(QWidget):
                 sweep = [int(s) for s in self.sweep_edit.text().split(",") if s.strip()]
             except ValueError:
                 raise RedlineError("Batch sizes must be whole numbers, e.g. 1,2,4,8.") from None
-        return BenchSpec(model=self.model_edit.text().strip() or "starter", configs=configs,
-                         prompts=load_prompt_set(self.prompts_combo.currentText().strip() or "short"),
-                         new_tokens=self.new_tokens_spin.value(), warmup=self.warmup_spin.value(),
-                         samples=self.samples_spin.value(), seed=self.seed_spin.value(),
-                         baseline=self.baseline_spin.value() - 1, batch_sizes=sweep)
+        return BenchSpec(
+            model=self.model_edit.text().strip() or "starter",
+            configs=configs,
+            prompts=load_prompt_set(self.prompts_combo.currentText().strip() or "short"),
+            new_tokens=self.new_tokens_spin.value(),
+            warmup=self.warmup_spin.value(),
+            samples=self.samples_spin.value(),
+            seed=self.seed_spin.value(),
+            baseline=self.baseline_spin.value() - 1,
+            batch_sizes=sweep,
+        )
 
     def start(self) -> Optional[int]:
         """Validate the form and submit the run; bad input is reported and nothing is lost."""
@@ -344,8 +405,9 @@ class SpeedLabPanel(QWidget):
             except OSError as exc:
                 saved = f" Could not save the run: {exc}."
             self.refresh_history()
-        self.status_label.setText(("Cancelled; finished rows kept." if report.cancelled else
-                                   f"Done in {report.seconds:.0f} s.") + saved)
+        self.status_label.setText(
+            ("Cancelled; finished rows kept." if report.cancelled else f"Done in {report.seconds:.0f} s.") + saved
+        )
         self.run_finished.emit(report)
 
     def _on_failed(self, task_id: int, message: str, exc) -> None:
@@ -407,10 +469,12 @@ class SpeedLabPanel(QWidget):
         return {
             "tokens_per_s": [(r.config, r.tokens_per_s, r.tokens_per_s_min, r.tokens_per_s_max) for r in ok],
             "ttft_ms": [(r.config, r.ttft_ms) for r in self.shown if r.ttft_ms is not None],
-            "latency_by_position": {r.config: list(r.per_token_ms_by_position) for r in self.shown
-                                    if r.per_token_ms_by_position},
-            "peak_memory_mib": [(r.config, r.peak_memory_bytes / 2**20) for r in self.shown
-                                if r.peak_memory_bytes is not None],
+            "latency_by_position": {
+                r.config: list(r.per_token_ms_by_position) for r in self.shown if r.per_token_ms_by_position
+            },
+            "peak_memory_mib": [
+                (r.config, r.peak_memory_bytes / 2**20) for r in self.shown if r.peak_memory_bytes is not None
+            ],
         }
 
     def _bars(self, plot: pg.PlotWidget, items: list[tuple], errors: bool = False) -> None:
@@ -423,10 +487,19 @@ class SpeedLabPanel(QWidget):
         plot.addItem(pg.BarGraphItem(x=xs, height=ys, width=0.6, brushes=brushes))
         if errors:
             import numpy as np
+
             top = np.array([it[3] - it[1] for it in items], dtype=float)
             bottom = np.array([it[1] - it[2] for it in items], dtype=float)
-            plot.addItem(pg.ErrorBarItem(x=np.array(xs, dtype=float), y=np.array(ys, dtype=float), top=top,
-                                         bottom=bottom, beam=0.25, pen=pg.mkPen("k", width=1.5)))
+            plot.addItem(
+                pg.ErrorBarItem(
+                    x=np.array(xs, dtype=float),
+                    y=np.array(ys, dtype=float),
+                    top=top,
+                    bottom=bottom,
+                    beam=0.25,
+                    pen=pg.mkPen("k", width=1.5),
+                )
+            )
         plot.getAxis("bottom").setTicks([[(i, _tick(it[0])) for i, it in enumerate(items)]])
         plot.setXRange(-0.6, len(items) - 0.4, padding=0)
 
@@ -452,9 +525,10 @@ class SpeedLabPanel(QWidget):
             except RedlineError:
                 continue  # a foreign or damaged file is skipped, not deleted
             ok = sum(r.status == "ok" for r in rep.results)
-            item = QListWidgetItem(f"{rep.started_at.replace('T', ' ')} — {rep.model} on {rep.device}: "
-                                   f"{ok}/{len(rep.results)} configurations"
-                                   + (" (cancelled)" if rep.cancelled else ""))
+            item = QListWidgetItem(
+                f"{rep.started_at.replace('T', ' ')} — {rep.model} on {rep.device}: "
+                f"{ok}/{len(rep.results)} configurations" + (" (cancelled)" if rep.cancelled else "")
+            )
             item.setData(Qt.UserRole, str(path))
             self.history.addItem(item)
 

@@ -3,6 +3,7 @@
 Both are read through ``redline.assets.asset()`` (importlib.resources), so they are found the same way in
 a source checkout, an installed wheel and a PyInstaller bundle — never through a path relative to this file.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -1,9 +1,9 @@
 """Small widgets the window is built from: the message input, the banner, the load bar."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QToolButton
-
 
 LARGE_PASTE_CHARS = 100_000  # a paste beyond this is held aside, not typeset into the editor
 
@@ -80,8 +80,10 @@ class Banner(QFrame):
     def show_message(self, text: str, kind: str = "info", actions: list[tuple[str, object]] = ()) -> None:
         self.kind = kind
         bg, fg = self.COLORS.get(kind, self.COLORS["info"])
-        self.setStyleSheet(f"QFrame#banner {{ background: {bg}; border: 1px solid {fg}; border-radius: 6px; }}"
-                           f"QFrame#banner QLabel {{ color: {fg}; }}")
+        self.setStyleSheet(
+            f"QFrame#banner {{ background: {bg}; border: 1px solid {fg}; border-radius: 6px; }}"
+            f"QFrame#banner QLabel {{ color: {fg}; }}"
+        )
         self.label.setText(text)
         for b in self._buttons:
             b.setParent(None)

@@ -9,6 +9,7 @@ A task's return value arrives as ``done(task_id, value)``; an exception as
 cancellation is ``engine.cancel()``, a thread-safe flag the decode loop and the
 loader check.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -86,9 +87,12 @@ class EngineThread(QObject):
     def __init__(self, engine_factory: Callable[[], Any] | None = None, parent: QObject | None = None):
         super().__init__(parent)
         if engine_factory is None:
+
             def engine_factory():
                 from redline.inference.engine import Engine
+
                 return Engine()
+
         self._ids = itertools.count(1)
         self._thread = QThread()
         self._thread.setObjectName("redline-engine")

@@ -1,4 +1,5 @@
 """Speed-lab results as CSV, JSON and Markdown — the same table the panel and `redline bench` show."""
+
 from __future__ import annotations
 
 import csv
@@ -7,6 +8,7 @@ import json
 from typing import Callable, Optional
 
 from redline.inference.bench.runner import BenchReport, ConfigResult, SweepRow
+
 
 # (header, field, formatter) — one list drives the CLI table, the Markdown and the panel's columns.
 def _ms(v):
@@ -78,12 +80,39 @@ SWEEP_COLUMNS: list[tuple[str, Callable[[SweepRow], str]]] = [
 ]
 
 # Machine-readable per-row fields (JSON "results" and CSV columns), raw numbers, no units in values.
-RESULT_FIELDS = ["config", "strategy", "precision", "status", "error", "baseline", "samples", "prompt_tokens",
-                 "new_tokens", "ttft_ms", "p50_ms", "p95_ms", "tokens_per_s", "tokens_per_s_min",
-                 "tokens_per_s_max", "tokens_per_s_stdev", "total_s", "wall_s", "load_s", "reused_model",
-                 "peak_memory_bytes", "model_memory_bytes", "acceptance_rate", "mean_accepted_length", "speedup",
-                 "matches_baseline", "diverges_at", "bytes_per_token", "bandwidth_bytes_per_s", "roofline_pct",
-                 "device"]
+RESULT_FIELDS = [
+    "config",
+    "strategy",
+    "precision",
+    "status",
+    "error",
+    "baseline",
+    "samples",
+    "prompt_tokens",
+    "new_tokens",
+    "ttft_ms",
+    "p50_ms",
+    "p95_ms",
+    "tokens_per_s",
+    "tokens_per_s_min",
+    "tokens_per_s_max",
+    "tokens_per_s_stdev",
+    "total_s",
+    "wall_s",
+    "load_s",
+    "reused_model",
+    "peak_memory_bytes",
+    "model_memory_bytes",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "speedup",
+    "matches_baseline",
+    "diverges_at",
+    "bytes_per_token",
+    "bandwidth_bytes_per_s",
+    "roofline_pct",
+    "device",
+]
 
 
 def result_record(r: ConfigResult, full: bool = False) -> dict:
@@ -100,11 +129,17 @@ def to_json(report: BenchReport, full: bool = False) -> str:
     """``machine`` + ``results`` (+ the run's settings and the sweep). ``full`` adds per-position latencies
     and token ids (what saved runs keep)."""
     data = {
-        "model": report.model, "device": report.device, "started_at": report.started_at,
-        "finished_at": report.finished_at, "seconds": report.seconds, "cancelled": report.cancelled,
-        "machine": report.machine, "settings": report.spec,
+        "model": report.model,
+        "device": report.device,
+        "started_at": report.started_at,
+        "finished_at": report.finished_at,
+        "seconds": report.seconds,
+        "cancelled": report.cancelled,
+        "machine": report.machine,
+        "settings": report.spec,
         "results": [result_record(r, full) for r in report.results],
-        "sweep_config": report.sweep_config, "sweep": [s.to_dict() for s in report.sweep],
+        "sweep_config": report.sweep_config,
+        "sweep": [s.to_dict() for s in report.sweep],
     }
     return json.dumps(data, indent=2, ensure_ascii=False)
 
@@ -117,8 +152,20 @@ def to_csv(report: BenchReport) -> str:
         rec = result_record(r)
         w.writerow([_csv_value(rec[k]) for k in RESULT_FIELDS] + [r.outputs[0] if r.outputs else ""])
     if report.sweep:
-        fields = ["batch_size", "mode", "status", "error", "samples", "latency_ms_p50", "latency_ms_p95",
-                  "ttft_ms_p50", "throughput_tokens_per_s", "new_tokens", "wall_s", "peak_memory_bytes"]
+        fields = [
+            "batch_size",
+            "mode",
+            "status",
+            "error",
+            "samples",
+            "latency_ms_p50",
+            "latency_ms_p95",
+            "ttft_ms_p50",
+            "throughput_tokens_per_s",
+            "new_tokens",
+            "wall_s",
+            "peak_memory_bytes",
+        ]
         w.writerow([])
         w.writerow([f"batch sweep: {report.sweep_config}"])
         w.writerow(fields)
@@ -143,21 +190,30 @@ def sweep_rows(report: BenchReport) -> tuple[list[str], list[list[str]]]:
 def _md_table(headers: list[str], rows: list[list[str]]) -> str:
     def esc(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
+
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def machine_summary(machine: dict) -> str:
-    gpus = ", ".join(f"{g['name']} ({g['total_bytes'] / 2**30:.0f} GiB)" if g.get("total_bytes") else g["name"]
-                     for g in machine.get("gpus", [])) or "none"
+    gpus = (
+        ", ".join(
+            f"{g['name']} ({g['total_bytes'] / 2**30:.0f} GiB)" if g.get("total_bytes") else g["name"]
+            for g in machine.get("gpus", [])
+        )
+        or "none"
+    )
     v = machine.get("versions", {})
     ram = machine.get("ram_total_bytes")
-    return (f"CPU: {machine.get('cpu')} ({machine.get('cpu_cores')} logical cores, torch uses "
-            f"{machine.get('torch_threads')} threads); RAM: {ram / 2**30:.0f} GiB; GPU: {gpus}; "
-            f"device: {machine.get('device')}. torch {v.get('torch')}, transformers {v.get('transformers')}, "
-            f"bitsandbytes {v.get('bitsandbytes')}; Python {machine.get('python')}; {machine.get('os')}."
-            if ram else "")
+    return (
+        f"CPU: {machine.get('cpu')} ({machine.get('cpu_cores')} logical cores, torch uses "
+        f"{machine.get('torch_threads')} threads); RAM: {ram / 2**30:.0f} GiB; GPU: {gpus}; "
+        f"device: {machine.get('device')}. torch {v.get('torch')}, transformers {v.get('transformers')}, "
+        f"bitsandbytes {v.get('bitsandbytes')}; Python {machine.get('python')}; {machine.get('os')}."
+        if ram
+        else ""
+    )
 
 
 def to_markdown(report: BenchReport, command: Optional[str] = None) -> str:
@@ -165,10 +221,12 @@ def to_markdown(report: BenchReport, command: Optional[str] = None) -> str:
     out = [f"### Speed lab: {report.model} on {report.device}", ""]
     if command:
         out += ["```sh", command, "```", ""]
-    out.append(f"Prompt set `{s.get('prompts', {}).get('name')}` ({s.get('prompts', {}).get('count')} prompts), "
-               f"{s.get('new_tokens')} new tokens, {s.get('warmup')} warm-up, {s.get('samples')} sample(s) per "
-               f"prompt, seed {s.get('seed')}, temperature {s.get('temperature')}; baseline "
-               f"`{s.get('baseline_config')}`." + (" **Cancelled** — partial results." if report.cancelled else ""))
+    out.append(
+        f"Prompt set `{s.get('prompts', {}).get('name')}` ({s.get('prompts', {}).get('count')} prompts), "
+        f"{s.get('new_tokens')} new tokens, {s.get('warmup')} warm-up, {s.get('samples')} sample(s) per "
+        f"prompt, seed {s.get('seed')}, temperature {s.get('temperature')}; baseline "
+        f"`{s.get('baseline_config')}`." + (" **Cancelled** — partial results." if report.cancelled else "")
+    )
     out.append("")
     out.append(_md_table(*table_rows(report)))
     if report.sweep:
@@ -179,10 +237,10 @@ def to_markdown(report: BenchReport, command: Optional[str] = None) -> str:
 
 def to_text(report: BenchReport) -> str:
     """A plain aligned table for the terminal."""
+
     def fmt(headers, rows):
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
-                 "  ".join("-" * w for w in widths)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
         return "\n".join(line.rstrip() for line in lines)
 

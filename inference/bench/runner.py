@@ -10,6 +10,7 @@ changed at a time relative to a baseline the user marks. A configuration that
 fails (out of memory, bitsandbytes missing, an incompatible draft) becomes that
 row's result and the run goes on. Cancelling keeps the rows finished so far.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -24,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from redline.inference.decoding.prompt import build_prompt
 from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings, generate, percentile
+from redline.inference.decoding.prompt import build_prompt
 from redline.inference.engine import Engine, default_precision
 from redline.inference.errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
 from redline.inference.events import GenerationResult, TokenEvent
@@ -53,6 +54,7 @@ _OPTION_SPLIT = re.compile(r"\+|/(?=(?:draft|k|schedule|lookup)=|compile(?:=|\+|
 @dataclass(frozen=True)
 class BenchConfig:
     """One row of the lab: strategy × precision × draft/k × compile."""
+
     strategy: str = "kv"
     precision: str = "auto"  # parse_precision text, or "auto" (bf16 where supported)
     draft: Optional[str] = None  # speculative: the draft model (same forms as --model)
@@ -68,8 +70,13 @@ class BenchConfig:
         return self.text or format_config(self)
 
     def options(self) -> DecodeOptions:
-        return DecodeOptions(strategy=self.strategy, num_draft_tokens=self.k, draft_schedule=self.schedule,
-                             lookup_tokens=self.lookup, compile=self.compile)
+        return DecodeOptions(
+            strategy=self.strategy,
+            num_draft_tokens=self.k,
+            draft_schedule=self.schedule,
+            lookup_tokens=self.lookup,
+            compile=self.compile,
+        )
 
     def precision_spec(self, device: str) -> PrecisionSpec:
         return _precision(self.precision, device)
@@ -99,13 +106,16 @@ def parse_config(text: str) -> BenchConfig:
         rest = ("auto+" + tail) if tail else "auto"
     strategy = strategy.strip().lower()
     if strategy not in STRATEGIES:
-        raise UnsupportedConfiguration(f"Unknown strategy {strategy!r} in {raw!r}.",
-                                       f"Choose one of: {', '.join(STRATEGIES)}.")
+        raise UnsupportedConfiguration(
+            f"Unknown strategy {strategy!r} in {raw!r}.", f"Choose one of: {', '.join(STRATEGIES)}."
+        )
     parts = [p.strip() for p in _OPTION_SPLIT.split(rest)]
     precision = parts[0].lower() or "auto"
     if "=" in precision:
-        raise UnsupportedConfiguration(f"{raw!r}: the precision must come first after the colon.",
-                                       "Write e.g. speculative:bf16+draft=starter@int8/k=5.")
+        raise UnsupportedConfiguration(
+            f"{raw!r}: the precision must come first after the colon.",
+            "Write e.g. speculative:bf16+draft=starter@int8/k=5.",
+        )
     prec_opts, kwargs = [], {}
     for part in parts[1:]:
         if not part:
@@ -132,7 +142,8 @@ def parse_config(text: str) -> BenchConfig:
         else:
             raise UnsupportedConfiguration(
                 f"Unknown option {key!r} in {raw!r}.",
-                f"Known: {', '.join(_OPTION_KEYS)} and the precision options {', '.join(_PRECISION_KEYS)}.")
+                f"Known: {', '.join(_OPTION_KEYS)} and the precision options {', '.join(_PRECISION_KEYS)}.",
+            )
     if prec_opts:
         precision = precision + "+" + "+".join(prec_opts)
     config = BenchConfig(strategy=strategy, precision=precision, text=raw, **kwargs)
@@ -142,8 +153,10 @@ def parse_config(text: str) -> BenchConfig:
     if config.draft and config.draft_precision != "auto":
         parse_precision(config.draft_precision)
     if strategy == "speculative" and not config.draft:
-        raise UnsupportedConfiguration(f"{raw!r}: speculative decoding needs a draft model.",
-                                       "Add +draft=MODEL, e.g. speculative:bf16+draft=starter@int8/k=5.")
+        raise UnsupportedConfiguration(
+            f"{raw!r}: speculative decoding needs a draft model.",
+            "Add +draft=MODEL, e.g. speculative:bf16+draft=starter@int8/k=5.",
+        )
     return config
 
 
@@ -206,21 +219,25 @@ def load_prompt_set(name_or_path: Union[str, Path]) -> PromptSet:
     if not path.is_file():
         path = Path(text).expanduser()
     if not path.is_file():
-        raise UnsupportedConfiguration(f"No prompt set {text!r}.",
-                                       f"Use a built-in set ({', '.join(builtin_prompt_sets())}) or a JSON file.")
+        raise UnsupportedConfiguration(
+            f"No prompt set {text!r}.", f"Use a built-in set ({', '.join(builtin_prompt_sets())}) or a JSON file."
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UnsupportedConfiguration(f"{path} is not valid JSON ({exc}).",
-                                       "A prompt set is a JSON object with a 'prompts' list.") from exc
+        raise UnsupportedConfiguration(
+            f"{path} is not valid JSON ({exc}).", "A prompt set is a JSON object with a 'prompts' list."
+        ) from exc
     return prompt_set_from_dict(data, source=str(path), default_name=path.stem)
 
 
 def prompt_set_from_dict(data: dict, source: str = "", default_name: str = "custom") -> PromptSet:
     items = data.get("prompts") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
-        raise UnsupportedConfiguration(f"{source or 'The prompt set'} has no 'prompts' list.",
-                                       "Give at least one prompt: {\"prompts\": [{\"prompt\": \"…\"}]}.")
+        raise UnsupportedConfiguration(
+            f"{source or 'The prompt set'} has no 'prompts' list.",
+            'Give at least one prompt: {"prompts": [{"prompt": "…"}]}.',
+        )
     prompts = []
     for i, item in enumerate(items):
         if isinstance(item, str):
@@ -228,10 +245,15 @@ def prompt_set_from_dict(data: dict, source: str = "", default_name: str = "cust
         messages = item.get("messages") if isinstance(item, dict) else None
         if messages is None and isinstance(item, dict) and isinstance(item.get("prompt"), str):
             messages = [{"role": "user", "content": item["prompt"]}]
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
-            raise UnsupportedConfiguration(f"{source or 'The prompt set'}: prompt {i + 1} has no usable messages.",
-                                           "Each prompt needs 'prompt' text or 'messages' with role and content.")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages)
+        ):
+            raise UnsupportedConfiguration(
+                f"{source or 'The prompt set'}: prompt {i + 1} has no usable messages.",
+                "Each prompt needs 'prompt' text or 'messages' with role and content.",
+            )
         prompts.append(BenchPrompt(str(item.get("id", i + 1)), messages))
     return PromptSet(str(data.get("name", default_name)), str(data.get("description", "")), prompts, source)
 
@@ -258,8 +280,9 @@ class BenchSpec:
         if not self.configs:
             raise UnsupportedConfiguration("No configurations to run.", "Add at least one, e.g. kv:bf16.")
         if not 0 <= self.baseline < len(self.configs):
-            raise UnsupportedConfiguration(f"Baseline {self.baseline + 1} is not one of the "
-                                           f"{len(self.configs)} configurations.")
+            raise UnsupportedConfiguration(
+                f"Baseline {self.baseline + 1} is not one of the {len(self.configs)} configurations."
+            )
         if self.new_tokens < 1 or self.samples < 1 or self.warmup < 0:
             raise UnsupportedConfiguration("New tokens and samples must be at least 1, warm-up at least 0.")
         if any(b < 1 for b in self.batch_sizes):
@@ -276,6 +299,7 @@ class BenchSpec:
 @dataclass
 class ConfigResult:
     """One configuration's measurements, aggregated over its samples."""
+
     index: int
     config: str
     strategy: str
@@ -353,9 +377,14 @@ class BenchReport:
 
     def to_dict(self) -> dict:
         return {
-            "model": self.model, "device": self.device, "started_at": self.started_at,
-            "finished_at": self.finished_at, "seconds": self.seconds, "cancelled": self.cancelled,
-            "machine": self.machine, "spec": self.spec,
+            "model": self.model,
+            "device": self.device,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "seconds": self.seconds,
+            "cancelled": self.cancelled,
+            "machine": self.machine,
+            "spec": self.spec,
             "results": [r.to_dict() for r in self.results],
             "sweep_config": self.sweep_config,
             "sweep": [s.to_dict() for s in self.sweep],
@@ -363,10 +392,17 @@ class BenchReport:
 
     @classmethod
     def from_dict(cls, d: dict) -> "BenchReport":
-        rep = cls(spec=d.get("spec", {}), machine=d.get("machine", {}), model=d.get("model", ""),
-                  device=d.get("device", ""), started_at=d.get("started_at", ""),
-                  finished_at=d.get("finished_at"), cancelled=bool(d.get("cancelled")),
-                  seconds=float(d.get("seconds") or 0.0), sweep_config=d.get("sweep_config"))
+        rep = cls(
+            spec=d.get("spec", {}),
+            machine=d.get("machine", {}),
+            model=d.get("model", ""),
+            device=d.get("device", ""),
+            started_at=d.get("started_at", ""),
+            finished_at=d.get("finished_at"),
+            cancelled=bool(d.get("cancelled")),
+            seconds=float(d.get("seconds") or 0.0),
+            sweep_config=d.get("sweep_config"),
+        )
         known = ConfigResult.__dataclass_fields__
         rep.results = [ConfigResult(**{k: v for k, v in r.items() if k in known}) for r in d.get("results", [])]
         known_s = SweepRow.__dataclass_fields__
@@ -391,6 +427,7 @@ class BenchPhase:
 @dataclass
 class BenchToken:
     """Output text of a configuration as it streams (its first measured sample, first prompt)."""
+
     index: int
     text: str
 
@@ -419,17 +456,22 @@ def machine_info(device: Optional[str] = None) -> dict:
             versions[pkg] = None
     try:
         import torch
+
         versions["torch"] = torch.__version__
         cuda = torch.version.cuda
         threads = torch.get_num_threads()
     except Exception:  # pragma: no cover - torch is a dependency
         cuda, threads = None, None
     return {
-        "cpu": hw.cpu, "cpu_cores": hw.cpu_cores, "torch_threads": threads,
+        "cpu": hw.cpu,
+        "cpu_cores": hw.cpu_cores,
+        "torch_threads": threads,
         "ram_total_bytes": hw.ram_total_bytes,
         "gpus": [{"name": g.name, "total_bytes": g.total_bytes} for g in hw.gpus],
-        "device": device or hw.device, "cuda": cuda,
-        "os": platform.platform(), "python": platform.python_version(),
+        "device": device or hw.device,
+        "cuda": cuda,
+        "os": platform.platform(),
+        "python": platform.python_version(),
         "versions": versions,
     }
 
@@ -511,12 +553,14 @@ def _aggregate(row: ConfigResult, measured: list[tuple[int, GenerationResult]]) 
     if any(r.draft_proposed is not None for r in results):
         row.acceptance_rate = accepted / proposed if proposed else None
         # steps = accepted ÷ mean accepted length, per sample; pooled so long replies weigh more
-        steps = sum(r.draft_accepted / r.mean_accepted_length for r in results
-                    if r.mean_accepted_length and r.draft_accepted)
+        steps = sum(
+            r.draft_accepted / r.mean_accepted_length for r in results if r.mean_accepted_length and r.draft_accepted
+        )
         row.mean_accepted_length = accepted / steps if steps else (0.0 if proposed else None)
     longest = max((len(r.per_token_ms) for r in results), default=0)
     row.per_token_ms_by_position = [
-        statistics.median(r.per_token_ms[i] for r in results if i < len(r.per_token_ms)) for i in range(longest)]
+        statistics.median(r.per_token_ms[i] for r in results if i < len(r.per_token_ms)) for i in range(longest)
+    ]
     for r in results:
         for note in r.notes:
             if not note.startswith("Traceback") and note not in row.notes:
@@ -550,8 +594,13 @@ def _compare(rows: list[ConfigResult], baseline: int) -> None:
             row.diverges_at = min(diffs) if diffs else None
 
 
-def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallback] = None,
-              cancel_event: Optional[threading.Event] = None, restore_model: bool = False) -> BenchReport:
+def run_bench(
+    engine: Engine,
+    spec: BenchSpec,
+    progress: Optional[ProgressCallback] = None,
+    cancel_event: Optional[threading.Event] = None,
+    restore_model: bool = False,
+) -> BenchReport:
     """Run every configuration of ``spec`` on ``engine``, one after another; never raises for a row's failure.
 
     ``progress`` receives BenchStarted, BenchPhase, BenchToken, BenchRow and BenchSweepRow events on the
@@ -564,18 +613,29 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
     previous = (engine.target.source.spec, engine.target.precision) if engine.target is not None else None
     previous_draft = (engine.draft.source.spec, engine.draft.precision) if engine.draft is not None else None
     models = _Models(engine, spec.model)
-    report = BenchReport(spec=spec.to_dict(), machine=machine_info(engine.device), model=models.source.name,
-                         device=engine.device, started_at=_dt.datetime.now().isoformat(timespec="seconds"))
-    rows = [ConfigResult(index=i, config=c.label, strategy=c.strategy, baseline=i == spec.baseline)
-            for i, c in enumerate(spec.configs)]
+    report = BenchReport(
+        spec=spec.to_dict(),
+        machine=machine_info(engine.device),
+        model=models.source.name,
+        device=engine.device,
+        started_at=_dt.datetime.now().isoformat(timespec="seconds"),
+    )
+    rows = [
+        ConfigResult(index=i, config=c.label, strategy=c.strategy, baseline=i == spec.baseline)
+        for i, c in enumerate(spec.configs)
+    ]
     report.results = rows
     per_config = spec.warmup + spec.samples * len(spec.prompts.prompts)
     sweep_units = len(spec.batch_sizes) * (spec.warmup + spec.samples)
     total_units = max(1, per_config * len(spec.configs) + sweep_units)
     done_units = 0
     emit(BenchStarted([c.label for c in spec.configs], spec.baseline))
-    sampling = SamplingSettings(max_new_tokens=spec.new_tokens, temperature=spec.temperature, seed=spec.seed,
-                                min_new_tokens=spec.new_tokens if spec.fixed_length else None)
+    sampling = SamplingSettings(
+        max_new_tokens=spec.new_tokens,
+        temperature=spec.temperature,
+        seed=spec.seed,
+        min_new_tokens=spec.new_tokens if spec.fixed_length else None,
+    )
 
     try:
         for i, config in enumerate(spec.configs):
@@ -601,12 +661,16 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
                 outputs: dict[int, GenerationResult] = {}
                 failure: Optional[GenerationResult] = None
                 runs = [("warm-up", n, 0) for n in range(spec.warmup)] + [
-                    ("sample", s * len(prompts) + p, p) for s in range(spec.samples) for p in range(len(prompts))]
+                    ("sample", s * len(prompts) + p, p) for s in range(spec.samples) for p in range(len(prompts))
+                ]
                 for kind, n, p in runs:
                     if cancelled():
                         break
-                    label = (f"warm-up {n + 1}/{spec.warmup}" if kind == "warm-up"
-                             else f"sample {n // len(prompts) + 1}/{spec.samples}, prompt {p + 1}/{len(prompts)}")
+                    label = (
+                        f"warm-up {n + 1}/{spec.warmup}"
+                        if kind == "warm-up"
+                        else f"sample {n // len(prompts) + 1}/{spec.samples}, prompt {p + 1}/{len(prompts)}"
+                    )
                     emit(BenchPhase(done_units / total_units, i, f"{config.label}: {label}"))
                     shown = kind == "sample" and n == 0
 
@@ -632,8 +696,7 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
                     row.status = "cancelled"
                     if measured:
                         _aggregate(row, measured)
-                        row.notes.append(f"cancelled after {len(measured)} of "
-                                         f"{spec.samples * len(prompts)} samples")
+                        row.notes.append(f"cancelled after {len(measured)} of {spec.samples * len(prompts)} samples")
                 else:
                     row.status = "ok"
                     _aggregate(row, measured)
@@ -668,13 +731,26 @@ def run_bench(engine: Engine, spec: BenchSpec, progress: Optional[ProgressCallba
 
             try:
                 models.ensure(cfg, lambda f, ph: sweep_progress(0.0, ph))
+
                 def on_sweep_row(srow: SweepRow) -> None:
                     report.sweep.append(srow)
                     emit(BenchSweepRow(srow))
 
-                run_sweep(engine.target, cfg, _render_prompts(engine.target.tokenizer, spec), spec.batch_sizes,
-                          spec.new_tokens, spec.warmup, spec.samples, spec.seed, spec.batch_mode, sweep_progress,
-                          cancelled, on_sweep_row, spec.fixed_length)
+                run_sweep(
+                    engine.target,
+                    cfg,
+                    _render_prompts(engine.target.tokenizer, spec),
+                    spec.batch_sizes,
+                    spec.new_tokens,
+                    spec.warmup,
+                    spec.samples,
+                    spec.seed,
+                    spec.batch_mode,
+                    sweep_progress,
+                    cancelled,
+                    on_sweep_row,
+                    spec.fixed_length,
+                )
             except RedlineError as exc:
                 report.sweep.append(SweepRow(batch_size=0, mode="-", status="error", error=str(exc)))
                 emit(BenchSweepRow(report.sweep[-1]))

@@ -14,6 +14,7 @@ it is missing or fails, with the reason in the row's notes. Speculative
 decoding and prompt lookup run one sequence at a time in transformers, so a
 sweep needs a naive, kv or static configuration.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -65,15 +66,21 @@ def _padded(target: LoadedModel, prompts: list[list[int]], cfg, should_cancel) -
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=target.model.device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
-                        device=target.model.device)
+    mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=target.model.device
+    )
     eos = _eos_set(cfg)
     _sync(target.device)
     start = time.perf_counter()
     clock = _StepClock(target.device, start)
     with torch.inference_mode():
-        target.model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg, streamer=clock,
-                              stopping_criteria=StoppingCriteriaList([_CancelCriteria(should_cancel)]))
+        target.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=cfg,
+            streamer=clock,
+            stopping_criteria=StoppingCriteriaList([_CancelCriteria(should_cancel)]),
+        )
     _sync(target.device)
     wall = time.perf_counter() - start
     latency, ttft, tokens = [], [], 0
@@ -97,14 +104,17 @@ def _continuous(target: LoadedModel, prompts: list[list[int]], cfg) -> dict:
     # Left to itself, transformers sizes the paged cache from free memory (90 % of it; on a CPU that is
     # gigabytes of RAM), which would swamp the peak-memory figure. Size it for this batch instead.
     longest = max(len(p) for p in prompts) + cfg.max_new_tokens
-    cb = ContinuousBatchingConfig(page_size=CB_PAGE_SIZE,
-                                  num_blocks=len(prompts) * -(-longest // CB_PAGE_SIZE) + 1,
-                                  max_batch_tokens=max(256, sum(len(p) for p in prompts) + len(prompts)))
+    cb = ContinuousBatchingConfig(
+        page_size=CB_PAGE_SIZE,
+        num_blocks=len(prompts) * -(-longest // CB_PAGE_SIZE) + 1,
+        max_batch_tokens=max(256, sum(len(p) for p in prompts) + len(prompts)),
+    )
     _sync(target.device)
     start = time.perf_counter()
     with torch.inference_mode():
-        out = target.model.generate_batch(prompts, generation_config=cfg, continuous_batching_config=cb,
-                                          record_timestamps=True, progress_bar=False)
+        out = target.model.generate_batch(
+            prompts, generation_config=cfg, continuous_batching_config=cb, record_timestamps=True, progress_bar=False
+        )
     _sync(target.device)
     wall = time.perf_counter() - start
     latency, ttft, tokens = [], [], 0
@@ -120,11 +130,21 @@ def _continuous(target: LoadedModel, prompts: list[list[int]], cfg) -> dict:
     return {"wall": wall, "latency": latency, "ttft": ttft, "tokens": tokens}
 
 
-def run_sweep(target: LoadedModel, config: "BenchConfig", prompts: Sequence[list[int]], batch_sizes: Sequence[int],
-              new_tokens: int, warmup: int, samples: int, seed: int, mode: str = "auto",
-              progress: Optional[Callable[[float, str], None]] = None,
-              should_cancel: Optional[Callable[[], bool]] = None,
-              on_row: Optional[Callable[["SweepRow"], None]] = None, fixed_length: bool = True) -> "list[SweepRow]":
+def run_sweep(
+    target: LoadedModel,
+    config: "BenchConfig",
+    prompts: Sequence[list[int]],
+    batch_sizes: Sequence[int],
+    new_tokens: int,
+    warmup: int,
+    samples: int,
+    seed: int,
+    mode: str = "auto",
+    progress: Optional[Callable[[float, str], None]] = None,
+    should_cancel: Optional[Callable[[], bool]] = None,
+    on_row: Optional[Callable[["SweepRow"], None]] = None,
+    fixed_length: bool = True,
+) -> "list[SweepRow]":
     """Run ``config`` at each batch size; one SweepRow per size, each also handed to ``on_row`` when done."""
     import torch
 
@@ -135,18 +155,25 @@ def run_sweep(target: LoadedModel, config: "BenchConfig", prompts: Sequence[list
     if config.strategy in ("speculative", "prompt-lookup"):
         raise UnsupportedConfiguration(
             f"The batch sweep cannot run {config.strategy}: transformers runs it one sequence at a time.",
-            "Sweep a naive, kv or static configuration.")
+            "Sweep a naive, kv or static configuration.",
+        )
     progress = progress or (lambda f, p: None)
     should_cancel = should_cancel or (lambda: False)
     options = config.options()
-    cfg = _generation_config(target, SamplingSettings(max_new_tokens=new_tokens, temperature=0.0, seed=seed,
-                                                      min_new_tokens=new_tokens if fixed_length else None),
-                             options, new_tokens)
+    cfg = _generation_config(
+        target,
+        SamplingSettings(
+            max_new_tokens=new_tokens, temperature=0.0, seed=seed, min_new_tokens=new_tokens if fixed_length else None
+        ),
+        options,
+        new_tokens,
+    )
     has_continuous = callable(getattr(target.model, "generate_batch", None))
     use = "continuous" if mode in ("auto", "continuous") and has_continuous else "padded"
     if mode == "continuous" and not has_continuous:
-        raise UnsupportedConfiguration("This transformers version has no continuous batching (generate_batch).",
-                                       "Use --batch-mode padded.")
+        raise UnsupportedConfiguration(
+            "This transformers version has no continuous batching (generate_batch).", "Use --batch-mode padded."
+        )
     rows: list[SweepRow] = []
     units = max(1, len(batch_sizes) * (warmup + samples))
     done = 0
@@ -155,15 +182,18 @@ def run_sweep(target: LoadedModel, config: "BenchConfig", prompts: Sequence[list
         row = SweepRow(batch_size=size, mode=use)
         batch = [list(prompts[i % len(prompts)]) for i in range(size)]
         if use == "continuous" and config.strategy != "kv":
-            row.notes.append("continuous batching uses its own paged KV cache; the strategy's cache setting "
-                             "does not apply")
+            row.notes.append(
+                "continuous batching uses its own paged KV cache; the strategy's cache setting does not apply"
+            )
         walls, throughputs, lat, ttfts, peaks, tokens = [], [], [], [], [], []
         for n in range(warmup + samples):
             if should_cancel():
                 row.status = "cancelled"
                 break
-            progress(done / units, f"batch {size}: {'warm-up' if n < warmup else 'sample'} "
-                                   f"{(n if n < warmup else n - warmup) + 1}")
+            progress(
+                done / units,
+                f"batch {size}: {'warm-up' if n < warmup else 'sample'} {(n if n < warmup else n - warmup) + 1}",
+            )
             torch.manual_seed(seed)
             try:
                 with PeakMemory(target.device) as peak:
@@ -174,8 +204,10 @@ def run_sweep(target: LoadedModel, config: "BenchConfig", prompts: Sequence[list
                             if mode == "continuous" or is_oom(exc):
                                 raise
                             # auto: fall back for this and every later batch size, and say why
-                            fallback_note = f"continuous batching failed ({type(exc).__name__}: {exc}); " \
-                                            "fell back to padded generate()"
+                            fallback_note = (
+                                f"continuous batching failed ({type(exc).__name__}: {exc}); "
+                                "fell back to padded generate()"
+                            )
                             use = row.mode = "padded"
                             row.notes.append(fallback_note)
                             m = _padded(target, batch, cfg, should_cancel)
@@ -184,8 +216,7 @@ def run_sweep(target: LoadedModel, config: "BenchConfig", prompts: Sequence[list
             except Exception as exc:
                 free_memory(target.device)
                 row.status = "oom" if is_oom(exc) else "error"
-                row.error = (f"Out of memory at batch size {size}." if is_oom(exc)
-                             else f"{type(exc).__name__}: {exc}")
+                row.error = f"Out of memory at batch size {size}." if is_oom(exc) else f"{type(exc).__name__}: {exc}"
                 break
             done += 1
             if n < warmup:

@@ -6,6 +6,7 @@ different vocabulary sizes → transformers' universal assisted decoding re-toke
 between the two ("universal"); the same size but different tokens is refused, because
 transformers would take them for one tokenizer and accept wrong tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ from redline.inference.sources.resolve import resolve
 
 MODES = {
     "shared": "shares the target's vocabulary: its tokens are checked directly",
-    "universal": ("has a different tokenizer: transformers' universal assisted decoding converts its tokens "
-                  "to the target's (slower per step than a shared vocabulary)"),
+    "universal": (
+        "has a different tokenizer: transformers' universal assisted decoding converts its tokens "
+        "to the target's (slower per step than a shared vocabulary)"
+    ),
 }
 
 
@@ -38,12 +41,13 @@ def _text_config(cfg):
 
 
 def compare(target_name: str, tcfg, ttok, draft_name: str, dcfg, dtok) -> str:
-    """"shared" or "universal", or raise IncompatibleDraft saying why."""
+    """ "shared" or "universal", or raise IncompatibleDraft saying why."""
     if getattr(dcfg, "is_encoder_decoder", False) != getattr(tcfg, "is_encoder_decoder", False):
         raise IncompatibleDraft(
             f"The draft {draft_name} is {'an encoder-decoder' if dcfg.is_encoder_decoder else 'a decoder-only'} "
             f"model but the target {target_name} is not.",
-            "Choose a decoder-only causal language model as the draft.")
+            "Choose a decoder-only causal language model as the draft.",
+        )
     tv = _text_config(tcfg).vocab_size
     dv = _text_config(dcfg).vocab_size
     if tv == dv and ttok.get_vocab() == dtok.get_vocab():
@@ -52,7 +56,8 @@ def compare(target_name: str, tcfg, ttok, draft_name: str, dcfg, dtok) -> str:
         raise IncompatibleDraft(
             f"The draft {draft_name} has the same vocabulary size as {target_name} ({tv}) but different tokens, "
             "and transformers would treat them as one tokenizer.",
-            "Choose a draft from the same model family (same tokenizer).")
+            "Choose a draft from the same model family (same tokenizer).",
+        )
     return "universal"
 
 
@@ -69,9 +74,13 @@ def check_pair(target_spec: str, draft_spec: str) -> PairCheck:
     dfolder: Optional[Path] = draft.local_folder()
     missing = [s.name for s, f in ((target, tfolder), (draft, dfolder)) if f is None]
     if missing:
-        return PairCheck("unknown", target.name, draft.name,
-                         f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on this machine yet, "
-                         "so the tokenizers cannot be compared now; they are compared when the models load.")
+        return PairCheck(
+            "unknown",
+            target.name,
+            draft.name,
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on this machine yet, "
+            "so the tokenizers cannot be compared now; they are compared when the models load.",
+        )
     tname, tcfg, ttok = target.name, load_config(tfolder), load_tokenizer(tfolder)
     dname, dcfg, dtok = draft.name, load_config(dfolder), load_tokenizer(dfolder)
     mode = compare(tname, tcfg, ttok, dname, dcfg, dtok)

@@ -15,6 +15,7 @@ Anything else (Gemma's shifted norms, sliding-window attention beyond the
 window, bitsandbytes-quantised layers, …) is refused by ``supports()`` with the
 reason, and the caller falls back to transformers' ``generate()``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ def supports(model) -> Optional[str]:
 
 def _is_plain_linear(module) -> bool:
     from redline.inference.loading.weight_only import PackedLinear
+
     return isinstance(module, PackedLinear) or type(module) is torch.nn.Linear
 
 
@@ -89,19 +91,23 @@ def _fuse_linears(modules) -> Callable[[torch.Tensor], torch.Tensor]:
     offset = 0
     for m in modules:
         rows = m.weight.shape[0]
-        m.weight.data = weight[offset:offset + rows]
+        m.weight.data = weight[offset : offset + rows]
         offset += rows
     biases = [m.bias for m in modules]
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b.data if b is not None else torch.zeros(m.weight.shape[0], dtype=weight.dtype,
-                                                                   device=weight.device)
-                          for b, m in zip(biases, modules)])
+        bias = torch.cat(
+            [
+                b.data if b is not None else torch.zeros(m.weight.shape[0], dtype=weight.dtype, device=weight.device)
+                for b, m in zip(biases, modules)
+            ]
+        )
     return lambda x: F.linear(x, weight, bias)
 
 
 def _linear(module) -> Callable[[torch.Tensor], torch.Tensor]:
     from redline.inference.loading.weight_only import PackedLinear
+
     if isinstance(module, PackedLinear):
         return module.forward
     return lambda x, w=module.weight, b=module.bias: F.linear(x, w, b)
@@ -145,13 +151,21 @@ class FastDecoder:
             attn, mlp = layer.self_attn, layer.mlp
             qn = (attn.q_norm.weight, attn.q_norm.variance_epsilon) if hasattr(attn, "q_norm") else None
             kn = (attn.k_norm.weight, attn.k_norm.variance_epsilon) if hasattr(attn, "k_norm") else None
-            self.layers.append(_Layer(
-                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
-                eps1=layer.input_layernorm.variance_epsilon, eps2=layer.post_attention_layernorm.variance_epsilon,
-                qkv=_fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]), o=_linear(attn.o_proj),
-                gate_up=_fuse_linears([mlp.gate_proj, mlp.up_proj]), down=_linear(mlp.down_proj),
-                q_norm=qn, k_norm=kn))
-        self.scaling = self.head_dim ** -0.5
+            self.layers.append(
+                _Layer(
+                    ln1=layer.input_layernorm.weight,
+                    ln2=layer.post_attention_layernorm.weight,
+                    eps1=layer.input_layernorm.variance_epsilon,
+                    eps2=layer.post_attention_layernorm.variance_epsilon,
+                    qkv=_fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]),
+                    o=_linear(attn.o_proj),
+                    gate_up=_fuse_linears([mlp.gate_proj, mlp.up_proj]),
+                    down=_linear(mlp.down_proj),
+                    q_norm=qn,
+                    k_norm=kn,
+                )
+            )
+        self.scaling = self.head_dim**-0.5
         self.rotary = inner.rotary_emb
         self.max_context = 0
         self.cache_bytes = 0
@@ -189,9 +203,9 @@ class FastDecoder:
         for i, L in enumerate(self.layers):
             h = _rms_norm(x, L.ln1, L.eps1)
             qkv = L.qkv(h)
-            q = qkv[:, :self.q_size].view(T, self.n_heads, self.head_dim)
-            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(T, self.n_kv, self.head_dim)
-            v = qkv[:, self.q_size + self.kv_size:].view(T, self.n_kv, self.head_dim)
+            q = qkv[:, : self.q_size].view(T, self.n_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.n_kv, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size :].view(T, self.n_kv, self.head_dim)
             if L.q_norm is not None:
                 q = _rms_norm(q, *L.q_norm)
                 k = _rms_norm(k, *L.k_norm)
@@ -204,11 +218,23 @@ class FastDecoder:
             values = self.v_cache[i, :, :end]
             if causal and start > 0:
                 mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
-                attn = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask,
-                                                      scale=self.scaling, enable_gqa=self.n_kv != self.n_heads)
+                attn = F.scaled_dot_product_attention(
+                    q.transpose(0, 1),
+                    keys,
+                    values,
+                    attn_mask=mask,
+                    scale=self.scaling,
+                    enable_gqa=self.n_kv != self.n_heads,
+                )
             else:
-                attn = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, is_causal=causal,
-                                                      scale=self.scaling, enable_gqa=self.n_kv != self.n_heads)
+                attn = F.scaled_dot_product_attention(
+                    q.transpose(0, 1),
+                    keys,
+                    values,
+                    is_causal=causal,
+                    scale=self.scaling,
+                    enable_gqa=self.n_kv != self.n_heads,
+                )
             x = x + L.o(attn.transpose(0, 1).reshape(T, self.q_size))
             h = _rms_norm(x, L.ln2, L.eps2)
             gu = L.gate_up(h)

@@ -19,6 +19,7 @@ Timing follows gpt-fast's honesty: the clock is read after the device is
 synchronised, time to first token (prefill included) is reported apart from
 decode speed, and compile/warm-up time is reported apart from both.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,12 +28,12 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
+from redline.inference.decoding.textstream import DeltaDecoder
 from redline.inference.errors import IncompatibleDraft, RedlineError, UnsupportedConfiguration
 from redline.inference.events import Event, FinishedEvent, GenerationResult, StatsEvent, TokenEvent
 from redline.inference.loading.loader import LoadedModel, free_memory, is_oom
 from redline.inference.memory.measured import PeakMemory
 from redline.inference.progress import CancelFn
-from redline.inference.decoding.textstream import DeltaDecoder
 
 STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")
 STATS_INTERVAL_S = 0.5
@@ -46,6 +47,7 @@ class SamplingSettings:
 
     ``None`` keeps the model's default. ``temperature == 0`` means greedy.
     """
+
     max_new_tokens: int = 256
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -71,11 +73,13 @@ class DecodeOptions:
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
-            raise UnsupportedConfiguration(f"Unknown strategy {self.strategy!r}.",
-                                           f"Choose one of: {', '.join(STRATEGIES)}.")
+            raise UnsupportedConfiguration(
+                f"Unknown strategy {self.strategy!r}.", f"Choose one of: {', '.join(STRATEGIES)}."
+            )
         if self.draft_schedule not in ("constant", "heuristic"):
-            raise UnsupportedConfiguration(f"Unknown draft schedule {self.draft_schedule!r}.",
-                                           "Choose constant or heuristic.")
+            raise UnsupportedConfiguration(
+                f"Unknown draft schedule {self.draft_schedule!r}.", "Choose constant or heuristic."
+            )
         if self.num_draft_tokens < 1 or self.lookup_tokens < 1:
             raise UnsupportedConfiguration("The number of draft tokens must be at least 1.")
 
@@ -99,14 +103,16 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
+
         torch.cuda.synchronize()
 
 
 class _Collector:
     """A transformers streamer that timestamps every token and emits our events."""
 
-    def __init__(self, target: LoadedModel, decoder: DeltaDecoder, on_event: Optional[EventFn],
-                 speculative: bool, start: float):
+    def __init__(
+        self, target: LoadedModel, decoder: DeltaDecoder, on_event: Optional[EventFn], speculative: bool, start: float
+    ):
         self.target = target
         self.decoder = decoder
         self.on_event = on_event
@@ -157,13 +163,13 @@ class _CancelCriteria:
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
+
         if self.should_cancel is not None and self.should_cancel():
             self.cancelled = True
         return torch.full((input_ids.shape[0],), self.cancelled, dtype=torch.bool, device=input_ids.device)
 
 
-def _generation_config(target: LoadedModel, sampling: SamplingSettings, options: DecodeOptions,
-                       max_new_tokens: int):
+def _generation_config(target: LoadedModel, sampling: SamplingSettings, options: DecodeOptions, max_new_tokens: int):
     from transformers import GenerationConfig
 
     base = target.model.generation_config
@@ -194,6 +200,7 @@ def _generation_config(target: LoadedModel, sampling: SamplingSettings, options:
         use_compile = options.compile if options.compile is not None else target.device.startswith("cuda")
         if use_compile:
             from transformers import CompileConfig
+
             cfg.compile_config = CompileConfig()
             cfg.compile_config._compile_all_devices = True
         cfg.disable_compile = not use_compile
@@ -209,10 +216,10 @@ def check_draft(target: LoadedModel, draft: LoadedModel) -> str:
     from redline.inference.decoding.draft_check import compare
 
     if draft.device != target.device:
-        raise IncompatibleDraft(f"The draft runs on {draft.device} but the target on {target.device}.",
-                                "Load both on the same device.")
-    return compare(target.name, target.model.config, target.tokenizer, draft.name, draft.model.config,
-                   draft.tokenizer)
+        raise IncompatibleDraft(
+            f"The draft runs on {draft.device} but the target on {target.device}.", "Load both on the same device."
+        )
+    return compare(target.name, target.model.config, target.tokenizer, draft.name, draft.model.config, draft.tokenizer)
 
 
 def _wrap_candidate_generator(model, stats: _DraftStats):
@@ -241,10 +248,16 @@ def _wrap_candidate_generator(model, stats: _DraftStats):
     return lambda: model.__dict__.pop("_get_candidate_generator", None)
 
 
-def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSettings = SamplingSettings(),
-             options: DecodeOptions = DecodeOptions(), draft: Optional[LoadedModel] = None,
-             on_event: Optional[EventFn] = None, should_cancel: Optional[CancelFn] = None,
-             context_limit: Optional[int] = None) -> GenerationResult:
+def generate(
+    target: LoadedModel,
+    input_ids: Sequence[int],
+    sampling: SamplingSettings = SamplingSettings(),
+    options: DecodeOptions = DecodeOptions(),
+    draft: Optional[LoadedModel] = None,
+    on_event: Optional[EventFn] = None,
+    should_cancel: Optional[CancelFn] = None,
+    context_limit: Optional[int] = None,
+) -> GenerationResult:
     """Generate from ``input_ids`` (one prompt). Never raises for run-time failures: an
     out-of-memory or other error ends the result with ``finish_reason="error"``."""
     import torch
@@ -253,16 +266,24 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
     model, tok = target.model, target.tokenizer
     prompt = list(int(t) for t in input_ids)
     limit = context_limit or target.context_limit
-    result = GenerationResult(text="", token_ids=[], prompt_tokens=len(prompt), new_tokens=0,
-                              finish_reason="error", strategy=options.strategy,
-                              precision=target.precision.label(), device=target.device)
+    result = GenerationResult(
+        text="",
+        token_ids=[],
+        prompt_tokens=len(prompt),
+        new_tokens=0,
+        finish_reason="error",
+        strategy=options.strategy,
+        precision=target.precision.label(),
+        device=target.device,
+    )
     if not prompt:
         raise UnsupportedConfiguration("The prompt is empty.", "Type a message first.")
     room = limit - len(prompt)
     if room <= 0:
         raise UnsupportedConfiguration(
             f"The prompt has {len(prompt)} tokens, which fills the context of {limit}.",
-            "Shorten the prompt or raise the context length.")
+            "Shorten the prompt or raise the context length.",
+        )
     max_new = min(sampling.max_new_tokens, room)
     if max_new < sampling.max_new_tokens:
         result.notes.append(f"max new tokens capped at {max_new} by the context length {limit}.")
@@ -273,8 +294,10 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
     speculative = options.strategy in ("speculative", "prompt-lookup")
     if options.strategy == "speculative":
         if draft is None:
-            raise IncompatibleDraft("The speculative strategy needs a draft model.",
-                                    "Choose a draft model (a small model of the same family), or use prompt-lookup.")
+            raise IncompatibleDraft(
+                "The speculative strategy needs a draft model.",
+                "Choose a draft model (a small model of the same family), or use prompt-lookup.",
+            )
         mode = check_draft(target, draft)
         dcfg = draft.model.generation_config
         saved = (dcfg.num_assistant_tokens, dcfg.num_assistant_tokens_schedule, dcfg.assistant_confidence_threshold)
@@ -282,9 +305,13 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
         dcfg.num_assistant_tokens = options.num_draft_tokens
         dcfg.num_assistant_tokens_schedule = options.draft_schedule
         dcfg.assistant_confidence_threshold = 0.0  # propose exactly k tokens: what the user set
-        restore.append(lambda: (setattr(dcfg, "num_assistant_tokens", saved[0]),
-                                setattr(dcfg, "num_assistant_tokens_schedule", saved[1]),
-                                setattr(dcfg, "assistant_confidence_threshold", saved[2])))
+        restore.append(
+            lambda: (
+                setattr(dcfg, "num_assistant_tokens", saved[0]),
+                setattr(dcfg, "num_assistant_tokens_schedule", saved[1]),
+                setattr(dcfg, "assistant_confidence_threshold", saved[2]),
+            )
+        )
         gen_kwargs["assistant_model"] = draft.model
         if mode == "universal":
             gen_kwargs["tokenizer"] = tok
@@ -301,6 +328,7 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
     use_fast = options.strategy == "fast"
     if use_fast:
         from redline.inference.decoding.fastpath import supports
+
         reason = supports(model)
         if reason:
             use_fast = False
@@ -320,16 +348,23 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
                 if use_fast:
                     _fast_loop(target, prompt, cfg, collector, cancel, max_new)
                 else:
-                    model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
-                                   streamer=collector, stopping_criteria=StoppingCriteriaList([cancel]),
-                                   **gen_kwargs)
+                    model.generate(
+                        input_ids=ids,
+                        attention_mask=mask,
+                        generation_config=cfg,
+                        streamer=collector,
+                        stopping_criteria=StoppingCriteriaList([cancel]),
+                        **gen_kwargs,
+                    )
         _sync(target.device)
         result.finish_reason = "cancelled" if cancel.cancelled else "length"
     except Exception as exc:  # the caller's conversation must survive any run-time failure
         free_memory(target.device)
         if is_oom(exc):
-            result.error = (f"Out of memory while generating ({len(prompt)} prompt tokens, up to {max_new} new). "
-                            "Lower max new tokens or the context length, or load a smaller precision.")
+            result.error = (
+                f"Out of memory while generating ({len(prompt)} prompt tokens, up to {max_new} new). "
+                "Lower max new tokens or the context length, or load a smaller precision."
+            )
         elif isinstance(exc, RedlineError):
             result.error = str(exc)
         else:
@@ -376,8 +411,13 @@ def generate(target: LoadedModel, input_ids: Sequence[int], sampling: SamplingSe
 
 def _logits_processors(cfg):
     """The same sampling transformations generate() applies, from transformers' public classes."""
-    from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
-                              TopKLogitsWarper, TopPLogitsWarper)
+    from transformers import (
+        LogitsProcessorList,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     procs = LogitsProcessorList()
     if cfg.repetition_penalty is not None and cfg.repetition_penalty != 1.0:
@@ -392,10 +432,12 @@ def _logits_processors(cfg):
     return procs
 
 
-def _fast_loop(target: LoadedModel, prompt: list[int], cfg, collector: "_Collector", cancel: "_CancelCriteria",
-               max_new: int) -> None:
+def _fast_loop(
+    target: LoadedModel, prompt: list[int], cfg, collector: "_Collector", cancel: "_CancelCriteria", max_new: int
+) -> None:
     """gpt-fast's shape: prefill once, then one token per step from a preallocated cache."""
     import torch
+
     from redline.inference.decoding.fastpath import get_decoder
 
     dec = get_decoder(target, len(prompt) + max_new)
@@ -447,4 +489,3 @@ def _fill_timing(result: GenerationResult, chunks: list[tuple[float, int]]) -> N
     after_first = sum(n for _, n in chunks[1:])
     span = chunks[-1][0] - chunks[0][0]
     result.tokens_per_s = after_first / span if span > 0 and after_first else None
-

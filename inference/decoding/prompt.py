@@ -5,6 +5,7 @@ A model without a chat template gets a plain documented fallback:
 ``Assistant:``. A conversation longer than the context drops the oldest turns
 (never the system prompt) and says how many were dropped.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,7 @@ class ChatPrompt:
 
 def _render(tokenizer, messages: Sequence[dict]) -> tuple[list[int], bool]:
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)
+        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(out["input_ids"]), True
     text = "".join(f"{FALLBACK_ROLES.get(m['role'], m['role'].title())}: {m['content']}\n" for m in messages)
     text += "Assistant:"
@@ -42,7 +42,8 @@ def build_prompt(tokenizer, messages: Sequence[dict], context: int, reserve_new_
     if budget <= 0:
         raise UnsupportedConfiguration(
             f"Max new tokens ({reserve_new_tokens}) fills the whole context ({context}).",
-            "Lower max new tokens or raise the context length.")
+            "Lower max new tokens or raise the context length.",
+        )
     system = [m for m in messages if m["role"] == "system"][:1]
     turns = [m for m in messages if m["role"] != "system"]
     dropped = 0
@@ -67,7 +68,8 @@ def build_prompt(tokenizer, messages: Sequence[dict], context: int, reserve_new_
     if keep <= 0:
         raise UnsupportedConfiguration(
             f"The system prompt alone does not fit the context of {context} tokens.",
-            "Shorten the system prompt or raise the context length.")
+            "Shorten the system prompt or raise the context length.",
+        )
     last["content"] = tokenizer.decode(content_ids[-keep:], skip_special_tokens=True)
     ids, templ = _render(tokenizer, system + [last])
     while len(ids) > budget and keep > 1:  # re-tokenising can shift the count slightly

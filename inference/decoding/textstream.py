@@ -6,6 +6,7 @@ decode the whole sequence each time and release only the part that is stable:
 no trailing U+FFFD (an incomplete UTF-8 sequence), nothing that could still
 become a stop string, and only when what was released before is still a prefix.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -46,7 +47,7 @@ class DeltaDecoder:
             stable = stable[: len(stable) - hold]
         if not stable.startswith(self.emitted) or len(stable) <= len(self.emitted):
             return ""
-        delta = stable[len(self.emitted):]
+        delta = stable[len(self.emitted) :]
         self.emitted = stable
         return delta
 
@@ -54,7 +55,7 @@ class DeltaDecoder:
         """Return (final_text, last_delta). The deltas join to final_text."""
         final = self._cut_at_stop(self._decode(ids))
         if final.startswith(self.emitted):
-            delta = final[len(self.emitted):]
+            delta = final[len(self.emitted) :]
         else:
             # The tokenizer rewrote text already shown (rare). Keep what was shown
             # as the final text so the stream and the result never disagree.

@@ -5,6 +5,7 @@ tokens/s ≤ bandwidth ÷ bytes read per token. We measure the bandwidth on this
 machine once — a large reduction, which is how a matrix-vector product reads
 memory — and cache it per device and thread count.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ MEASURE_BYTES = 512 * 1024 * 1024
 
 def _key(device: str) -> str:
     import torch
+
     if device.startswith("cuda"):
         return f"cuda:{torch.cuda.get_device_name()}"
     return f"cpu:{cpu_name()}:threads={torch.get_num_threads()}"

@@ -4,6 +4,7 @@ Memory is the card's total VRAM (the marketed "12 GB" is 12 GiB); bandwidth is
 NVIDIA's published memory bandwidth. ``bf16`` says whether the card computes in
 bfloat16 (Ampere and newer); older cards load half precision as fp16.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,8 +28,12 @@ class GpuModel:
         return f"{self.memory_bytes // GIB} GB"
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "memory_bytes": self.memory_bytes, "bandwidth_gb_s": self.bandwidth_gb_s,
-                "bf16": self.bf16}
+        return {
+            "name": self.name,
+            "memory_bytes": self.memory_bytes,
+            "bandwidth_gb_s": self.bandwidth_gb_s,
+            "bf16": self.bf16,
+        }
 
 
 def _g(name: str, gib: int, bandwidth: float, bf16: bool = True) -> GpuModel:
@@ -84,12 +89,14 @@ def find_gpu(name: str) -> GpuModel:
             return gpu
     # "3060" or "RTX 4090": the name without its memory suffix, when only one card has that name.
     bare_keys = {gpu: _key(re.sub(r"\s*\d+GB$", "", gpu.name)) for gpu in CONSUMER_GPUS}
-    bare = [gpu for gpu, key in bare_keys.items()
-            if query in (key, key.removeprefix("rtx").removeprefix("gtx"))]
+    bare = [gpu for gpu, key in bare_keys.items() if query in (key, key.removeprefix("rtx").removeprefix("gtx"))]
     if len(bare) == 1:
         return bare[0]
-    hits = [gpu for gpu, key in keys.items()
-            if key.startswith(query) or key.removeprefix("rtx").removeprefix("gtx").startswith(query)]
+    hits = [
+        gpu
+        for gpu, key in keys.items()
+        if key.startswith(query) or key.removeprefix("rtx").removeprefix("gtx").startswith(query)
+    ]
     if len(hits) == 1:
         return hits[0]
     # "4060 ti 16" should find "RTX 4060 Ti 16GB": allow a missing "gb" suffix.

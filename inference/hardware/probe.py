@@ -3,6 +3,7 @@
 Every figure is read, never assumed. A value that cannot be read is None and
 the caller shows it as unknown.
 """
+
 from __future__ import annotations
 
 import os
@@ -89,6 +90,7 @@ def _nvml_gpus() -> list[GpuInfo]:
 def cuda_available() -> bool:
     try:
         import torch
+
         return torch.cuda.is_available()
     except Exception:
         return False
@@ -96,17 +98,21 @@ def cuda_available() -> bool:
 
 def probe(include_gpus: bool = True) -> HardwareInfo:
     vm = psutil.virtual_memory()
-    info = HardwareInfo(cpu=cpu_name(), cpu_cores=psutil.cpu_count(logical=True) or 1,
-                        ram_total_bytes=int(vm.total), ram_available_bytes=int(vm.available))
+    info = HardwareInfo(
+        cpu=cpu_name(),
+        cpu_cores=psutil.cpu_count(logical=True) or 1,
+        ram_total_bytes=int(vm.total),
+        ram_available_bytes=int(vm.available),
+    )
     if include_gpus:
         info.gpus = _nvml_gpus()
         info.cuda_available = cuda_available()
         if info.cuda_available and not info.gpus:
             import torch
+
             for i in range(torch.cuda.device_count()):
                 free, total = torch.cuda.mem_get_info(i)
-                info.gpus.append(GpuInfo(i, torch.cuda.get_device_name(i), total, free, total - free,
-                                         source="torch"))
+                info.gpus.append(GpuInfo(i, torch.cuda.get_device_name(i), total, free, total - free, source="torch"))
     return info
 
 
@@ -116,6 +122,7 @@ def torch_cuda_build() -> Optional[str]:
     Imports torch: call it off the UI thread.
     """
     import torch
+
     return torch.version.cuda
 
 

@@ -1,4 +1,5 @@
 """Load a model and its tokenizer at a chosen precision, with progress, cancel and measured memory."""
+
 from __future__ import annotations
 
 import gc
@@ -10,9 +11,15 @@ from typing import Any, Optional
 
 from redline.inference.errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError
 from redline.inference.hardware.probe import default_device
+from redline.inference.loading.precision import (
+    WEIGHT_ONLY,
+    PrecisionSpec,
+    check_supported,
+    from_pretrained_kwargs,
+    torch_dtype,
+)
 from redline.inference.memory.measured import PeakMemory, process_rss
 from redline.inference.memory.policy import returning_freed_memory, trim, weights_in_own_mappings
-from redline.inference.loading.precision import WEIGHT_ONLY, PrecisionSpec, check_supported, from_pretrained_kwargs, torch_dtype
 from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
 from redline.inference.sources.resolve import ModelSource
 from redline.inference.sources.trust import fingerprint, pickle_files, remote_code_files
@@ -48,7 +55,9 @@ class LoadedModel:
 
     @property
     def context_limit(self) -> int:
-        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        cfg = (
+            self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        )
         return int(getattr(cfg, "max_position_embeddings", 0) or 4096)
 
 
@@ -59,7 +68,8 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in text or "can't allocate memory" in text or isinstance(exc, MemoryError))
+        "out of memory" in text or "can't allocate memory" in text or isinstance(exc, MemoryError)
+    )
 
 
 def free_memory(device: str) -> None:
@@ -69,6 +79,7 @@ def free_memory(device: str) -> None:
         gc.collect()
         if device.startswith("cuda"):
             import torch
+
             torch.cuda.empty_cache()
         trim()
 
@@ -81,15 +92,19 @@ def read_config(folder: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
-                             "Restore the file from the model's original download.") from exc
+        raise ModelLoadError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
+            "Restore the file from the model's original download.",
+        ) from exc
     except UnicodeDecodeError as exc:
         raise ModelLoadError(f"{path} is not a text file.", "Restore it from the original download.") from exc
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object.", "Restore it from the original download.")
     if "model_type" not in data:
-        raise ModelLoadError(f"{path} has no 'model_type' field, so the architecture is unknown.",
-                             "Restore the file from the model's original download.")
+        raise ModelLoadError(
+            f"{path} has no 'model_type' field, so the architecture is unknown.",
+            "Restore the file from the model's original download.",
+        )
     return data
 
 
@@ -105,9 +120,14 @@ def check_weights(folder: Path, allow_pickle: bool = False) -> None:
             "loaded.",
             "Convert the model to safetensors, or opt in for this model with --allow-pickle "
             "(they are then loaded with weights_only=True).",
-            "pickle", folder, pickles, fingerprint(folder, "pickle"))
-    raise ModelLoadError(f"{folder} has no weight files (*.safetensors).",
-                         "The download may be incomplete; fetch the model again.")
+            "pickle",
+            folder,
+            pickles,
+            fingerprint(folder, "pickle"),
+        )
+    raise ModelLoadError(
+        f"{folder} has no weight files (*.safetensors).", "The download may be incomplete; fetch the model again."
+    )
 
 
 def load_config(folder: Path, trust_remote_code: bool = False):
@@ -120,14 +140,19 @@ def load_config(folder: Path, trust_remote_code: bool = False):
             f"{folder.name} needs custom Python code shipped with the model ({', '.join(files) or 'auto_map'}), "
             "which Redline does not run unless you opt in.",
             "If you trust its author, opt in for this model with --trust-remote-code.",
-            "remote_code", folder, files, fingerprint(folder, "remote_code"))
+            "remote_code",
+            folder,
+            files,
+            fingerprint(folder, "remote_code"),
+        )
     try:
         return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as exc:
         raise ModelLoadError(
             f"{folder / 'config.json'}: model_type {data.get('model_type')!r} is not an architecture this "
             f"version of transformers knows ({exc}).",
-            "Upgrade transformers, or choose a model of a supported architecture.") from exc
+            "Upgrade transformers, or choose a model of a supported architecture.",
+        ) from exc
 
 
 def load_tokenizer(folder: Path, trust_remote_code: bool = False):
@@ -136,14 +161,22 @@ def load_tokenizer(folder: Path, trust_remote_code: bool = False):
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except Exception as exc:
-        raise ModelLoadError(f"Could not load the tokenizer in {folder} ({type(exc).__name__}: {exc}).",
-                             "The folder needs tokenizer.json or tokenizer.model and tokenizer_config.json.") from exc
+        raise ModelLoadError(
+            f"Could not load the tokenizer in {folder} ({type(exc).__name__}: {exc}).",
+            "The folder needs tokenizer.json or tokenizer.model and tokenizer_config.json.",
+        ) from exc
     return tok
 
 
-def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[str] = None,
-               progress: ProgressFn = noop_progress, should_cancel: Optional[CancelFn] = None,
-               trust_remote_code: bool = False, allow_pickle: bool = False) -> LoadedModel:
+def load_model(
+    source: ModelSource,
+    precision: PrecisionSpec,
+    device: Optional[str] = None,
+    progress: ProgressFn = noop_progress,
+    should_cancel: Optional[CancelFn] = None,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> LoadedModel:
     """Load ``source`` at ``precision``. Raises a RedlineError subclass with a fix on failure."""
     from transformers import AutoModelForCausalLM
 
@@ -173,16 +206,20 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
         with PeakMemory(device) as peak, weights_in_own_mappings():
             with transformers_progress(progress, 0.35, 0.95, "Loading weights", should_cancel):
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(folder), trust_remote_code=trust_remote_code,
+                    str(folder),
+                    trust_remote_code=trust_remote_code,
                     use_safetensors=None if allow_pickle else True,
                     weights_only=True,  # even with the pickle opt-in, never unpickle arbitrary objects
-                    **kwargs)
+                    **kwargs,
+                )
             model.eval()
             if precision.name in WEIGHT_ONLY:
                 progress(0.96, "Quantising weights")
                 from redline.inference.loading.weight_only import quantize_model
-                quantize_model(model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype),
-                               device=device)
+
+                quantize_model(
+                    model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype), device=device
+                )
                 model.to(device)  # what stayed unquantised (embeddings, norms) follows the packed layers
                 gc.collect()
     except Cancelled:
@@ -200,16 +237,29 @@ def load_model(source: ModelSource, precision: PrecisionSpec, device: Optional[s
             raise OutOfMemory(
                 f"Out of memory while loading {source.name} in {precision.name}.",
                 "Choose a smaller precision (int8 or nf4), close other programs using the GPU, "
-                "or pick a smaller model.") from exc
+                "or pick a smaller model.",
+            ) from exc
         raise ModelLoadError(
             f"Could not load the weights of {source.name} ({type(exc).__name__}: {exc}).",
-            "The weight files may be truncated or corrupt; download the model again.") from exc
+            "The weight files may be truncated or corrupt; download the model again.",
+        ) from exc
     if device.startswith("cuda"):
         import torch
+
         memory = int(torch.cuda.memory_allocated())
     else:
         memory = max(0, process_rss() - rss_before)
     progress(1.0, "Loaded")
-    return LoadedModel(model=model, tokenizer=tokenizer, source=source, precision=precision, device=device,
-                       folder=folder, load_seconds=time.perf_counter() - started, memory_bytes=memory,
-                       peak_memory_bytes=peak.peak_bytes, notes=notes, baseline_rss_bytes=baseline_rss)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        source=source,
+        precision=precision,
+        device=device,
+        folder=folder,
+        load_seconds=time.perf_counter() - started,
+        memory_bytes=memory,
+        peak_memory_bytes=peak.peak_bytes,
+        notes=notes,
+        baseline_rss_bytes=baseline_rss,
+    )

@@ -7,6 +7,7 @@ quantisation exposed). Mixed precision keeps named modules unquantised
 q8/q4 are weight-only int8/int4 on torch's packed kernels: built for speed at
 batch 1 (bitsandbytes is the memory-saving option; its kernels are slow there).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -54,10 +55,12 @@ class PrecisionSpec:
     def __post_init__(self):
         if self.name not in PRECISIONS:
             raise UnsupportedConfiguration(
-                f"Unknown precision {self.name!r}.", f"Choose one of: {', '.join(PRECISIONS)}.")
+                f"Unknown precision {self.name!r}.", f"Choose one of: {', '.join(PRECISIONS)}."
+            )
         if self.compute_dtype not in DTYPE_NAMES:
             raise UnsupportedConfiguration(
-                f"Unknown compute dtype {self.compute_dtype!r}.", "Choose fp32, fp16 or bf16.")
+                f"Unknown compute dtype {self.compute_dtype!r}.", "Choose fp32, fp16 or bf16."
+            )
 
     @property
     def quantised(self) -> bool:
@@ -91,13 +94,15 @@ def parse_precision(text: str, **overrides) -> PrecisionSpec:
             elif key == "threshold":
                 kwargs["int8_threshold"] = float(value)
             else:
-                raise UnsupportedConfiguration(f"Unknown precision option {key!r} in {text!r}.",
-                                               "Known: keep=, compute=, dq=, threshold=.")
+                raise UnsupportedConfiguration(
+                    f"Unknown precision option {key!r} in {text!r}.", "Known: keep=, compute=, dq=, threshold=."
+                )
     return PrecisionSpec(name=name, **kwargs)
 
 
 def torch_dtype(name: str):
     import torch
+
     return getattr(torch, DTYPE_NAMES[name])
 
 
@@ -113,20 +118,23 @@ def check_supported(spec: PrecisionSpec, device: str) -> Optional[str]:
         if not bitsandbytes_available():
             raise UnsupportedConfiguration(
                 f"{spec.name} needs bitsandbytes, which is not installed.",
-                "Install it with `pip install bitsandbytes`, or choose fp16/bf16/fp32.")
+                "Install it with `pip install bitsandbytes`, or choose fp16/bf16/fp32.",
+            )
         try:
             import bitsandbytes  # noqa: F401
         except Exception as exc:
             raise UnsupportedConfiguration(
                 f"bitsandbytes is installed but does not load on this machine ({exc}).",
-                "Choose fp16, bf16 or fp32, or reinstall bitsandbytes for your CUDA version.") from exc
+                "Choose fp16, bf16 or fp32, or reinstall bitsandbytes for your CUDA version.",
+            ) from exc
     if spec.name == "q4" and spec.compute_dtype != "bf16":
         raise UnsupportedConfiguration("q4 computes in bf16 only (torch's int4 kernels).", "Use q4 or q4+compute=bf16.")
     if device.startswith("cuda"):
         if spec.name == "bf16" or ((spec.quantised or spec.name in WEIGHT_ONLY) and spec.compute_dtype == "bf16"):
             if not torch.cuda.is_bf16_supported():
                 raise UnsupportedConfiguration(
-                    "This GPU does not support bf16.", "Choose fp16 (or a 4-bit precision with compute=fp16).")
+                    "This GPU does not support bf16.", "Choose fp16 (or a 4-bit precision with compute=fp16)."
+                )
         return None
     if spec.name == "fp16":
         return "fp16 runs slowly on most CPUs; bf16 or fp32 is usually faster there."
@@ -147,15 +155,17 @@ def from_pretrained_kwargs(spec: PrecisionSpec, device: str) -> dict:
 
     skip = list(spec.skip_modules) or None
     if spec.name == "int8":
-        q = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=spec.int8_threshold,
-                               llm_int8_skip_modules=skip)
+        q = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=spec.int8_threshold, llm_int8_skip_modules=skip)
         # Non-quantised parts (norms, embeddings) stay in half precision on a GPU, as
         # bitsandbytes expects; on CPU half-precision element-wise ops are slow, so fp32.
         dtype = torch.float16 if device.startswith("cuda") else torch.float32
     else:
-        q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=spec.name,
-                               bnb_4bit_compute_dtype=torch_dtype(spec.compute_dtype),
-                               bnb_4bit_use_double_quant=spec.double_quant,
-                               llm_int8_skip_modules=skip)
+        q = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=spec.name,
+            bnb_4bit_compute_dtype=torch_dtype(spec.compute_dtype),
+            bnb_4bit_use_double_quant=spec.double_quant,
+            llm_int8_skip_modules=skip,
+        )
         dtype = torch_dtype(spec.compute_dtype)
     return {"quantization_config": q, "dtype": dtype, "device_map": device}

@@ -9,6 +9,7 @@ the memory bandwidth. ``q8`` and ``q4`` precisions replace the model's linear
 layers with ``PackedLinear`` so both transformers' forward and the fast path
 use them.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -21,8 +22,14 @@ INT4_INNER_K_TILES = 2
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, bits: int, compute_dtype: torch.dtype, group_size: int = INT4_GROUP,
-                 device: torch.device | str | None = None):
+    def __init__(
+        self,
+        linear: nn.Linear,
+        bits: int,
+        compute_dtype: torch.dtype,
+        group_size: int = INT4_GROUP,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         device = torch.device(device) if device is not None else linear.weight.device
         if bits not in (8, 4):
@@ -54,11 +61,13 @@ class PackedLinear(nn.Module):
                 packed = torch._convert_weight_to_int4pack_for_cpu(q, INT4_INNER_K_TILES)
             else:
                 packed = torch._convert_weight_to_int4pack(
-                    (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8).to(device), INT4_INNER_K_TILES)
+                    (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8).to(device), INT4_INNER_K_TILES
+                )
             self.register_buffer("qweight", packed, persistent=False)
             self.register_buffer("scales", sz.to(device), persistent=False)
-        self.weight_bytes = self.qweight.numel() * self.qweight.element_size() + \
-            self.scales.numel() * self.scales.element_size()
+        self.weight_bytes = (
+            self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * self.scales.element_size()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -84,21 +93,31 @@ class PackedLinear(nn.Module):
             offset = 0
             for m in modules:
                 n = m.out_features
-                m.qweight, m.scales = q[offset:offset + n], s[offset:offset + n]
+                m.qweight, m.scales = q[offset : offset + n], s[offset : offset + n]
                 offset += n
             biases = [m.bias for m in modules]
-            bias = torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=s.dtype)
-                              for b, m in zip(biases, modules)]) if any(b is not None for b in biases) else None
+            bias = (
+                torch.cat(
+                    [
+                        b if b is not None else torch.zeros(m.out_features, dtype=s.dtype)
+                        for b, m in zip(biases, modules)
+                    ]
+                )
+                if any(b is not None for b in biases)
+                else None
+            )
 
             def fused(x: torch.Tensor) -> torch.Tensor:
                 y = torch._weight_int8pack_mm(x.to(s.dtype), q, s).to(x.dtype)
                 return y + bias.to(x.dtype) if bias is not None else y
+
             return fused
         return lambda x: torch.cat([m(x) for m in modules], dim=-1)
 
 
-def quantize_model(model, bits: int, compute_dtype: torch.dtype, include_lm_head: bool = True,
-                   device: torch.device | str | None = None) -> int:
+def quantize_model(
+    model, bits: int, compute_dtype: torch.dtype, include_lm_head: bool = True, device: torch.device | str | None = None
+) -> int:
     """Replace the decoder's linear layers (and the output head) by PackedLinear. Returns their weight bytes.
 
     A tied output head gets its own quantised copy: the embedding table stays for lookups

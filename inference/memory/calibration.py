@@ -6,6 +6,7 @@ last loads on this machine and device feeds a correction to the overhead term:
 the median, so one odd load cannot swing it. Stored as a small JSON file under
 the platform's data directory (``REDLINE_DATA_DIR`` overrides).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def calibration_file() -> Path:
 @dataclass
 class MemoryCheck:
     """One load + generation: what was predicted, what was measured."""
+
     model: str
     precision: str
     device: str
@@ -66,8 +68,10 @@ class MemoryCheck:
         return self.measured_bytes - (self.predicted_bytes - self.correction_bytes)
 
     def summary(self) -> str:
-        return (f"predicted {self.predicted_bytes / 1e9:.2f} GB, measured {self.measured_bytes / 1e9:.2f} GB "
-                f"({self.error_pct:+.1f} %)")
+        return (
+            f"predicted {self.predicted_bytes / 1e9:.2f} GB, measured {self.measured_bytes / 1e9:.2f} GB "
+            f"({self.error_pct:+.1f} %)"
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -80,6 +84,7 @@ def device_key(device: str) -> str:
     if device.startswith("cuda"):
         try:
             import torch
+
             return "cuda:" + torch.cuda.get_device_name(torch.device(device))
         except Exception:
             return "cuda"
@@ -127,11 +132,12 @@ def history(device: str, path: Optional[Path] = None) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- the engine's side
-def predict_loaded(loaded, tokens: int, prompt_tokens: Optional[int] = None, draft=None,
-                   correction: Optional[int] = None):
+def predict_loaded(
+    loaded, tokens: int, prompt_tokens: Optional[int] = None, draft=None, correction: Optional[int] = None
+):
     """The estimate for a model the engine has loaded, at ``tokens`` tokens in the cache."""
-    from redline.inference.memory.model_shapes import shape_for_folder
     from redline.inference.memory.estimator import estimate
+    from redline.inference.memory.model_shapes import shape_for_folder
 
     def shape_of(model):
         # The shape of a loaded model never changes: read its config and weight sizes once, not every reply.
@@ -143,9 +149,18 @@ def predict_loaded(loaded, tokens: int, prompt_tokens: Optional[int] = None, dra
     draft_shape = shape_of(draft) if draft is not None else None
     if correction is None:
         correction = correction_bytes(loaded.device)
-    return estimate(shape, loaded.precision, max(1, tokens), 1, loaded.device, draft=draft_shape,
-                    draft_spec=draft.precision if draft is not None else None, correction_bytes=correction,
-                    prefill_tokens=prompt_tokens, baseline_bytes=getattr(loaded, "baseline_rss_bytes", None))
+    return estimate(
+        shape,
+        loaded.precision,
+        max(1, tokens),
+        1,
+        loaded.device,
+        draft=draft_shape,
+        draft_spec=draft.precision if draft is not None else None,
+        correction_bytes=correction,
+        prefill_tokens=prompt_tokens,
+        baseline_bytes=getattr(loaded, "baseline_rss_bytes", None),
+    )
 
 
 def measured_peak_bytes(loaded, result=None, draft=None) -> Optional[int]:
@@ -166,6 +181,7 @@ def measured_peak_bytes(loaded, result=None, draft=None) -> Optional[int]:
     peak = max(peaks)
     if loaded.device.startswith("cuda"):
         from redline.inference.memory.measured import snapshot
+
         snap = snapshot(loaded.device)
         if snap.device_this_process_bytes and snap.cuda_reserved_bytes is not None:
             peak += max(0, snap.device_this_process_bytes - snap.cuda_reserved_bytes)
@@ -180,9 +196,16 @@ def check_generation(loaded, result, draft=None, save: bool = True) -> Optional[
     correction = correction_bytes(loaded.device)
     tokens = result.prompt_tokens + result.new_tokens
     predicted = predict_loaded(loaded, tokens, result.prompt_tokens, draft, correction)
-    check = MemoryCheck(model=loaded.name, precision=loaded.precision.label(), device=loaded.device,
-                        tokens=tokens, predicted_bytes=predicted.total_bytes, measured_bytes=measured,
-                        correction_bytes=correction, time=time.time())
+    check = MemoryCheck(
+        model=loaded.name,
+        precision=loaded.precision.label(),
+        device=loaded.device,
+        tokens=tokens,
+        predicted_bytes=predicted.total_bytes,
+        measured_bytes=measured,
+        correction_bytes=correction,
+        time=time.time(),
+    )
     if save:
         record(check)
     return check

@@ -25,6 +25,7 @@ total = weights + KV cache + activations + runtime overhead + draft + loading
 The figure predicted is the peak memory of the process over load and
 generation: RSS on CPU; on CUDA the device memory this process uses.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,17 @@ from redline.inference.loading.precision import PrecisionSpec
 
 MB = 1_000_000
 GB = 1_000_000_000
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2,
-               "float64": 8, "int8": 1, "uint8": 1}
+DTYPE_BYTES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+}
 BNB_4BIT_BLOCK = 64  # bitsandbytes' default 4-bit block size
 BNB_NESTED_BLOCK = 256  # double quantisation: absmax values per nested block
 
@@ -67,6 +77,7 @@ CUDA_ALLOCATOR_SLACK = 0.10  # of KV cache + activations
 @dataclass
 class ModelShape:
     """What the estimate needs to know about an architecture, read from its config."""
+
     name: str
     model_type: str
     architecture: str
@@ -111,8 +122,10 @@ def _require(cfg, source: str, *names: str):
         value = getattr(cfg, n, None)
         if value is not None:
             return value
-    raise ModelLoadError(f"{source}: field {names[0]!r} is missing, so the memory cannot be estimated.",
-                         "Restore the file from the model's original download.")
+    raise ModelLoadError(
+        f"{source}: field {names[0]!r} is missing, so the memory cannot be estimated.",
+        "Restore the file from the model's original download.",
+    )
 
 
 def kv_geometry(config, source: str = "config.json") -> dict:
@@ -134,8 +147,15 @@ def kv_geometry(config, source: str = "config.json") -> dict:
     else:
         windows = [int(window) if window else None] * layers
         kv_layers = layers
-    return {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": int(kv_heads),
-            "head_dim": int(head_dim), "layer_windows": windows, "kv_layers": kv_layers}
+    return {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": int(kv_heads),
+        "head_dim": int(head_dim),
+        "layer_windows": windows,
+        "kv_layers": kv_layers,
+    }
 
 
 def shape_from_config(config, name: str = "", source: str = "config.json") -> ModelShape:
@@ -153,7 +173,8 @@ def shape_from_config(config, name: str = "", source: str = "config.json") -> Mo
         raise ModelLoadError(
             f"{source}: model_type {getattr(config, 'model_type', None)!r} cannot be built as a causal language "
             f"model by this version of transformers ({exc}).",
-            "Choose a model of a supported architecture, or upgrade transformers.") from exc
+            "Choose a model of a supported architecture, or upgrade transformers.",
+        ) from exc
     parameters = sum(p.numel() for p in model.parameters())  # tied parameters are yielded once
     linears = []
     for mod_name, module in model.named_modules():
@@ -167,22 +188,39 @@ def shape_from_config(config, name: str = "", source: str = "config.json") -> Mo
     stored = str(stored).removeprefix("torch.")
     return ModelShape(
         name=name or getattr(config, "_name_or_path", "") or config.model_type,
-        model_type=config.model_type, architecture=type(model).__name__, parameters=int(parameters),
-        layers=geometry["layers"], heads=geometry["heads"], kv_heads=geometry["kv_heads"],
-        head_dim=geometry["head_dim"], hidden=geometry["hidden"],
-        intermediate=int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
-                         or 4 * geometry["hidden"]),
+        model_type=config.model_type,
+        architecture=type(model).__name__,
+        parameters=int(parameters),
+        layers=geometry["layers"],
+        heads=geometry["heads"],
+        kv_heads=geometry["kv_heads"],
+        head_dim=geometry["head_dim"],
+        hidden=geometry["hidden"],
+        intermediate=int(
+            getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * geometry["hidden"]
+        ),
         vocab=int(_require(cfg, source, "vocab_size")),
-        max_positions=int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-                          or 4096),
-        stored_dtype=stored, layer_windows=geometry["layer_windows"], kv_layers=geometry["kv_layers"],
-        linears=linears, default_not_convert=sorted(get_keys_to_not_convert(model)),
-        keep_in_fp32=sorted(getattr(model, "_keep_in_fp32_modules", None) or []), tied_linears=tied)
+        max_positions=int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 4096),
+        stored_dtype=stored,
+        layer_windows=geometry["layer_windows"],
+        kv_layers=geometry["kv_layers"],
+        linears=linears,
+        default_not_convert=sorted(get_keys_to_not_convert(model)),
+        keep_in_fp32=sorted(getattr(model, "_keep_in_fp32_modules", None) or []),
+        tied_linears=tied,
+    )
 
 
 # --------------------------------------------------------------------------- terms
-def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int, batch: int, dtype_bytes: int,
-                   layer_windows: Optional[list[Optional[int]]] = None) -> int:
+def kv_cache_bytes(
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    tokens: int,
+    batch: int,
+    dtype_bytes: int,
+    layer_windows: Optional[list[Optional[int]]] = None,
+) -> int:
     """2 (K and V) × layers × KV heads × head dim × tokens × batch × bytes.
 
     A sliding-window layer keeps at most its window of tokens. (The seed's
@@ -301,8 +339,7 @@ def default_overhead_bytes(device: str, spec: PrecisionSpec, transient_bytes: in
     return CPU_BASELINE_BYTES + (CPU_BITSANDBYTES_BYTES if spec.quantised else 0)
 
 
-def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: WeightBytes,
-                  running_extra: int) -> int:
+def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: WeightBytes, running_extra: int) -> int:
     """What the CPU load phase holds beyond the running phase (0 on CUDA: weights stream to the device).
 
     While loading, the checkpoint is memory-mapped and its pages are resident.
@@ -366,10 +403,19 @@ def accuracy_margin(total_bytes: int) -> int:
     return max(int(0.10 * total_bytes), 300 * MB)
 
 
-def estimate(shape: ModelShape, spec: PrecisionSpec, context: int, batch: int = 1, device: str = "cpu",
-             draft: Optional[ModelShape] = None, draft_spec: Optional[PrecisionSpec] = None,
-             correction_bytes: int = 0, prefill_tokens: Optional[int] = None,
-             available_bytes: Optional[int] = None, baseline_bytes: Optional[int] = None) -> Estimate:
+def estimate(
+    shape: ModelShape,
+    spec: PrecisionSpec,
+    context: int,
+    batch: int = 1,
+    device: str = "cpu",
+    draft: Optional[ModelShape] = None,
+    draft_spec: Optional[PrecisionSpec] = None,
+    correction_bytes: int = 0,
+    prefill_tokens: Optional[int] = None,
+    available_bytes: Optional[int] = None,
+    baseline_bytes: Optional[int] = None,
+) -> Estimate:
     """Predicted peak memory for ``shape`` at ``spec`` with ``context`` tokens in the KV cache.
 
     ``prefill_tokens``: the prompt length at prefill (default: the prompt fills
@@ -384,8 +430,9 @@ def estimate(shape: ModelShape, spec: PrecisionSpec, context: int, batch: int = 
     wb = weights_bytes(shape, spec, device)
     act_dtype = DTYPE_BYTES[compute_dtype(spec, device)]
     tokens = context
-    kv = kv_cache_bytes(shape.kv_layers or shape.layers, shape.kv_heads, shape.head_dim, tokens, batch, act_dtype,
-                        shape.layer_windows)
+    kv = kv_cache_bytes(
+        shape.kv_layers or shape.layers, shape.kv_heads, shape.head_dim, tokens, batch, act_dtype, shape.layer_windows
+    )
     act = activation_bytes(shape, min(prefill_tokens or context, context), batch, act_dtype)
     decode_act = activation_bytes(shape, 1, batch, act_dtype)
     draft_total = 0
@@ -393,18 +440,32 @@ def estimate(shape: ModelShape, spec: PrecisionSpec, context: int, batch: int = 
         dspec = draft_spec or spec
         dwb = weights_bytes(draft, dspec, device)
         ddtype = DTYPE_BYTES[compute_dtype(dspec, device)]
-        draft_total = dwb.total + kv_cache_bytes(draft.kv_layers or draft.layers, draft.kv_heads, draft.head_dim,
-                                                 tokens, batch, ddtype, draft.layer_windows)
+        draft_total = dwb.total + kv_cache_bytes(
+            draft.kv_layers or draft.layers, draft.kv_heads, draft.head_dim, tokens, batch, ddtype, draft.layer_windows
+        )
     overhead = default_overhead_bytes(device, spec, kv + act) + correction_bytes
     if baseline_bytes is not None and not device.startswith("cuda"):
         overhead += int(baseline_bytes) - CPU_BASELINE_BYTES
     load = loading_bytes(shape, spec, device, wb, kv + act)
     total = wb.total + kv + act + overhead + draft_total + load
-    est = Estimate(precision=spec.label(), context=context, batch=batch, device=device, weights_bytes=wb.total,
-                   kv_cache_bytes=kv, activation_bytes=act, overhead_bytes=overhead, draft_bytes=draft_total,
-                   loading_bytes=load, total_bytes=max(0, total), correction_bytes=correction_bytes,
-                   quantisation_constants_bytes=wb.constants, unquantised_bytes=wb.unquantised,
-                   decode_activation_bytes=decode_act, margin_bytes=accuracy_margin(max(0, total)))
+    est = Estimate(
+        precision=spec.label(),
+        context=context,
+        batch=batch,
+        device=device,
+        weights_bytes=wb.total,
+        kv_cache_bytes=kv,
+        activation_bytes=act,
+        overhead_bytes=overhead,
+        draft_bytes=draft_total,
+        loading_bytes=load,
+        total_bytes=max(0, total),
+        correction_bytes=correction_bytes,
+        quantisation_constants_bytes=wb.constants,
+        unquantised_bytes=wb.unquantised,
+        decode_activation_bytes=decode_act,
+        margin_bytes=accuracy_margin(max(0, total)),
+    )
     if available_bytes is not None:
         est.available_bytes = int(available_bytes)
         est.fits = est.total_bytes + est.margin_bytes <= available_bytes

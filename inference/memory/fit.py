@@ -9,6 +9,7 @@ highest precision first; then, for that precision, the longest context. fp32
 (twice the memory of bf16 for no gain at inference) and fp4 (the same memory
 as nf4, lower quality) are estimated but never suggested.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -16,9 +17,9 @@ from typing import Optional
 
 import psutil
 
-from redline.inference.memory.estimator import GB, Estimate, ModelShape, estimate
 from redline.inference.hardware.gpus import find_gpu, gpu_for_memory
 from redline.inference.loading.precision import PrecisionSpec, parse_precision
+from redline.inference.memory.estimator import GB, Estimate, ModelShape, estimate
 
 SUGGESTED = ("bf16", "int8", "nf4")
 MIN_CONTEXT = 256  # shorter than this is not a useful chat
@@ -27,6 +28,7 @@ MIN_CONTEXT = 256  # shorter than this is not a useful chat
 @dataclass
 class Target:
     """Where the model would run and how much memory it may use there."""
+
     device: str  # "cpu" or "cuda"
     available_bytes: int
     label: str  # "this GPU (NVIDIA GeForce RTX 4090)", "an RTX 3060 12GB", "this machine's free RAM"
@@ -42,6 +44,7 @@ class Target:
 def _nvml_bf16(index: int) -> Optional[bool]:
     try:
         import pynvml
+
         pynvml.nvmlInit()
         try:
             major, _ = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(index))
@@ -52,8 +55,9 @@ def _nvml_bf16(index: int) -> Optional[bool]:
         return None
 
 
-def detect_target(free_gb: Optional[float] = None, gpu: Optional[str] = None, reclaimable_bytes: int = 0,
-                  device: Optional[str] = None) -> Target:
+def detect_target(
+    free_gb: Optional[float] = None, gpu: Optional[str] = None, reclaimable_bytes: int = 0, device: Optional[str] = None
+) -> Target:
     """The memory to plan with.
 
     ``gpu``: a card from the built-in list (its whole memory). Otherwise the
@@ -76,6 +80,7 @@ def detect_target(free_gb: Optional[float] = None, gpu: Optional[str] = None, re
         label = f"this GPU ({g.name})"
     elif device is not None and device.startswith("cuda"):
         import torch
+
         free, _total = torch.cuda.mem_get_info()
         g = None
         avail, bf16, label = int(free), torch.cuda.is_bf16_supported(), f"this GPU ({torch.cuda.get_device_name()})"
@@ -87,9 +92,8 @@ def detect_target(free_gb: Optional[float] = None, gpu: Optional[str] = None, re
         avail = int(free_gb * GB)
     else:
         avail += reclaimable_bytes
-    name = g.name if g is not None else label[len("this GPU ("):-1]
-    return Target("cuda", avail, label, "cuda:" + name, True if bf16 is None else bool(bf16), None,
-                  "this GPU has free")
+    name = g.name if g is not None else label[len("this GPU (") : -1]
+    return Target("cuda", avail, label, "cuda:" + name, True if bf16 is None else bool(bf16), None, "this GPU has free")
 
 
 def gb(n: float) -> str:
@@ -129,15 +133,30 @@ class Suggestion:
 class Planner:
     """Estimates for one model on one target, with the fit rule applied."""
 
-    def __init__(self, shape: ModelShape, target: Target, batch: int = 1, draft: Optional[ModelShape] = None,
-                 draft_spec: Optional[PrecisionSpec] = None, correction_bytes: int = 0):
+    def __init__(
+        self,
+        shape: ModelShape,
+        target: Target,
+        batch: int = 1,
+        draft: Optional[ModelShape] = None,
+        draft_spec: Optional[PrecisionSpec] = None,
+        correction_bytes: int = 0,
+    ):
         self.shape, self.target, self.batch = shape, target, batch
         self.draft, self.draft_spec, self.correction = draft, draft_spec, correction_bytes
 
     def estimate(self, spec: PrecisionSpec, context: int, with_draft: bool = True) -> Estimate:
-        return estimate(self.shape, spec, context, self.batch, self.target.device,
-                        draft=self.draft if with_draft else None, draft_spec=self.draft_spec,
-                        correction_bytes=self.correction, available_bytes=self.target.available_bytes)
+        return estimate(
+            self.shape,
+            spec,
+            context,
+            self.batch,
+            self.target.device,
+            draft=self.draft if with_draft else None,
+            draft_spec=self.draft_spec,
+            correction_bytes=self.correction,
+            available_bytes=self.target.available_bytes,
+        )
 
     def fits(self, spec: PrecisionSpec, context: int, with_draft: bool = True) -> bool:
         return bool(self.estimate(spec, context, with_draft).fits)
@@ -167,7 +186,7 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
     if precision and precision not in ("all", "auto"):
         name = parse_precision(precision).name
         name = {"bf16": half, "fp16": half, "fp32": half, "fp4": "nf4"}.get(name, name)
-        ladder = ladder[ladder.index(name):] if name in ladder else ladder
+        ladder = ladder[ladder.index(name) :] if name in ladder else ladder
         if precision.split("+")[0] not in ladder:
             ladder = [precision] + ladder
     specs = [parse_precision(p) for p in ladder]
@@ -178,8 +197,10 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
         gap = e.total_bytes - t.available_bytes
         if gap > 0:
             return f"{p} would need {gb(e.total_bytes)}, {gb(gap)} more than {t.what}"
-        return (f"{p} would need {gb(e.total_bytes)} of the {gb(t.available_bytes)} available, too close to be "
-                f"safe (the estimate may be off by {gb(e.margin_bytes)})")
+        return (
+            f"{p} would need {gb(e.total_bytes)} of the {gb(t.available_bytes)} available, too close to be "
+            f"safe (the estimate may be off by {gb(e.margin_bytes)})"
+        )
 
     est = [planner.estimate(s, context) for s in specs]
     fitting = [i for i, e in enumerate(est) if e.fits]
@@ -192,11 +213,21 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
             text += f" (and would fit up to {max_ctx} tokens)"
         above = [short(est[j], ladder[j]) for j in range(i)]
         text += ("; " + "; ".join(above) if above else "") + "."
-        options = [Option(ladder[j], context, has_draft, est[j].total_bytes, t.available_bytes - est[j].total_bytes,
-                          None, f"{ladder[j]} also fits, with {gb(t.available_bytes - est[j].total_bytes)} to spare.")
-                   for j in fitting[1:]]
-        return Suggestion(text, best, context, has_draft, "precision" if i > 0 and precision else None,
-                          max_ctx, options)
+        options = [
+            Option(
+                ladder[j],
+                context,
+                has_draft,
+                est[j].total_bytes,
+                t.available_bytes - est[j].total_bytes,
+                None,
+                f"{ladder[j]} also fits, with {gb(t.available_bytes - est[j].total_bytes)} to spare.",
+            )
+            for j in fitting[1:]
+        ]
+        return Suggestion(
+            text, best, context, has_draft, "precision" if i > 0 and precision else None, max_ctx, options
+        )
 
     # Nothing fits as asked: list each single change that would make it fit.
     options: list[Option] = []
@@ -205,36 +236,68 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
         for p, s in zip(ladder, specs):
             e = planner.estimate(s, context, with_draft=False)
             if e.fits:
-                options.append(Option(p, context, False, e.total_bytes, t.available_bytes - e.total_bytes, "draft",
-                                       f"Without the draft model, {p} fits at {context} tokens with "
-                                       f"{gb(t.available_bytes - e.total_bytes)} to spare."))
+                options.append(
+                    Option(
+                        p,
+                        context,
+                        False,
+                        e.total_bytes,
+                        t.available_bytes - e.total_bytes,
+                        "draft",
+                        f"Without the draft model, {p} fits at {context} tokens with "
+                        f"{gb(t.available_bytes - e.total_bytes)} to spare.",
+                    )
+                )
                 break
     for p, s in zip(ladder, specs):
         ctx = planner.longest_context(s)
         if ctx >= min(context, MIN_CONTEXT):
             e = planner.estimate(s, ctx)
-            options.append(Option(p, ctx, has_draft, e.total_bytes, t.available_bytes - e.total_bytes, "context",
-                                   f"With a context of {ctx} tokens instead of {context}, {p}{draft_words} fits."))
+            options.append(
+                Option(
+                    p,
+                    ctx,
+                    has_draft,
+                    e.total_bytes,
+                    t.available_bytes - e.total_bytes,
+                    "context",
+                    f"With a context of {ctx} tokens instead of {context}, {p}{draft_words} fits.",
+                )
+            )
             break
     e_low = est[-1]
     if options:
         first = options[0]
-        text = (f"Nothing fits at {context} tokens{draft_words}: even {ladder[-1]} needs {gb(e_low.total_bytes)} "
-                f"and only {gb(t.available_bytes)} is available ({t.label}). {first.text}")
-        return Suggestion(text, first.precision, first.context, first.draft, first.change,
-                          planner.longest_context(parse_precision(first.precision), first.draft), options[1:])
+        text = (
+            f"Nothing fits at {context} tokens{draft_words}: even {ladder[-1]} needs {gb(e_low.total_bytes)} "
+            f"and only {gb(t.available_bytes)} is available ({t.label}). {first.text}"
+        )
+        return Suggestion(
+            text,
+            first.precision,
+            first.context,
+            first.draft,
+            first.change,
+            planner.longest_context(parse_precision(first.precision), first.draft),
+            options[1:],
+        )
     small = min(context, MIN_CONTEXT)
     e_small = planner.estimate(lowest, small)
-    text = (f"Nothing fits: even {ladder[-1]} at {small} tokens needs about {gb(e_small.total_bytes)} plus a "
-            f"{gb(e_small.margin_bytes)} safety margin, and only {gb(t.available_bytes)} is available "
-            f"({t.label}).")
+    text = (
+        f"Nothing fits: even {ladder[-1]} at {small} tokens needs about {gb(e_small.total_bytes)} plus a "
+        f"{gb(e_small.margin_bytes)} safety margin, and only {gb(t.available_bytes)} is available "
+        f"({t.label})."
+    )
     # The card to name: the smallest in the list on which the lowest precision fits at the asked context.
-    on_gpu = estimate(planner.shape, lowest, context, planner.batch, "cuda", draft=planner.draft,
-                      draft_spec=planner.draft_spec)
+    on_gpu = estimate(
+        planner.shape, lowest, context, planner.batch, "cuda", draft=planner.draft, draft_spec=planner.draft_spec
+    )
     card = gpu_for_memory(on_gpu.total_bytes + on_gpu.margin_bytes)
     if card is not None:
-        text += (f" A GPU with {card.memory_gb_label} or more, such as an {card.name}, would run it at "
-                 f"{ladder[-1]} with {context} tokens.")
+        text += (
+            f" A GPU with {card.memory_gb_label} or more, such as an {card.name}, would run it at "
+            f"{ladder[-1]} with {context} tokens."
+        )
     else:
         text += " No consumer GPU in the built-in list has enough memory; choose a smaller model."
     return Suggestion(text, None, None, has_draft, "hardware", None, [])

@@ -3,6 +3,7 @@
 A background sampler records the peak RSS during an operation, because the
 kernel's lifetime peak (ru_maxrss) cannot be reset between generations.
 """
+
 from __future__ import annotations
 
 import threading
@@ -37,9 +38,11 @@ def snapshot(device: str = "cpu") -> MemorySnapshot:
     snap = MemorySnapshot(device, process_rss(), int(vm.total - vm.available), int(vm.total))
     if device.startswith("cuda"):
         import torch
+
         snap.cuda_allocated_bytes = int(torch.cuda.memory_allocated())
         snap.cuda_reserved_bytes = int(torch.cuda.memory_reserved())
         from redline.inference.hardware.probe import _nvml_gpus
+
         idx = torch.cuda.current_device()
         gpus = _nvml_gpus()
         if idx < len(gpus):
@@ -78,6 +81,7 @@ class PeakMemory:
         self.start_rss = self.peak_rss = process_rss()
         if self.device.startswith("cuda"):
             import torch
+
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         self._thread = threading.Thread(target=self._run, daemon=True, name="redline-rss-sampler")
@@ -91,6 +95,7 @@ class PeakMemory:
         self.peak_rss = max(self.peak_rss, process_rss())
         if self.device.startswith("cuda"):
             import torch
+
             torch.cuda.synchronize()
             self.peak_allocated = int(torch.cuda.max_memory_allocated())
             self.peak_reserved = int(torch.cuda.max_memory_reserved())
@@ -101,4 +106,3 @@ class PeakMemory:
         if self.peak_reserved is not None:
             return self.peak_reserved
         return self.peak_rss
-

@@ -5,6 +5,7 @@
 - a ``.gguf`` file: its metadata, turned into a config by transformers;
 - ``starter``: its folder once fetched, else the config embedded below.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,26 @@ STARTER_SHAPE_FILE = Path(__file__).with_name("starter_shape.json")
 # SmolLM2-135M-Instruct's config.json, so the starter can be estimated before its first fetch.
 # The converted starter folder holds float32 safetensors (de-quantised from the GGUF).
 STARTER_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
-    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "head_dim": 64, "hidden_act": "silu",
-    "hidden_size": 576, "intermediate_size": 1536, "max_position_embeddings": 8192, "mlp_bias": False,
-    "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3, "rms_norm_eps": 1e-05,
-    "rope_theta": 100000.0, "tie_word_embeddings": True, "vocab_size": 49152, "dtype": "float32",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "mlp_bias": False,
+    "num_attention_heads": 9,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+    "vocab_size": 49152,
+    "dtype": "float32",
 }
 
 # Each group: the field the estimate needs, and the other names architectures use for it.
@@ -46,8 +62,10 @@ def check_fields(data: dict, path: str) -> None:
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
     for names in REQUIRED_FIELDS:
         if not any(text.get(n) is not None or data.get(n) is not None for n in names):
-            raise ModelLoadError(f"{path} has no {names[0]!r} field, so the memory cannot be estimated.",
-                                 "Restore the file from the model's original download.")
+            raise ModelLoadError(
+                f"{path} has no {names[0]!r} field, so the memory cannot be estimated.",
+                "Restore the file from the model's original download.",
+            )
 
 
 def _folder_shape(folder: Path, name: str, checkpoint_bytes: Optional[int]) -> ModelShape:
@@ -59,6 +77,7 @@ def _folder_shape(folder: Path, name: str, checkpoint_bytes: Optional[int]) -> M
 
     def build() -> ModelShape:
         from redline.inference.loading.loader import load_config
+
         return shape_from_config(load_config(folder), name=name, source=path)
 
     shape = cached_shape(data, build, shape_cache_file())
@@ -95,13 +114,17 @@ def _hub_config_folder(repo_id: str) -> Path:
     except Exception:
         pass
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ModelSourceError(f"The config of {repo_id} is not in the local Hugging Face cache and "
-                               "HF_HUB_OFFLINE is set.", "Unset HF_HUB_OFFLINE, or pass a local folder.")
+        raise ModelSourceError(
+            f"The config of {repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.",
+            "Unset HF_HUB_OFFLINE, or pass a local folder.",
+        )
     try:
         return Path(hf_hub_download(repo_id, "config.json", etag_timeout=5)).parent
     except Exception as exc:
-        raise ModelSourceError(f"Could not fetch the config of {repo_id} ({type(exc).__name__}: {exc}).",
-                               "Check the id and your connection, or pass a local model folder.") from exc
+        raise ModelSourceError(
+            f"Could not fetch the config of {repo_id} ({type(exc).__name__}: {exc}).",
+            "Check the id and your connection, or pass a local model folder.",
+        ) from exc
 
 
 def _gguf_shape(source: ModelSource) -> ModelShape:
@@ -111,11 +134,14 @@ def _gguf_shape(source: ModelSource) -> ModelShape:
 
     def build() -> ModelShape:
         from transformers import AutoConfig
+
         try:
             cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         except Exception as exc:
-            raise ModelLoadError(f"Could not read the metadata of {path} ({type(exc).__name__}: {exc}).",
-                                 "The file may be truncated or of an architecture transformers cannot read.") from exc
+            raise ModelLoadError(
+                f"Could not read the metadata of {path} ({type(exc).__name__}: {exc}).",
+                "The file may be truncated or of an architecture transformers cannot read.",
+            ) from exc
         check_fields(cfg.to_dict(), str(path))
         return shape_from_config(cfg, name=source.name, source=str(path))
 

@@ -24,6 +24,7 @@ ends near where it started. Two things on CPU builds of torch keep memory that n
    Redline bounds both to ``KERNEL_CACHE_ENTRIES``, enough for every shape one decoding step uses (the
    projections at one token, a draft's and a verify step's), unless the user set the variables themselves.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -5,14 +5,15 @@ shape for the estimator from the config alone. It imports torch for a model it h
 before (the estimator builds the architecture on the meta device), so the GUI runs it on the
 engine thread.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.memory.model_shapes import read_shape
 from redline.inference.memory.estimator import ModelShape
+from redline.inference.memory.model_shapes import read_shape
 from redline.inference.sources.resolve import resolve
 
 STARTER_FETCH_BYTES = 100_000_000  # the starter's download the first time (README: about 100 MB)
@@ -30,27 +31,38 @@ class ModelDescription:
 
     def summary(self) -> str:
         s = self.shape
-        params = (f"{s.parameters / 1e9:.2f} B" if s.parameters >= 1e9 else f"{s.parameters / 1e6:.0f} M")
-        text = (f"{self.name}: {s.architecture}, {params} parameters, {s.layers} layers, {s.kv_heads} KV heads "
-                f"× {s.head_dim}, up to {s.max_positions:,} tokens of context.")
+        params = f"{s.parameters / 1e9:.2f} B" if s.parameters >= 1e9 else f"{s.parameters / 1e6:.0f} M"
+        text = (
+            f"{self.name}: {s.architecture}, {params} parameters, {s.layers} layers, {s.kv_heads} KV heads "
+            f"× {s.head_dim}, up to {s.max_positions:,} tokens of context."
+        )
         return text
 
     def availability(self) -> str:
         size = f"{self.size_bytes / 1e6:,.0f} MB on disk" if self.size_bytes else None
         if self.kind == "starter":
-            return (f"Fetched ({size}); available offline." if self.offline else
-                    f"Not fetched yet: about {STARTER_FETCH_BYTES // 1_000_000} MB to download the first time, "
-                    "then offline.")
+            return (
+                f"Fetched ({size}); available offline."
+                if self.offline
+                else f"Not fetched yet: about {STARTER_FETCH_BYTES // 1_000_000} MB to download the first time, "
+                "then offline."
+            )
         if self.kind == "hub":
-            return (f"In the local Hugging Face cache ({size}); available offline." if self.offline else
-                    "Not in the local cache: loading downloads it (needs a network).")
+            return (
+                f"In the local Hugging Face cache ({size}); available offline."
+                if self.offline
+                else "Not in the local cache: loading downloads it (needs a network)."
+            )
         if self.kind == "gguf":
-            converted = " (already converted; loads in seconds)" if self.local_folder else \
-                " (converted once into the cache on first load)"
+            converted = (
+                " (already converted; loads in seconds)"
+                if self.local_folder
+                else " (converted once into the cache on first load)"
+            )
             return f"GGUF file, {size}{converted}; available offline."
         if self.size_bytes:
             return f"Local folder, {size} of weights; available offline."
-        return ("This folder holds no weight files (*.safetensors): it can be estimated but not loaded.")
+        return "This folder holds no weight files (*.safetensors): it can be estimated but not loaded."
 
     @property
     def loadable(self) -> bool:
@@ -78,5 +90,12 @@ def describe(spec: str) -> ModelDescription:
     elif folder is not None:
         size = _size(folder)
     offline = source.kind in ("folder", "gguf") or folder is not None
-    return ModelDescription(spec=spec.strip(), kind=source.kind, name=source.name, shape=shape,
-                            local_folder=str(folder) if folder else None, size_bytes=size, offline=offline)
+    return ModelDescription(
+        spec=spec.strip(),
+        kind=source.kind,
+        name=source.name,
+        shape=shape,
+        local_folder=str(folder) if folder else None,
+        size_bytes=size,
+        offline=offline,
+    )

@@ -5,6 +5,7 @@ every load takes tens of seconds. We convert once into safetensors and load the
 folder afterwards in about a second. The GGUF's quantised values are
 de-quantised to float32, so the folder holds exactly what the GGUF holds.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,9 @@ def cache_folder_for(gguf_path: Path) -> Path:
     return models_dir() / "gguf" / f"{gguf_path.stem}-{key}"
 
 
-def convert_gguf(gguf_path: Path, dest: Path, progress: ProgressFn = noop_progress,
-                 should_cancel: Optional[CancelFn] = None) -> Path:
+def convert_gguf(
+    gguf_path: Path, dest: Path, progress: ProgressFn = noop_progress, should_cancel: Optional[CancelFn] = None
+) -> Path:
     """Convert ``gguf_path`` into ``dest`` atomically (temp folder, then rename)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -51,12 +53,14 @@ def convert_gguf(gguf_path: Path, dest: Path, progress: ProgressFn = noop_progre
             check_cancel(should_cancel)
             with transformers_progress(progress, 0.05, 0.85, "Converting GGUF", should_cancel):
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+                    str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+                )
         except (ValueError, KeyError, OSError, RuntimeError) as exc:
             raise ModelLoadError(
                 f"Could not read GGUF file {gguf_path.name}: {exc}",
                 "The file may be truncated or use an architecture transformers cannot convert; "
-                "try the model's Hugging Face folder instead.") from exc
+                "try the model's Hugging Face folder instead.",
+            ) from exc
         check_cancel(should_cancel)
         progress(0.88, "Writing safetensors")
         # transformers marks a GGUF-loaded model as quantised and refuses to save

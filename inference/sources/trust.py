@@ -6,6 +6,7 @@ run code when unpickled. Redline refuses both unless the user opts in for that
 model; the fingerprint lets the app remember the opt-in and ask again when a
 file changes.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -2,6 +2,7 @@
 
 Usage: python render_icons.py OUT_DIR  → OUT_DIR/hicolor/NxN/apps/<app id>.png (+ scalable/apps/*.svg)
 """
+
 import os
 import shutil
 import sys

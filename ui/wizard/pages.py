@@ -5,6 +5,7 @@ model, probing the hardware, comparing a draft's tokenizer, loading) is an engin
 awaited in an ``asyncSlot``; a page is "complete" only once its answer is in. The estimates
 themselves are arithmetic on the model's shape, so the table recomputes live on the UI thread.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,17 +15,35 @@ from typing import Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout,
-                               QGridLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
-                               QRadioButton, QSlider, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
-                               QWizardPage)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QButtonGroup,
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGridLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QRadioButton,
+    QSlider,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+    QWizardPage,
+)
 from qasync import asyncSlot
 
-from redline.inference.memory.estimator import GB, MB
-from redline.inference.memory.fit import Planner, Target, detect_target, suggest
 from redline.inference.hardware.gpus import CONSUMER_GPUS
 from redline.inference.loading.precision import parse_precision
-
+from redline.inference.memory.estimator import GB, MB
+from redline.inference.memory.fit import Planner, Target, detect_target, suggest
 from redline.ui.engine_client import TaskFailed
 
 SHOWN_PRECISIONS = ("bf16", "fp16", "fp32", "int8", "nf4", "fp4", "q8", "q4")
@@ -40,8 +59,7 @@ TIPS = {
     "recent": "A model you loaded before.",
     "folder": "A folder holding a Hugging Face model: config.json, *.safetensors weights and the tokenizer.",
     "gguf": "A .gguf file from llama.cpp, LM Studio or Ollama; Redline converts it once and caches the result.",
-    "hub": "A Hugging Face hub id such as HuggingFaceTB/SmolLM2-360M-Instruct: the local cache first, else a "
-           "download.",
+    "hub": "A Hugging Face hub id such as HuggingFaceTB/SmolLM2-360M-Instruct: the local cache first, else a download.",
     "browse_folder": "Choose the folder that holds config.json.",
     "browse_gguf": "Choose a .gguf file.",
     "this_machine": "Plan with the memory free on this machine right now (other programs' use subtracted).",
@@ -49,31 +67,41 @@ TIPS = {
     "gpu_list": "Consumer GPUs with their memory; half precision is fp16 on cards without bf16.",
     "context": "How many tokens (roughly ¾ of a word each) the model sees at once; the KV cache grows with it.",
     "batch": "Replies generated at once; chat uses 1, and memory for the KV cache grows with each.",
-    "table": ("The predicted peak memory per precision: weights, the KV cache (what the model remembers of the "
-              "conversation), activations, runtime overhead and the load's temporary copies."),
+    "table": (
+        "The predicted peak memory per precision: weights, the KV cache (what the model remembers of the "
+        "conversation), activations, runtime overhead and the load's temporary copies."
+    ),
     "bf16": "bf16: 2 bytes per weight, the precision most models are trained in; the default where supported.",
     "fp16": "fp16: 2 bytes per weight; for GPUs without bf16 (slow on most CPUs).",
     "fp32": "fp32: 4 bytes per weight; exact, but twice the memory of bf16 for no gain in chat.",
     "int8": "int8 (bitsandbytes LLM.int8): 1 byte per weight, half of bf16; usually slower than bf16 at batch 1.",
-    "nf4": ("nf4 (bitsandbytes 4-bit NormalFloat): about half a byte per weight, a quarter of bf16, "
-            "at a small cost in quality."),
+    "nf4": (
+        "nf4 (bitsandbytes 4-bit NormalFloat): about half a byte per weight, a quarter of bf16, "
+        "at a small cost in quality."
+    ),
     "fp4": "fp4 (bitsandbytes 4-bit float): the memory of nf4 at lower quality; nf4 is the better 4-bit choice.",
     "q8": "q8: weights in int8 on torch's packed kernels, built for speed at batch 1.",
     "q4": "q4: weights in int4 on torch's packed kernels (groups of 32), a quarter of bf16's weight bytes.",
     "fix": "Apply the one change that makes the model fit.",
     "none": "Plain decoding with the KV cache: one token per step.",
-    "speculative": ("A small draft model proposes several tokens and the big model checks them all in one step; "
-                    "the reply is the same, often faster."),
-    "lookup": ("Prompt lookup: candidate tokens copied from text already in the conversation, checked like a "
-               "draft's; no second model, fast when the reply quotes the input."),
+    "speculative": (
+        "A small draft model proposes several tokens and the big model checks them all in one step; "
+        "the reply is the same, often faster."
+    ),
+    "lookup": (
+        "Prompt lookup: candidate tokens copied from text already in the conversation, checked like a "
+        "draft's; no second model, fast when the reply quotes the input."
+    ),
     "draft_picker": "The draft model: a much smaller model, ideally of the same family (same tokenizer).",
     "draft_precision": "The draft's precision; its weights and KV cache add to the memory total.",
     "draft_tokens": "Tokens the draft proposes per step: 5 is a good start; 4–6 is usually best.",
     "cancel": "Stop loading (Esc); nothing stays half-loaded.",
     "retry": "Try loading again.",
     "preset_name": "The preset's name, as listed under Model → Presets and in Settings.",
-    "save_preset": ("Save model, precision, context, strategy, draft and sampling as a preset, a small JSON file in "
-                    "Redline's config folder."),
+    "save_preset": (
+        "Save model, precision, context, strategy, draft and sampling as a preset, a small JSON file in "
+        "Redline's config folder."
+    ),
 }
 
 
@@ -114,9 +142,15 @@ class ModelPicker(QWidget):
         grid.setContentsMargins(0, 0, 0, 0)
         self.group = QButtonGroup(self)
         self.radios = {}
-        for row, (key, text) in enumerate((("starter", "Built-in &starter model (SmolLM2-135M-Instruct)"),
-                                           ("recent", "&Recent model:"), ("folder", "Local &folder:"),
-                                           ("gguf", "&GGUF file:"), ("hub", "&Hub id:"))):
+        for row, (key, text) in enumerate(
+            (
+                ("starter", "Built-in &starter model (SmolLM2-135M-Instruct)"),
+                ("recent", "&Recent model:"),
+                ("folder", "Local &folder:"),
+                ("gguf", "&GGUF file:"),
+                ("hub", "&Hub id:"),
+            )
+        ):
             radio = _tip(QRadioButton(text), key)
             self.group.addButton(radio, row)
             self.radios[key] = radio
@@ -173,8 +207,13 @@ class ModelPicker(QWidget):
 
     def spec(self) -> str:
         kind = self.kind()
-        return {"starter": "starter", "recent": self.recent.currentText(), "folder": self.folder.text(),
-                "gguf": self.gguf.text(), "hub": self.hub.text()}[kind].strip()
+        return {
+            "starter": "starter",
+            "recent": self.recent.currentText(),
+            "folder": self.folder.text(),
+            "gguf": self.gguf.text(),
+            "hub": self.hub.text(),
+        }[kind].strip()
 
     def set_spec(self, spec: Optional[str]) -> None:
         """Show ``spec`` under the choice it belongs to."""
@@ -290,8 +329,12 @@ class HardwarePage(QWizardPage):
         self.other = _tip(QRadioButton("Plan for &another GPU:"), "other_gpu")
         self.gpu_list = _tip(QComboBox(), "gpu_list")
         for g in CONSUMER_GPUS:
-            self.gpu_list.addItem(f"{g.name}  ({g.memory_bytes / GB:.1f} GB, {g.bandwidth_gb_s:.0f} GB/s"
-                                  + ("" if g.bf16 else ", fp16 only") + ")", g.name)
+            self.gpu_list.addItem(
+                f"{g.name}  ({g.memory_bytes / GB:.1f} GB, {g.bandwidth_gb_s:.0f} GB/s"
+                + ("" if g.bf16 else ", fp16 only")
+                + ")",
+                g.name,
+            )
         self.gpu_list.setCurrentIndex(self.gpu_list.findData("RTX 3060 12GB"))
         row.addWidget(self.other)
         row.addWidget(self.gpu_list, 1)
@@ -331,8 +374,9 @@ class HardwarePage(QWizardPage):
         if self.other.isChecked():
             name = self.gpu_list.currentData()
             where = "this machine's CPU" if m is None or m.device == "cpu" else "this machine's GPU"
-            self.note.setText(f"Estimates are for an {name} with nothing else on it. Loading in this wizard still "
-                              f"runs on {where}.")
+            self.note.setText(
+                f"Estimates are for an {name} with nothing else on it. Loading in this wizard still runs on {where}."
+            )
         else:
             self.note.setText("")
         self.completeChanged.emit()
@@ -371,11 +415,14 @@ def describe_machine(m) -> str:
     lines.append(f"CPU: {hw.cpu}, {hw.cpu_cores} threads")
     lines.append(f"Planning with {fmt_bytes(m.target.available_bytes)}: {m.target.label}.")
     if m.reclaimable_bytes:
-        lines.append(f"(That counts the {fmt_bytes(m.reclaimable_bytes)} the model loaded now gives back when it is "
-                     "replaced.)")
+        lines.append(
+            f"(That counts the {fmt_bytes(m.reclaimable_bytes)} the model loaded now gives back when it is replaced.)"
+        )
     if m.correction_bytes:
-        lines.append(f"Estimates include a correction of {fmt_bytes(m.correction_bytes)} learned from loads measured "
-                     "on this machine.")
+        lines.append(
+            f"Estimates include a correction of {fmt_bytes(m.correction_bytes)} learned from loads measured "
+            "on this machine."
+        )
     return "\n".join(lines)
 
 
@@ -388,8 +435,10 @@ class ConfigPage(QWizardPage):
         super().__init__()
         self.wiz = wizard
         self.setTitle("Configuration")
-        self.setSubTitle("Memory each precision needs, predicted from the model's config. The suggested row is "
-                         "selected; pick another if you prefer.")
+        self.setSubTitle(
+            "Memory each precision needs, predicted from the model's config. The suggested row is "
+            "selected; pick another if you prefer."
+        )
         v = QVBoxLayout(self)
         self.header = _wrap_label(name="configHeader")
         v.addWidget(self.header)
@@ -466,16 +515,19 @@ class ConfigPage(QWizardPage):
         self._user_row = None
         start = self.wiz.context or min(top, DEFAULT_CONTEXT_CAP)
         t = self.wiz.target
-        self.header.setText(f"{self.wiz.model.name} on {t.label}: {fmt_bytes(t.available_bytes)} available. "
-                            "'Fits' keeps a safety margin of 10 % or 300 MB, whichever is larger.")
+        self.header.setText(
+            f"{self.wiz.model.name} on {t.label}: {fmt_bytes(t.available_bytes)} available. "
+            "'Fits' keeps a safety margin of 10 % or 300 MB, whichever is larger."
+        )
         if self.context.value() == start:
             self.refresh()
         else:
             self.context.setValue(start)
 
     def planner(self, draft=None, draft_spec=None) -> Planner:
-        return Planner(self.wiz.model.shape, self.wiz.target, self.batch.value(), draft, draft_spec,
-                       self.wiz.correction)
+        return Planner(
+            self.wiz.model.shape, self.wiz.target, self.batch.value(), draft, draft_spec, self.wiz.correction
+        )
 
     def refresh(self) -> None:
         if self.wiz.model is None or self.wiz.target is None:
@@ -487,9 +539,16 @@ class ConfigPage(QWizardPage):
         self._filling = True
         self.table.setRowCount(len(self.estimates))
         for row, e in enumerate(self.estimates):
-            cells = (e.precision, fmt_bytes(e.weights_bytes), fmt_bytes(e.kv_cache_bytes),
-                     fmt_bytes(e.activation_bytes), fmt_bytes(e.overhead_bytes), fmt_bytes(e.loading_bytes),
-                     fmt_bytes(e.total_bytes), fit_text(e))
+            cells = (
+                e.precision,
+                fmt_bytes(e.weights_bytes),
+                fmt_bytes(e.kv_cache_bytes),
+                fmt_bytes(e.activation_bytes),
+                fmt_bytes(e.overhead_bytes),
+                fmt_bytes(e.loading_bytes),
+                fmt_bytes(e.total_bytes),
+                fit_text(e),
+            )
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment((Qt.AlignLeft if col == 0 else Qt.AlignRight) | Qt.AlignVCenter)
@@ -550,11 +609,17 @@ class ConfigPage(QWizardPage):
         else:
             e = self.estimates[row]
             if e.fits:
-                _colored(self.choice, f"Next: {e.precision} at {e.context} tokens, predicted {fmt_bytes(e.total_bytes)}.")
+                _colored(
+                    self.choice, f"Next: {e.precision} at {e.context} tokens, predicted {fmt_bytes(e.total_bytes)}."
+                )
             else:
-                _colored(self.choice, f"{e.precision} does not fit: {fmt_bytes(e.total_bytes)} predicted, "
-                                      f"{fmt_bytes(e.available_bytes)} available. You can still try; loading may run "
-                                      "out of memory.", CLOSE)
+                _colored(
+                    self.choice,
+                    f"{e.precision} does not fit: {fmt_bytes(e.total_bytes)} predicted, "
+                    f"{fmt_bytes(e.available_bytes)} available. You can still try; loading may run "
+                    "out of memory.",
+                    CLOSE,
+                )
         self.completeChanged.emit()
 
     def isComplete(self):  # noqa: N802
@@ -608,8 +673,12 @@ class DraftPage(QWizardPage, _CheckedPicker):
         self.tokens.setValue(5)
         form.addRow("Draft &tokens per step:", self.tokens)
         dv.addLayout(form)
-        dv.addWidget(_wrap_label("Start with 5. If most drafted tokens are accepted (the chat shows the rate), try 6–8; "
-                                 "if few are, try 3–4 — a rejected token costs a draft step for nothing."))
+        dv.addWidget(
+            _wrap_label(
+                "Start with 5. If most drafted tokens are accepted (the chat shows the rate), try 6–8; "
+                "if few are, try 3–4 — a rejected token costs a draft step for nothing."
+            )
+        )
         self.status = _wrap_label(name="draftStatus")
         self.memory = _wrap_label(name="draftMemory")
         dv.addWidget(self.status)
@@ -639,8 +708,11 @@ class DraftPage(QWizardPage, _CheckedPicker):
             return "speculative"
         if self.lookup.isChecked():
             return "prompt-lookup"
-        return "kv" if self.wiz.host.settings.strategy in ("speculative", "prompt-lookup") else \
-            self.wiz.host.settings.strategy
+        return (
+            "kv"
+            if self.wiz.host.settings.strategy in ("speculative", "prompt-lookup")
+            else self.wiz.host.settings.strategy
+        )
 
     def initializePage(self):  # noqa: N802
         self.draft_precision.setCurrentText(self.wiz.precision or "bf16")
@@ -679,8 +751,11 @@ class DraftPage(QWizardPage, _CheckedPicker):
         if pair.mode == "unknown":
             _colored(self.status, pair.reason, CLOSE)
         else:
-            verb = "Compatible (shared vocabulary)" if pair.mode == "shared" else \
-                "Compatible through universal assisted decoding"
+            verb = (
+                "Compatible (shared vocabulary)"
+                if pair.mode == "shared"
+                else "Compatible through universal assisted decoding"
+            )
             _colored(self.status, f"✓ {verb}: {pair.reason}", OK)
         self._show_memory()
         self.completeChanged.emit()
@@ -688,13 +763,23 @@ class DraftPage(QWizardPage, _CheckedPicker):
     def _show_memory(self) -> None:
         if self.draft_desc is None or self.wiz.target is None or not self.wiz.precision:
             return
-        planner = Planner(self.wiz.model.shape, self.wiz.target, self.wiz.batch, self.draft_desc.shape,
-                          parse_precision(self.draft_precision.currentText()), self.wiz.correction)
+        planner = Planner(
+            self.wiz.model.shape,
+            self.wiz.target,
+            self.wiz.batch,
+            self.draft_desc.shape,
+            parse_precision(self.draft_precision.currentText()),
+            self.wiz.correction,
+        )
         e = planner.estimate(parse_precision(self.wiz.precision), self.wiz.context)
         verdict = "fits" if e.fits else "does not fit"
-        _colored(self.memory, f"With the draft: {fmt_bytes(e.total_bytes)} predicted ({fmt_bytes(e.draft_bytes)} of it "
-                              f"the draft's weights and KV cache) of {fmt_bytes(e.available_bytes)} available at "
-                              f"{self.wiz.context} tokens — {verdict}.", OK if e.fits else BAD)
+        _colored(
+            self.memory,
+            f"With the draft: {fmt_bytes(e.total_bytes)} predicted ({fmt_bytes(e.draft_bytes)} of it "
+            f"the draft's weights and KV cache) of {fmt_bytes(e.available_bytes)} available at "
+            f"{self.wiz.context} tokens — {verdict}.",
+            OK if e.fits else BAD,
+        )
 
     def isComplete(self):  # noqa: N802
         if not self.speculative.isChecked():
@@ -705,8 +790,9 @@ class DraftPage(QWizardPage, _CheckedPicker):
         self.wiz.strategy = self.strategy()
         spec = self.speculative.isChecked()
         self.wiz.draft_model = self.draft_desc.spec if spec else self.wiz.host.settings.draft_model
-        self.wiz.draft_precision = self.draft_precision.currentText() if spec else \
-            self.wiz.host.settings.draft_precision
+        self.wiz.draft_precision = (
+            self.draft_precision.currentText() if spec else self.wiz.host.settings.draft_precision
+        )
         self.wiz.num_draft_tokens = self.tokens.value()
         return True
 
@@ -717,8 +803,9 @@ class LoadPage(QWizardPage):
         super().__init__()
         self.wiz = wizard
         self.setTitle("Load")
-        self.setSubTitle("Loading with this configuration. Afterwards: the memory predicted beside the memory "
-                         "measured.")
+        self.setSubTitle(
+            "Loading with this configuration. Afterwards: the memory predicted beside the memory measured."
+        )
         v = QVBoxLayout(self)
         self.summary = _wrap_label(name="loadSummary")
         v.addWidget(self.summary)
@@ -741,11 +828,18 @@ class LoadPage(QWizardPage):
         self.predicted = QLabel()
         self.measured = QLabel()
         self.error = QLabel()
-        for col, (title, label, tip) in enumerate((
+        for col, (title, label, tip) in enumerate(
+            (
                 ("Predicted", self.predicted, "The estimator's figure for this load, made before any weight was read."),
-                ("Measured", self.measured, "The peak memory the load really took: this process's peak RSS on a CPU, "
-                                            "peak GPU memory (torch reserved plus the CUDA context) on a GPU."),
-                ("Error", self.error, "(predicted − measured) ÷ measured; the target is within 10 % or 300 MB."))):
+                (
+                    "Measured",
+                    self.measured,
+                    "The peak memory the load really took: this process's peak RSS on a CPU, "
+                    "peak GPU memory (torch reserved plus the CUDA context) on a GPU.",
+                ),
+                ("Error", self.error, "(predicted − measured) ÷ measured; the target is within 10 % or 300 MB."),
+            )
+        ):
             head = QLabel(title)
             head.setObjectName("panelTitle")
             head.setToolTip(tip)
@@ -769,9 +863,12 @@ class LoadPage(QWizardPage):
 
     def initializePage(self):  # noqa: N802
         w = self.wiz
-        strategy = {"kv": "KV cache", "speculative": f"speculative with draft {w.draft_model} ({w.draft_precision}, "
-                                                      f"{w.num_draft_tokens} tokens per step)",
-                    "prompt-lookup": "prompt lookup"}.get(w.strategy, w.strategy)
+        strategy = {
+            "kv": "KV cache",
+            "speculative": f"speculative with draft {w.draft_model} ({w.draft_precision}, "
+            f"{w.num_draft_tokens} tokens per step)",
+            "prompt-lookup": "prompt lookup",
+        }.get(w.strategy, w.strategy)
         self.summary.setText(f"{w.model.name} · {w.precision} · {w.context} tokens of context · {strategy}")
         self.start()
 
@@ -828,17 +925,22 @@ class LoadPage(QWizardPage):
             self.error.setText(f"{err:+.1f} %")
             within = abs(info.predicted_bytes - info.measured_bytes) <= max(0.10 * info.measured_bytes, 300 * MB)
             self.error.setStyleSheet(f"font-size: 18px; font-weight: bold; color: {OK if within else BAD};")
-            notes.append("Within the estimator's target (10 % or 300 MB)." if within else
-                         "Outside the estimator's target (10 % or 300 MB); after a few replies Redline learns a "
-                         "correction for this machine.")
+            notes.append(
+                "Within the estimator's target (10 % or 300 MB)."
+                if within
+                else "Outside the estimator's target (10 % or 300 MB); after a few replies Redline learns a "
+                "correction for this machine."
+            )
         else:
             self.error.setText("unknown")
         planned = self.wiz.planned_total()
         if planned is not None:
-            notes.append(f"The configuration page predicted {fmt_bytes(planned)} for a full context of "
-                         f"{self.wiz.context} tokens; this load has not used its KV cache yet, so the figures above "
-                         "are for the load with a one-token context. The chat compares prediction and measurement "
-                         "again after every reply.")
+            notes.append(
+                f"The configuration page predicted {fmt_bytes(planned)} for a full context of "
+                f"{self.wiz.context} tokens; this load has not used its KV cache yet, so the figures above "
+                "are for the load with a one-token context. The chat compares prediction and measurement "
+                "again after every reply."
+            )
         if info.device == "cpu":
             notes.append("On a CPU the measurement is the whole process's resident memory, the window included.")
         self.note.setText(" ".join(notes))
@@ -886,16 +988,26 @@ class PresetPage(QWizardPage):
     def initializePage(self):  # noqa: N802
         w = self.wiz
         extra = {"speculative": " · speculative", "prompt-lookup": " · prompt lookup"}.get(w.strategy, "")
-        self.name.setText(f"{w.model.name} · {w.precision} · {w.context // 1024 or w.context}"
-                          f"{'k' if w.context >= 1024 else ''}{extra}")
+        self.name.setText(
+            f"{w.model.name} · {w.precision} · {w.context // 1024 or w.context}"
+            f"{'k' if w.context >= 1024 else ''}{extra}"
+        )
         s = w.host.settings
-        sampling = ", ".join(f"{k.replace('_', ' ')} {getattr(s, k)}" for k in
-                             ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
-                             if getattr(s, k) is not None) or "the model's own sampling defaults"
-        self.contents.setText(f"The preset keeps: {s.model} · {s.precision} · {s.context_length} tokens · "
-                              f"{s.strategy}" + (f" · draft {s.draft_model}" if s.strategy == "speculative" else "")
-                              + f" · max {s.max_new_tokens} new tokens · {sampling}. Presets are listed under "
-                              "Model → Presets and in Settings, where they can be renamed and deleted.")
+        sampling = (
+            ", ".join(
+                f"{k.replace('_', ' ')} {getattr(s, k)}"
+                for k in ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
+                if getattr(s, k) is not None
+            )
+            or "the model's own sampling defaults"
+        )
+        self.contents.setText(
+            f"The preset keeps: {s.model} · {s.precision} · {s.context_length} tokens · "
+            f"{s.strategy}"
+            + (f" · draft {s.draft_model}" if s.strategy == "speculative" else "")
+            + f" · max {s.max_new_tokens} new tokens · {sampling}. Presets are listed under "
+            "Model → Presets and in Settings, where they can be renamed and deleted."
+        )
         self._update_note()
 
     def _update_note(self) -> None:

@@ -9,6 +9,7 @@ engine only through the window's ``EngineClient``. Its host (the main window) pr
 ``settings``, ``settings_values()``, ``configure(values) -> awaitable ModelInfo | None``,
 ``last_load_error``, ``cancel_load()`` and the ``load_progress(float, str)`` signal.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,6 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QWizard
 
 from redline.inference.loading.precision import parse_precision
-
 from redline.ui.engine_client import EngineClient, describe_task, hardware_task, pair_task
 from redline.ui.protocols import PresetStoreLike
 from redline.ui.wizard.pages import ConfigPage, DraftPage, HardwarePage, LoadPage, ModelPage, PresetPage
@@ -58,8 +58,9 @@ class ConfigWizard(QWizard):
         self.draft_page = DraftPage(self)
         self.load_page = LoadPage(self)
         self.preset_page = PresetPage(self)
-        for pid, page in enumerate((self.model_page, self.hardware_page, self.config_page, self.draft_page,
-                                    self.load_page, self.preset_page)):
+        for pid, page in enumerate(
+            (self.model_page, self.hardware_page, self.config_page, self.draft_page, self.load_page, self.preset_page)
+        ):
             self.setPage(pid, page)
         self.setButtonText(QWizard.FinishButton, "&Finish")
 
@@ -81,9 +82,15 @@ class ConfigWizard(QWizard):
     def settings_values(self) -> dict:
         """The window's settings with what the wizard chose."""
         values = dataclasses.asdict(self.host.settings)
-        values.update(model=self.model.spec, precision=self.precision, context_length=self.context,
-                      strategy=self.strategy, draft_model=self.draft_model, draft_precision=self.draft_precision,
-                      num_draft_tokens=self.num_draft_tokens)
+        values.update(
+            model=self.model.spec,
+            precision=self.precision,
+            context_length=self.context,
+            strategy=self.strategy,
+            draft_model=self.draft_model,
+            draft_precision=self.draft_precision,
+            num_draft_tokens=self.num_draft_tokens,
+        )
         return values
 
     def planned_total(self) -> Optional[int]:
@@ -91,10 +98,20 @@ class ConfigWizard(QWizard):
         if self.model is None or self.target is None or not self.precision:
             return None
         from redline.inference.memory.fit import Planner
-        draft = self.draft_page.draft_desc.shape if (self.strategy == "speculative"
-                                                     and self.draft_page.draft_desc) else None
-        planner = Planner(self.model.shape, self.target, self.batch, draft,
-                          parse_precision(self.draft_precision) if draft else None, self.correction)
+
+        draft = (
+            self.draft_page.draft_desc.shape
+            if (self.strategy == "speculative" and self.draft_page.draft_desc)
+            else None
+        )
+        planner = Planner(
+            self.model.shape,
+            self.target,
+            self.batch,
+            draft,
+            parse_precision(self.draft_precision) if draft else None,
+            self.correction,
+        )
         return planner.estimate(parse_precision(self.precision), self.context).total_bytes
 
     async def load(self):
