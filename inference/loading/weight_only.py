@@ -69,6 +69,19 @@ class PackedLinear(nn.Module):
             self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * self.scales.element_size()
         )
 
+    @classmethod
+    def from_blocks(
+        cls, blocks, bias: torch.Tensor | None, compute_dtype: torch.dtype, device: torch.device | str | None = None
+    ) -> "PackedLinear":
+        """A layer from block-quantised weights (``block_quant.BlockWeights``: GGUF's Q8_0/Q4_0/Q4_1 layout)."""
+        from redline.inference.loading.block_quant import dequantize
+
+        linear = nn.Linear(blocks.in_features, blocks.out_features, bias=bias is not None, device="meta")
+        linear.weight = nn.Parameter(dequantize(blocks), requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias.detach().to(torch.float32), requires_grad=False)
+        return cls(linear, blocks.bits, compute_dtype, device=device)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
