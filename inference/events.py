@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "error")
 
@@ -68,3 +68,4 @@ class FinishedEvent:
 
 
 Event = Union[TokenEvent, StatsEvent, FinishedEvent]
+EventFn = Callable[[Event], None]

@@ -7,7 +7,8 @@ import io
 import json
 from typing import Callable, Optional
 
-from redline.inference.bench.runner import BenchReport, ConfigResult, SweepRow
+from redline.inference.bench.results import BenchReport, ConfigResult, SweepRow
+from redline.inference.units import MB, format_bytes
 
 
 # (header, field, formatter) — one list drives the CLI table, the Markdown and the panel's columns.
@@ -19,8 +20,8 @@ def _rate(v):
     return "" if v is None else f"{v:.1f}"
 
 
-def _mib(v):
-    return "" if v is None else f"{v / 2**20:.0f}"
+def _mb(v):
+    return "" if v is None else f"{v / MB:.0f}"
 
 
 def _pct(v):
@@ -58,7 +59,7 @@ COLUMNS: list[tuple[str, Callable[[ConfigResult], str]]] = [
     ("tok/s range", _spread),
     ("total s", lambda r: "" if r.total_s is None else f"{r.total_s:.2f}"),
     ("load s", lambda r: "" if r.load_s is None else f"{r.load_s:.1f}" + (" (reused)" if r.reused_model else "")),
-    ("peak MiB", lambda r: _mib(r.peak_memory_bytes)),
+    ("peak MB", lambda r: _mb(r.peak_memory_bytes)),
     ("accept", lambda r: _pct(r.acceptance_rate)),
     ("acc. len", lambda r: "" if r.mean_accepted_length is None else f"{r.mean_accepted_length:.2f}"),
     ("MB/token", lambda r: "" if r.bytes_per_token is None else f"{r.bytes_per_token / 1e6:.0f}"),
@@ -75,7 +76,7 @@ SWEEP_COLUMNS: list[tuple[str, Callable[[SweepRow], str]]] = [
     ("latency p95 ms", lambda s: _ms(s.latency_ms_p95)),
     ("TTFT p50 ms", lambda s: _ms(s.ttft_ms_p50)),
     ("throughput tok/s", lambda s: _rate(s.throughput_tokens_per_s)),
-    ("peak MiB", lambda s: _mib(s.peak_memory_bytes)),
+    ("peak MB", lambda s: _mb(s.peak_memory_bytes)),
     ("status", lambda s: s.status if not s.error else f"{s.status}: {s.error}"),
 ]
 
@@ -199,7 +200,7 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> str:
 def machine_summary(machine: dict) -> str:
     gpus = (
         ", ".join(
-            f"{g['name']} ({g['total_bytes'] / 2**30:.0f} GiB)" if g.get("total_bytes") else g["name"]
+            f"{g['name']} ({format_bytes(g['total_bytes'])})" if g.get("total_bytes") else g["name"]
             for g in machine.get("gpus", [])
         )
         or "none"
@@ -208,7 +209,7 @@ def machine_summary(machine: dict) -> str:
     ram = machine.get("ram_total_bytes")
     return (
         f"CPU: {machine.get('cpu')} ({machine.get('cpu_cores')} logical cores, torch uses "
-        f"{machine.get('torch_threads')} threads); RAM: {ram / 2**30:.0f} GiB; GPU: {gpus}; "
+        f"{machine.get('torch_threads')} threads); RAM: {format_bytes(ram)}; GPU: {gpus}; "
         f"device: {machine.get('device')}. torch {v.get('torch')}, transformers {v.get('transformers')}, "
         f"bitsandbytes {v.get('bitsandbytes')}; Python {machine.get('python')}; {machine.get('os')}."
         if ram

@@ -4,7 +4,7 @@ Qt-free; the GUI panel and ``redline bench`` both call ``run_bench``. Every
 generation goes through ``inference.decoding.generate.generate`` — the function chat uses —
 so what the lab measures is what the chat runs.
 
-Fairness (seed §5.1): the same prompts, lengths, seed and greedy decoding for
+Fairness (the textbook protocol): the same prompts, lengths, seed and greedy decoding for
 every configuration; warm-up runs before the measured samples; one variable
 changed at a time relative to a baseline the user marks. A configuration that
 fails (out of memory, bitsandbytes missing, an incompatible draft) becomes that
@@ -15,247 +15,42 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
-import json
 import platform
-import re
 import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
-from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings, generate, percentile
+from redline.inference.bench.configs import BenchConfig
+from redline.inference.bench.prompts import PromptSet
+from redline.inference.bench.results import (
+    BenchPhase,
+    BenchReport,
+    BenchRow,
+    BenchStarted,
+    BenchSweepRow,
+    BenchToken,
+    ConfigResult,
+    ProgressCallback,
+    SweepRow,
+)
+from redline.inference.decoding.generate import generate
+from redline.inference.decoding.options import SamplingSettings
 from redline.inference.decoding.prompt import build_prompt
-from redline.inference.engine import Engine, default_precision
+from redline.inference.decoding.timing import percentile
+from redline.inference.engine import Engine
 from redline.inference.errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
 from redline.inference.events import GenerationResult, TokenEvent
 from redline.inference.hardware.probe import probe
 from redline.inference.loading.loader import free_memory, is_oom
-from redline.inference.loading.precision import PrecisionSpec, parse_precision
 from redline.inference.sources.resolve import resolve
 
-# The seed document's measurement protocol, offered as a preset; the defaults stay small for interactivity.
+# The textbook measurement protocol (20 warm-up runs, 50 samples), offered as a preset; the defaults stay small
+# for interactivity.
 SEED_PRESET = {"warmup": 20, "samples": 50}
 DEFAULT_WARMUP = 1
 DEFAULT_SAMPLES = 3
-
-_PRECISION_KEYS = ("keep", "skip", "compute", "dq", "threshold")
-_OPTION_KEYS = ("draft", "k", "schedule", "lookup", "compile")
-# A list of configurations is split on commas that start a new "word:" or a bare strategy; other commas
-# (``keep=lm_head,model.embed_tokens``) stay inside their configuration.
-_CONFIG_SPLIT = re.compile(r",\s*(?=[A-Za-z][\w-]*:|(?:%s)(?:\+|,|$))" % "|".join(re.escape(s) for s in STRATEGIES))
-# ``draft=starter@int8/k=5``: a slash starts an option only before a known key, so hub ids and paths
-# (``HuggingFaceTB/SmolLM2-360M-Instruct``) keep their slashes.
-_OPTION_SPLIT = re.compile(r"\+|/(?=(?:draft|k|schedule|lookup)=|compile(?:=|\+|/|$))")
-
-
-# -- configurations -----------------------------------------------------------
-@dataclass(frozen=True)
-class BenchConfig:
-    """One row of the lab: strategy × precision × draft/k × compile."""
-
-    strategy: str = "kv"
-    precision: str = "auto"  # parse_precision text, or "auto" (bf16 where supported)
-    draft: Optional[str] = None  # speculative: the draft model (same forms as --model)
-    draft_precision: str = "auto"
-    k: int = 5  # speculative: draft tokens per step
-    schedule: str = "constant"
-    lookup: int = 10  # prompt-lookup: tokens copied per match
-    compile: Optional[bool] = None  # static: None = on for CUDA, off for CPU
-    text: str = ""  # as the user wrote it; the row's label
-
-    @property
-    def label(self) -> str:
-        return self.text or format_config(self)
-
-    def options(self) -> DecodeOptions:
-        return DecodeOptions(
-            strategy=self.strategy,
-            num_draft_tokens=self.k,
-            draft_schedule=self.schedule,
-            lookup_tokens=self.lookup,
-            compile=self.compile,
-        )
-
-    def precision_spec(self, device: str) -> PrecisionSpec:
-        return _precision(self.precision, device)
-
-    def draft_precision_spec(self, device: str) -> PrecisionSpec:
-        return _precision(self.draft_precision, device)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _precision(text: str, device: str) -> PrecisionSpec:
-    name, plus, rest = text.partition("+")
-    if name == "auto":
-        text = default_precision(device) + plus + rest
-    return parse_precision(text)
-
-
-def parse_config(text: str) -> BenchConfig:
-    """Parse ``strategy[:precision[+precision options]][+draft=M[@P]][/k=N][+schedule=S][+lookup=N][+compile]``."""
-    raw = text.strip()
-    if not raw:
-        raise UnsupportedConfiguration("An empty configuration.", "Write e.g. kv:bf16.")
-    strategy, colon, rest = raw.partition(":")
-    if not colon:  # "kv" or "kv+compile"
-        strategy, _, tail = raw.partition("+")
-        rest = ("auto+" + tail) if tail else "auto"
-    strategy = strategy.strip().lower()
-    if strategy not in STRATEGIES:
-        raise UnsupportedConfiguration(
-            f"Unknown strategy {strategy!r} in {raw!r}.", f"Choose one of: {', '.join(STRATEGIES)}."
-        )
-    parts = [p.strip() for p in _OPTION_SPLIT.split(rest)]
-    precision = parts[0].lower() or "auto"
-    if "=" in precision:
-        raise UnsupportedConfiguration(
-            f"{raw!r}: the precision must come first after the colon.",
-            "Write e.g. speculative:bf16+draft=starter@int8/k=5.",
-        )
-    prec_opts, kwargs = [], {}
-    for part in parts[1:]:
-        if not part:
-            continue
-        key, eq, value = part.partition("=")
-        key = key.strip().lower()
-        if key in _PRECISION_KEYS:
-            prec_opts.append(part)
-        elif key == "draft":
-            model, _, dprec = value.partition("@")
-            if not model:
-                raise UnsupportedConfiguration(f"{raw!r}: draft= needs a model.", "Write e.g. draft=starter@int8.")
-            kwargs["draft"] = model
-            kwargs["draft_precision"] = dprec or "auto"
-        elif key in ("k", "lookup"):
-            try:
-                kwargs[key] = int(value)
-            except ValueError:
-                raise UnsupportedConfiguration(f"{raw!r}: {key}= needs a whole number, not {value!r}.") from None
-        elif key == "schedule":
-            kwargs["schedule"] = value
-        elif key == "compile":
-            kwargs["compile"] = (value.lower() not in ("0", "false", "no", "off")) if eq else True
-        else:
-            raise UnsupportedConfiguration(
-                f"Unknown option {key!r} in {raw!r}.",
-                f"Known: {', '.join(_OPTION_KEYS)} and the precision options {', '.join(_PRECISION_KEYS)}.",
-            )
-    if prec_opts:
-        precision = precision + "+" + "+".join(prec_opts)
-    config = BenchConfig(strategy=strategy, precision=precision, text=raw, **kwargs)
-    config.options()  # validates k, lookup and schedule now, with the same messages as chat
-    if precision != "auto" and not precision.startswith("auto+"):
-        parse_precision(precision)
-    if config.draft and config.draft_precision != "auto":
-        parse_precision(config.draft_precision)
-    if strategy == "speculative" and not config.draft:
-        raise UnsupportedConfiguration(
-            f"{raw!r}: speculative decoding needs a draft model.",
-            "Add +draft=MODEL, e.g. speculative:bf16+draft=starter@int8/k=5.",
-        )
-    return config
-
-
-def parse_configs(text: str) -> list[BenchConfig]:
-    configs = [parse_config(part) for part in _CONFIG_SPLIT.split(text.strip()) if part.strip()]
-    if not configs:
-        raise UnsupportedConfiguration("No configurations given.", "Write e.g. naive:fp32,kv:fp32.")
-    return configs
-
-
-def format_config(c: BenchConfig) -> str:
-    text = f"{c.strategy}:{c.precision}"
-    if c.draft:
-        text += f"+draft={c.draft}@{c.draft_precision}/k={c.k}"
-        if c.schedule != "constant":
-            text += f"+schedule={c.schedule}"
-    if c.strategy == "prompt-lookup" and c.lookup != 10:
-        text += f"+lookup={c.lookup}"
-    if c.compile is not None:
-        text += "+compile" if c.compile else "+compile=0"
-    return text
-
-
-# -- prompt sets ---------------------------------------------------------------
-def assets_dir() -> Path:
-    """Where the built-in assets live: the installed ``redline.assets`` package (a folder on disk in a
-    wheel, an editable install and the PyInstaller bundle alike)."""
-    from importlib.resources import files
-
-    return Path(str(files("redline.assets")))
-
-
-@dataclass
-class BenchPrompt:
-    id: str
-    messages: list[dict]
-
-
-@dataclass
-class PromptSet:
-    name: str
-    description: str
-    prompts: list[BenchPrompt]
-    source: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def builtin_prompt_sets() -> list[str]:
-    return sorted(p.stem for p in (assets_dir() / "prompts").glob("*.json"))
-
-
-def load_prompt_set(name_or_path: Union[str, Path]) -> PromptSet:
-    """A built-in set by name (``short``, ``long``, ``code``, ``grounded``) or a JSON file of the same shape:
-    ``{"name": …, "description": …, "prompts": [{"id": …, "messages": [{"role": "user", "content": …}]}]}``
-    (``"prompt": "text"`` is short for one user message)."""
-    text = str(name_or_path)
-    path = assets_dir() / "prompts" / f"{text}.json"
-    if not path.is_file():
-        path = Path(text).expanduser()
-    if not path.is_file():
-        raise UnsupportedConfiguration(
-            f"No prompt set {text!r}.", f"Use a built-in set ({', '.join(builtin_prompt_sets())}) or a JSON file."
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UnsupportedConfiguration(
-            f"{path} is not valid JSON ({exc}).", "A prompt set is a JSON object with a 'prompts' list."
-        ) from exc
-    return prompt_set_from_dict(data, source=str(path), default_name=path.stem)
-
-
-def prompt_set_from_dict(data: dict, source: str = "", default_name: str = "custom") -> PromptSet:
-    items = data.get("prompts") if isinstance(data, dict) else None
-    if not isinstance(items, list) or not items:
-        raise UnsupportedConfiguration(
-            f"{source or 'The prompt set'} has no 'prompts' list.",
-            'Give at least one prompt: {"prompts": [{"prompt": "…"}]}.',
-        )
-    prompts = []
-    for i, item in enumerate(items):
-        if isinstance(item, str):
-            item = {"prompt": item}
-        messages = item.get("messages") if isinstance(item, dict) else None
-        if messages is None and isinstance(item, dict) and isinstance(item.get("prompt"), str):
-            messages = [{"role": "user", "content": item["prompt"]}]
-        if (
-            not isinstance(messages, list)
-            or not messages
-            or not all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages)
-        ):
-            raise UnsupportedConfiguration(
-                f"{source or 'The prompt set'}: prompt {i + 1} has no usable messages.",
-                "Each prompt needs 'prompt' text or 'messages' with role and content.",
-            )
-        prompts.append(BenchPrompt(str(item.get("id", i + 1)), messages))
-    return PromptSet(str(data.get("name", default_name)), str(data.get("description", "")), prompts, source)
 
 
 # -- the run ------------------------------------------------------------------
@@ -294,156 +89,6 @@ class BenchSpec:
         d["baseline_config"] = self.configs[self.baseline].label
         d["prompts"] = {"name": self.prompts.name, "count": len(self.prompts.prompts), "source": self.prompts.source}
         return d
-
-
-@dataclass
-class ConfigResult:
-    """One configuration's measurements, aggregated over its samples."""
-
-    index: int
-    config: str
-    strategy: str
-    precision: str = ""
-    status: str = "pending"  # ok | error | oom | cancelled | skipped
-    error: Optional[str] = None
-    baseline: bool = False
-    samples: int = 0
-    prompt_tokens: Optional[float] = None  # median over samples
-    new_tokens: Optional[float] = None
-    ttft_ms: Optional[float] = None  # p50 over samples
-    p50_ms: Optional[float] = None  # per-token latency over all measured tokens
-    p95_ms: Optional[float] = None
-    tokens_per_s: Optional[float] = None  # decode tokens/s, median over samples
-    tokens_per_s_min: Optional[float] = None
-    tokens_per_s_max: Optional[float] = None
-    tokens_per_s_stdev: Optional[float] = None
-    total_s: Optional[float] = None  # one generation, median
-    wall_s: Optional[float] = None  # the whole row: loads, warm-up and samples
-    load_s: Optional[float] = None  # target (+ draft) load time, from LoadedModel.load_seconds
-    reused_model: bool = False  # the model was already loaded for an earlier row
-    peak_memory_bytes: Optional[int] = None  # max over samples: device reserved on CUDA, RSS on CPU
-    model_memory_bytes: Optional[int] = None
-    acceptance_rate: Optional[float] = None
-    mean_accepted_length: Optional[float] = None
-    speedup: Optional[float] = None  # decode tokens/s ÷ the baseline's
-    matches_baseline: Optional[bool] = None
-    diverges_at: Optional[int] = None  # first new-token index that differs from the baseline
-    bytes_per_token: Optional[int] = None  # weights + KV cache one decode step reads (bandwidth.py)
-    bandwidth_bytes_per_s: Optional[float] = None  # measured once on this machine, cached
-    roofline_pct: Optional[float] = None  # decode tokens/s × bytes per token ÷ bandwidth
-    per_token_ms_by_position: list[float] = field(default_factory=list)  # median over samples
-    outputs: list[str] = field(default_factory=list)  # per prompt, the first measured sample
-    token_ids: list[list[int]] = field(default_factory=list)
-    device: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class SweepRow:
-    batch_size: int
-    mode: str  # "continuous" (transformers generate_batch) or "padded" (batched generate, left padding)
-    status: str = "ok"
-    error: Optional[str] = None
-    samples: int = 0
-    latency_ms_p50: Optional[float] = None  # per request, start of the batch to its last token
-    latency_ms_p95: Optional[float] = None
-    ttft_ms_p50: Optional[float] = None  # continuous mode only (per-token timestamps)
-    throughput_tokens_per_s: Optional[float] = None  # all new tokens ÷ batch wall time, median
-    new_tokens: Optional[int] = None  # per batch
-    wall_s: Optional[float] = None  # one batch, median
-    peak_memory_bytes: Optional[int] = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class BenchReport:
-    spec: dict
-    machine: dict
-    model: str
-    device: str
-    started_at: str
-    results: list[ConfigResult] = field(default_factory=list)
-    sweep: list[SweepRow] = field(default_factory=list)
-    sweep_config: Optional[str] = None
-    finished_at: Optional[str] = None
-    cancelled: bool = False
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        return {
-            "model": self.model,
-            "device": self.device,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "seconds": self.seconds,
-            "cancelled": self.cancelled,
-            "machine": self.machine,
-            "spec": self.spec,
-            "results": [r.to_dict() for r in self.results],
-            "sweep_config": self.sweep_config,
-            "sweep": [s.to_dict() for s in self.sweep],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "BenchReport":
-        rep = cls(
-            spec=d.get("spec", {}),
-            machine=d.get("machine", {}),
-            model=d.get("model", ""),
-            device=d.get("device", ""),
-            started_at=d.get("started_at", ""),
-            finished_at=d.get("finished_at"),
-            cancelled=bool(d.get("cancelled")),
-            seconds=float(d.get("seconds") or 0.0),
-            sweep_config=d.get("sweep_config"),
-        )
-        known = ConfigResult.__dataclass_fields__
-        rep.results = [ConfigResult(**{k: v for k, v in r.items() if k in known}) for r in d.get("results", [])]
-        known_s = SweepRow.__dataclass_fields__
-        rep.sweep = [SweepRow(**{k: v for k, v in s.items() if k in known_s}) for s in d.get("sweep", [])]
-        return rep
-
-
-# -- what the runner reports while it runs -------------------------------------
-@dataclass
-class BenchStarted:
-    configs: list[str]
-    baseline: int
-
-
-@dataclass
-class BenchPhase:
-    fraction: float  # of the whole run, 0..1
-    index: Optional[int]  # configuration index, None for the sweep
-    phase: str
-
-
-@dataclass
-class BenchToken:
-    """Output text of a configuration as it streams (its first measured sample, first prompt)."""
-
-    index: int
-    text: str
-
-
-@dataclass
-class BenchRow:
-    result: ConfigResult
-
-
-@dataclass
-class BenchSweepRow:
-    row: SweepRow
-
-
-BenchEvent = Union[BenchStarted, BenchPhase, BenchToken, BenchRow, BenchSweepRow]
-ProgressCallback = Callable[[BenchEvent], None]
 
 
 def machine_info(device: Optional[str] = None) -> dict:
@@ -646,8 +291,8 @@ def run_bench(
             unit_base = done_units
             row_start = time.perf_counter()
 
-            def load_progress(fraction: float, phase: str, _i=i, _base=unit_base) -> None:
-                emit(BenchPhase(_base / total_units, _i, f"{config.label}: {phase}"))
+            def load_progress(fraction: float, phase: str, _i=i, _base=unit_base, _label=config.label) -> None:
+                emit(BenchPhase(_base / total_units, _i, f"{_label}: {phase}"))
 
             try:
                 emit(BenchPhase(done_units / total_units, i, f"{config.label}: loading"))
@@ -781,28 +426,3 @@ def _restore(engine: Engine, previous, previous_draft) -> None:
             engine.unload_draft()
     except RedlineError:
         pass
-
-
-def save_report(report: BenchReport, folder: Path) -> Path:
-    """Keep a run as ``<folder>/<started>-<model>.json`` so it can be reopened and compared."""
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = report.started_at.replace(":", "").replace("-", "")
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", report.model)[:60]
-    path = folder / f"{stamp}-{safe}.json"
-    n = 1
-    while path.exists():
-        n += 1
-        path = folder / f"{stamp}-{safe}-{n}.json"
-    path.write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
-    return path
-
-
-def load_report(path: Path) -> BenchReport:
-    try:
-        return BenchReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, json.JSONDecodeError, TypeError, AttributeError) as exc:
-        raise UnsupportedConfiguration(f"{path} is not a saved speed-lab run ({exc}).") from exc
-
-
-def list_reports(folder: Path) -> list[Path]:
-    return sorted(Path(folder).glob("*.json"), reverse=True) if Path(folder).is_dir() else []

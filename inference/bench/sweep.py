@@ -6,7 +6,7 @@ Two ways to run a batch, and the row says which one ran:
   paged KV cache, requests refilled as others finish). Per-request timestamps
   come from transformers itself.
 - ``padded``: one batched ``generate()`` with left padding, the same generation
-  config as the single-prompt path (``decode._generation_config``). Per-request
+  config as the single-prompt path (``hf.generation_config``). Per-request
   finish times come from a streamer that timestamps every step.
 
 ``auto`` tries continuous batching and falls back to padded ``generate()`` when
@@ -21,13 +21,16 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from redline.inference.decoding.generate import SamplingSettings, _generation_config, _sync, percentile
+from redline.inference.decoding.hf import CancelCriteria, generation_config
+from redline.inference.decoding.options import SamplingSettings, eos_token_ids
+from redline.inference.decoding.timing import percentile, sync
 from redline.inference.errors import UnsupportedConfiguration
 from redline.inference.loading.loader import LoadedModel, free_memory, is_oom
 from redline.inference.memory.measured import PeakMemory
 
 if TYPE_CHECKING:
-    from redline.inference.bench.runner import BenchConfig, SweepRow
+    from redline.inference.bench.configs import BenchConfig
+    from redline.inference.bench.results import SweepRow
 
 MODES = ("auto", "continuous", "padded")
 CB_PAGE_SIZE = 64  # tokens per page of the continuous-batching cache
@@ -45,23 +48,16 @@ class _StepClock:
         if not self._prompt_seen:
             self._prompt_seen = True
             return
-        _sync(self.device)
+        sync(self.device)
         self.steps.append((time.perf_counter() - self.start, [int(t) for t in value.reshape(-1).tolist()]))
 
     def end(self) -> None:
         pass
 
 
-def _eos_set(cfg) -> set[int]:
-    eos = cfg.eos_token_id
-    return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-
-
 def _padded(target: LoadedModel, prompts: list[list[int]], cfg, should_cancel) -> dict:
     import torch
     from transformers import StoppingCriteriaList
-
-    from redline.inference.decoding.generate import _CancelCriteria
 
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
     width = max(len(p) for p in prompts)
@@ -69,8 +65,8 @@ def _padded(target: LoadedModel, prompts: list[list[int]], cfg, should_cancel) -
     mask = torch.tensor(
         [[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=target.model.device
     )
-    eos = _eos_set(cfg)
-    _sync(target.device)
+    eos = set(eos_token_ids(cfg))
+    sync(target.device)
     start = time.perf_counter()
     clock = _StepClock(target.device, start)
     with torch.inference_mode():
@@ -79,9 +75,9 @@ def _padded(target: LoadedModel, prompts: list[list[int]], cfg, should_cancel) -
             attention_mask=mask,
             generation_config=cfg,
             streamer=clock,
-            stopping_criteria=StoppingCriteriaList([_CancelCriteria(should_cancel)]),
+            stopping_criteria=StoppingCriteriaList([CancelCriteria(should_cancel)]),
         )
-    _sync(target.device)
+    sync(target.device)
     wall = time.perf_counter() - start
     latency, ttft, tokens = [], [], 0
     for b in range(len(prompts)):
@@ -109,13 +105,13 @@ def _continuous(target: LoadedModel, prompts: list[list[int]], cfg) -> dict:
         num_blocks=len(prompts) * -(-longest // CB_PAGE_SIZE) + 1,
         max_batch_tokens=max(256, sum(len(p) for p in prompts) + len(prompts)),
     )
-    _sync(target.device)
+    sync(target.device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = target.model.generate_batch(
             prompts, generation_config=cfg, continuous_batching_config=cb, record_timestamps=True, progress_bar=False
         )
-    _sync(target.device)
+    sync(target.device)
     wall = time.perf_counter() - start
     latency, ttft, tokens = [], [], 0
     for req in out.values():
@@ -148,7 +144,7 @@ def run_sweep(
     """Run ``config`` at each batch size; one SweepRow per size, each also handed to ``on_row`` when done."""
     import torch
 
-    from redline.inference.bench.runner import SweepRow
+    from redline.inference.bench.results import SweepRow
 
     if mode not in MODES:
         raise UnsupportedConfiguration(f"Unknown batch mode {mode!r}.", f"Choose one of: {', '.join(MODES)}.")
@@ -160,7 +156,7 @@ def run_sweep(
     progress = progress or (lambda f, p: None)
     should_cancel = should_cancel or (lambda: False)
     options = config.options()
-    cfg = _generation_config(
+    cfg = generation_config(
         target,
         SamplingSettings(
             max_new_tokens=new_tokens, temperature=0.0, seed=seed, min_new_tokens=new_tokens if fixed_length else None

@@ -1,0 +1,143 @@
+"""The speed lab's configurations: one row each, strategy × precision × draft/k × compile, and the text form
+``kv:bf16, fast:q4, speculative:bf16+draft=starter@int8/k=5`` that the CLI and the panel's advanced field use."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from redline.inference.decoding.options import STRATEGIES, DecodeOptions
+from redline.inference.errors import UnsupportedConfiguration
+from redline.inference.loading.precision import PrecisionSpec, parse_precision, resolve_precision
+
+_PRECISION_KEYS = ("keep", "skip", "compute", "dq", "threshold")
+_OPTION_KEYS = ("draft", "k", "schedule", "lookup", "compile")
+# A list of configurations is split on commas that start a new "word:" or a bare strategy; other commas
+# (``keep=lm_head,model.embed_tokens``) stay inside their configuration.
+_CONFIG_SPLIT = re.compile(r",\s*(?=[A-Za-z][\w-]*:|(?:%s)(?:\+|,|$))" % "|".join(re.escape(s) for s in STRATEGIES))
+# ``draft=starter@int8/k=5``: a slash starts an option only before a known key, so hub ids and paths
+# (``HuggingFaceTB/SmolLM2-360M-Instruct``) keep their slashes.
+_OPTION_SPLIT = re.compile(r"\+|/(?=(?:draft|k|schedule|lookup)=|compile(?:=|\+|/|$))")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One row of the lab: strategy × precision × draft/k × compile."""
+
+    strategy: str = "kv"
+    precision: str = "auto"  # parse_precision text, or "auto" (bf16 where supported)
+    draft: Optional[str] = None  # speculative: the draft model (same forms as --model)
+    draft_precision: str = "auto"
+    k: int = 5  # speculative: draft tokens per step
+    schedule: str = "constant"
+    lookup: int = 10  # prompt-lookup: tokens copied per match
+    compile: Optional[bool] = None  # static: None = on for CUDA, off for CPU
+    text: str = ""  # as the user wrote it; the row's label
+
+    @property
+    def label(self) -> str:
+        return self.text or format_config(self)
+
+    def options(self) -> DecodeOptions:
+        return DecodeOptions(
+            strategy=self.strategy,
+            num_draft_tokens=self.k,
+            draft_schedule=self.schedule,
+            lookup_tokens=self.lookup,
+            compile=self.compile,
+        )
+
+    def precision_spec(self, device: str) -> PrecisionSpec:
+        return resolve_precision(self.precision, device)
+
+    def draft_precision_spec(self, device: str) -> PrecisionSpec:
+        return resolve_precision(self.draft_precision, device)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_config(text: str) -> BenchConfig:
+    """Parse ``strategy[:precision[+precision options]][+draft=M[@P]][/k=N][+schedule=S][+lookup=N][+compile]``."""
+    raw = text.strip()
+    if not raw:
+        raise UnsupportedConfiguration("An empty configuration.", "Write e.g. kv:bf16.")
+    strategy, colon, rest = raw.partition(":")
+    if not colon:  # "kv" or "kv+compile"
+        strategy, _, tail = raw.partition("+")
+        rest = ("auto+" + tail) if tail else "auto"
+    strategy = strategy.strip().lower()
+    if strategy not in STRATEGIES:
+        raise UnsupportedConfiguration(
+            f"Unknown strategy {strategy!r} in {raw!r}.", f"Choose one of: {', '.join(STRATEGIES)}."
+        )
+    parts = [p.strip() for p in _OPTION_SPLIT.split(rest)]
+    precision = parts[0].lower() or "auto"
+    if "=" in precision:
+        raise UnsupportedConfiguration(
+            f"{raw!r}: the precision must come first after the colon.",
+            "Write e.g. speculative:bf16+draft=starter@int8/k=5.",
+        )
+    prec_opts, kwargs = [], {}
+    for part in parts[1:]:
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key = key.strip().lower()
+        if key in _PRECISION_KEYS:
+            prec_opts.append(part)
+        elif key == "draft":
+            model, _, dprec = value.partition("@")
+            if not model:
+                raise UnsupportedConfiguration(f"{raw!r}: draft= needs a model.", "Write e.g. draft=starter@int8.")
+            kwargs["draft"] = model
+            kwargs["draft_precision"] = dprec or "auto"
+        elif key in ("k", "lookup"):
+            try:
+                kwargs[key] = int(value)
+            except ValueError:
+                raise UnsupportedConfiguration(f"{raw!r}: {key}= needs a whole number, not {value!r}.") from None
+        elif key == "schedule":
+            kwargs["schedule"] = value
+        elif key == "compile":
+            kwargs["compile"] = (value.lower() not in ("0", "false", "no", "off")) if eq else True
+        else:
+            raise UnsupportedConfiguration(
+                f"Unknown option {key!r} in {raw!r}.",
+                f"Known: {', '.join(_OPTION_KEYS)} and the precision options {', '.join(_PRECISION_KEYS)}.",
+            )
+    if prec_opts:
+        precision = precision + "+" + "+".join(prec_opts)
+    config = BenchConfig(strategy=strategy, precision=precision, text=raw, **kwargs)
+    config.options()  # validates k, lookup and schedule now, with the same messages as chat
+    if precision != "auto" and not precision.startswith("auto+"):
+        parse_precision(precision)
+    if config.draft and config.draft_precision != "auto":
+        parse_precision(config.draft_precision)
+    if strategy == "speculative" and not config.draft:
+        raise UnsupportedConfiguration(
+            f"{raw!r}: speculative decoding needs a draft model.",
+            "Add +draft=MODEL, e.g. speculative:bf16+draft=starter@int8/k=5.",
+        )
+    return config
+
+
+def parse_configs(text: str) -> list[BenchConfig]:
+    configs = [parse_config(part) for part in _CONFIG_SPLIT.split(text.strip()) if part.strip()]
+    if not configs:
+        raise UnsupportedConfiguration("No configurations given.", "Write e.g. naive:fp32,kv:fp32.")
+    return configs
+
+
+def format_config(c: BenchConfig) -> str:
+    text = f"{c.strategy}:{c.precision}"
+    if c.draft:
+        text += f"+draft={c.draft}@{c.draft_precision}/k={c.k}"
+        if c.schedule != "constant":
+            text += f"+schedule={c.schedule}"
+    if c.strategy == "prompt-lookup" and c.lookup != 10:
+        text += f"+lookup={c.lookup}"
+    if c.compile is not None:
+        text += "+compile" if c.compile else "+compile=0"
+    return text

@@ -1,0 +1,97 @@
+"""Honest timing, gpt-fast style: the clock is read after the device is synchronised; time to first token
+(prefill included) is kept apart from decode speed.
+
+``TokenCollector`` is the streamer every strategy hands its tokens to: it timestamps each chunk, turns
+token ids into text deltas and emits Redline's events."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+from redline.inference.decoding.textstream import DeltaDecoder
+from redline.inference.events import EventFn, GenerationResult, StatsEvent, TokenEvent
+
+STATS_INTERVAL_S = 0.5
+
+
+def percentile(values: Sequence[float], q: float) -> Optional[float]:
+    if not values:
+        return None
+    data = sorted(values)
+    k = (len(data) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (k - lo)
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued work, so a clock read afterwards measures it."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+class TokenCollector:
+    """A transformers streamer (``put``/``end``) that timestamps every token and emits our events."""
+
+    def __init__(
+        self, device: str, decoder: DeltaDecoder, on_event: Optional[EventFn], speculative: bool, start: float
+    ):
+        self.device = device
+        self.decoder = decoder
+        self.on_event = on_event
+        self.speculative = speculative
+        self.start = start
+        self.ids: list[int] = []
+        self.from_draft: list[bool] = []
+        self.chunks: list[tuple[float, int]] = []  # (time since start, tokens in the chunk)
+        self._seen_prompt = False
+        self._last_stats = start
+
+    def put(self, value) -> None:
+        if not self._seen_prompt:  # generate() first hands the streamer the prompt
+            self._seen_prompt = True
+            return
+        sync(self.device)
+        now = time.perf_counter()
+        new = [int(t) for t in value.reshape(-1).tolist()]
+        self.chunks.append((now - self.start, len(new)))
+        # In assisted generation a chunk is the accepted draft tokens plus one from the target.
+        flags = [self.speculative and i < len(new) - 1 for i in range(len(new))]
+        for tok, flag in zip(new, flags):
+            self.ids.append(tok)
+            self.from_draft.append(flag)
+            delta = self.decoder.step(self.ids)
+            if self.on_event is not None:
+                self.on_event(TokenEvent(len(self.ids) - 1, tok, delta, now - self.start, flag))
+        if self.on_event is not None and now - self._last_stats >= STATS_INTERVAL_S:
+            self._last_stats = now
+            self.on_event(self.stats(now))
+
+    def stats(self, now: float) -> StatsEvent:
+        window = [n for t, n in self.chunks if (now - self.start) - t <= 1.0]
+        first = self.chunks[0][0] * 1000 if self.chunks else None
+        span = min(1.0, now - self.start) or 1.0
+        return StatsEvent(len(self.ids), now - self.start, sum(window) / span, first)
+
+    def end(self) -> None:
+        pass
+
+
+def fill_timing(result: GenerationResult, chunks: list[tuple[float, int]]) -> None:
+    """TTFT includes prefill. Decode tokens/s counts the tokens after the first chunk over their time."""
+    if not chunks:
+        return
+    result.ttft_ms = chunks[0][0] * 1000
+    per_token = []
+    prev = chunks[0][0]
+    for t, n in chunks[1:]:
+        per_token.extend([(t - prev) * 1000 / n] * n)
+        prev = t
+    result.per_token_ms = per_token
+    result.p50_ms = percentile(per_token, 0.5)
+    result.p95_ms = percentile(per_token, 0.95)
+    after_first = sum(n for _, n in chunks[1:])
+    span = chunks[-1][0] - chunks[0][0]
+    result.tokens_per_s = after_first / span if span > 0 and after_first else None
