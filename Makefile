@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_CONSTRAINTS ?=
 MODEL ?= starter
 
-.PHONY: run test lint-imports clean-venv screenshots install-desktop dist bench-app
+.PHONY: run test test-fast lint lint-imports clean-venv screenshots install-desktop dist bench-app
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,19 @@ run: $(VENV)/.installed
 lint-imports: $(VENV)/.installed
 	$(BIN)/lint-imports
 
-test: $(VENV)/.installed
+# The checks every change must pass: the import contracts, ruff (lint and format), then pytest.
+lint: $(VENV)/.installed
 	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Everything: what CI runs.
+test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
+
+# While working: no packaging build and no slow subprocess or accuracy tests (under two minutes on 2 cores).
+test-fast: lint
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not packaging"
 
 # PNGs of the main window (mid-reply, finished, prompt-lookup with settings) into docs/screenshots/.
 # Offscreen by default; under a virtual display: xvfb-run -s "-screen 0 1400x900x24" make screenshots

@@ -9,23 +9,26 @@ import threading
 from pathlib import Path
 
 from redline.app.terminal import TerminalProgress
-from redline.inference.bench.export import to_csv, to_json, to_markdown, to_text
-from redline.inference.bench.runner import (
+from redline.inference import (
+    ACCEPTED_FORMS,
     SEED_PRESET,
+    SWEEP_MODES,
     BenchPhase,
     BenchRow,
     BenchSpec,
     BenchSweepRow,
+    Engine,
+    RedlineError,
     builtin_prompt_sets,
     load_prompt_set,
     parse_configs,
     run_bench,
     save_report,
+    to_csv,
+    to_json,
+    to_markdown,
+    to_text,
 )
-from redline.inference.bench.sweep import MODES
-from redline.inference.engine import Engine
-from redline.inference.errors import RedlineError
-from redline.inference.sources.resolve import ACCEPTED_FORMS
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32"
 
@@ -93,7 +96,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--batch-mode",
         default="auto",
-        choices=MODES,
+        choices=SWEEP_MODES,
         help="continuous = transformers' generate_batch; padded = batched generate(); auto tries continuous first",
     )
     fmt = p.add_mutually_exclusive_group()

@@ -8,12 +8,17 @@ import sys
 
 from redline.app.terminal import TerminalProgress
 from redline.app.trust_store import TrustStore, load_with_trust
-from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings
-from redline.inference.engine import Engine, default_precision
-from redline.inference.errors import RedlineError
-from redline.inference.events import TokenEvent
-from redline.inference.loading.precision import PRECISIONS, parse_precision
-from redline.inference.sources.resolve import ACCEPTED_FORMS
+from redline.inference import (
+    ACCEPTED_FORMS,
+    PRECISIONS,
+    STRATEGIES,
+    DecodeOptions,
+    Engine,
+    RedlineError,
+    SamplingSettings,
+    TokenEvent,
+    resolve_precision,
+)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,11 +102,10 @@ def options_from_args(args) -> DecodeOptions:
 def load_engine(args, quiet: bool = False) -> Engine:
     engine = Engine()
     progress = TerminalProgress()
-    precision_text = default_precision(engine.device) if args.precision == "auto" else args.precision
     load_with_trust(
         engine,
         args.model,
-        parse_precision(precision_text),
+        resolve_precision(args.precision, engine.device),
         progress,
         store=TrustStore(),
         trust_remote_code=args.trust_remote_code,
@@ -113,8 +117,7 @@ def load_engine(args, quiet: bool = False) -> Engine:
             raise RedlineError(
                 "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
             )
-        draft_precision = default_precision(engine.device) if args.draft_precision == "auto" else args.draft_precision
-        engine.load_draft(args.draft, parse_precision(draft_precision), progress)
+        engine.load_draft(args.draft, resolve_precision(args.draft_precision, engine.device), progress)
         progress.done()
     elif args.draft and not quiet:
         print("note: --draft is only used with --strategy speculative", file=sys.stderr)

@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 import sys
 
-from redline.inference.errors import RedlineError
-from redline.inference.hardware.gpus import CONSUMER_GPUS
-from redline.inference.loading.precision import PRECISIONS, parse_precision
-from redline.inference.memory.calibration import correction_bytes
-from redline.inference.memory.estimator import MB, Estimate
-from redline.inference.memory.fit import Planner, detect_target, gb, suggest
-from redline.inference.memory.model_shapes import read_shape
+from redline.inference import (
+    CONSUMER_GPUS,
+    MB,
+    PRECISIONS,
+    Estimate,
+    Planner,
+    RedlineError,
+    correction_bytes,
+    detect_target,
+    format_bytes,
+    parse_precision,
+    read_shape,
+    suggest,
+)
 
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here
 
@@ -45,7 +52,7 @@ def add_parser(sub) -> None:
 
 
 def _mb(n: int) -> str:
-    return f"{n / MB:,.0f} MB" if abs(n) < 10_000 * MB else gb(n)
+    return f"{n / MB:,.0f} MB" if abs(n) < 10_000 * MB else format_bytes(n)
 
 
 def table(estimates: list[Estimate]) -> str:
@@ -125,7 +132,7 @@ def print_report(report: dict) -> None:
     draft = f", draft {report['draft']}" if report["draft"] else ""
     print(
         f"context {report['context']} tokens, batch {report['batch']}{draft}; "
-        f"{report['target']}: {gb(report['available_bytes'])} available\n"
+        f"{report['target']}: {format_bytes(report['available_bytes'])} available\n"
     )
     print(table(report["_estimates"]))
     if "bandwidth_bound_tokens_per_s" in report:

@@ -6,11 +6,15 @@ import sys
 from pathlib import Path
 
 from redline.app.terminal import TerminalProgress
-from redline.inference.errors import RedlineError
-from redline.inference.paths import models_dir
-from redline.inference.sources.gguf import is_complete
-from redline.inference.sources.resolve import resolve
-from redline.inference.sources.starter import STARTER_NAME, starter_folder
+from redline.inference import (
+    STARTER_NAME,
+    RedlineError,
+    format_bytes,
+    is_converted,
+    models_dir,
+    resolve_model,
+    starter_folder,
+)
 
 
 def add_parser(sub) -> None:
@@ -30,25 +34,17 @@ def folder_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
-
-
 def local_models() -> list[tuple[str, str, Path | None, int | None]]:
     """(name, how to pass it, folder, size) for the starter, converted GGUFs and the HF cache."""
     rows = []
     sf = starter_folder()
     rows.append(
-        (STARTER_NAME, "starter", sf if is_complete(sf) else None, folder_size(sf) if is_complete(sf) else None)
+        (STARTER_NAME, "starter", sf if is_converted(sf) else None, folder_size(sf) if is_converted(sf) else None)
     )
     gguf_root = models_dir() / "gguf"
     if gguf_root.is_dir():
         for folder in sorted(gguf_root.iterdir()):
-            if is_complete(folder):
+            if is_converted(folder):
                 rows.append(
                     (folder.name, "(converted GGUF: pass the original .gguf path)", folder, folder_size(folder))
                 )
@@ -66,8 +62,8 @@ def local_models() -> list[tuple[str, str, Path | None, int | None]]:
 def run_list(args) -> int:
     rows = local_models()
     print(f"{'MODEL':<40} {'SIZE':>10}  USE WITH --model")
-    for name, how, folder, size in rows:
-        size_text = human_bytes(size) if size is not None else "not fetched"
+    for name, how, _folder, size in rows:
+        size_text = format_bytes(size) if size is not None else "not fetched"
         print(f"{name:<40} {size_text:>10}  {how}")
     if rows[0][2] is None:
         print("\nThe starter is fetched on first use, or now with: redline models pull starter")
@@ -76,7 +72,7 @@ def run_list(args) -> int:
 
 def run_pull(args) -> int:
     try:
-        source = resolve(args.model)
+        source = resolve_model(args.model)
         progress = TerminalProgress()
         folder = source.prepare(progress)
         progress.done()
@@ -86,5 +82,5 @@ def run_pull(args) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted; nothing half-written was kept", file=sys.stderr)
         return 130
-    print(f"{source.name} is ready at {folder} ({human_bytes(folder_size(folder))})")
+    print(f"{source.name} is ready at {folder} ({format_bytes(folder_size(folder))})")
     return 0

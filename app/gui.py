@@ -31,7 +31,7 @@ def about_info(store: Store, settings_file=None):
     """What Help → About shows about this installation: version, licence, where its files are."""
     from huggingface_hub import constants as hf_constants
 
-    from redline.inference.paths import models_dir
+    from redline.inference import models_dir
     from redline.ui.about import AboutInfo
 
     return AboutInfo(

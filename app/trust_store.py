@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from redline.app.private_files import config_dir, write_private
-from redline.inference.errors import NeedsOptIn
+from redline.inference import NeedsOptIn
 
 
 class TrustStore:
@@ -65,21 +65,16 @@ def load_with_trust(
     An explicit opt-in (a CLI flag, or ``confirm`` returning True after asking) is remembered
     for this folder; without one, NeedsOptIn propagates with its explanation.
     """
-    flags = {"remote_code": False, "pickle": False}
-    for _ in range(3):  # at most one retry per kind
-        try:
-            kwargs = {"trust_remote_code": flags["remote_code"], "allow_pickle": flags["pickle"]}
-            if progress is not None:
-                return engine.load(model, precision, progress, **kwargs)
-            return engine.load(model, precision, **kwargs)
-        except NeedsOptIn as exc:
-            if flags[exc.kind]:
-                raise
-            remembered = store.is_trusted(exc.folder, exc.kind, exc.fingerprint)
-            explicit = trust_remote_code if exc.kind == "remote_code" else allow_pickle
-            if not (remembered or explicit or (confirm is not None and confirm(exc))):
-                raise
-            if not remembered:
-                store.remember(exc.folder, exc.kind, exc.fingerprint, exc.files)
-            flags[exc.kind] = True
-    raise RuntimeError("unreachable")  # pragma: no cover
+
+    def opt_in(exc: NeedsOptIn) -> bool:
+        if store.is_trusted(exc.folder, exc.kind, exc.fingerprint):
+            return True
+        explicit = trust_remote_code if exc.kind == "remote_code" else allow_pickle
+        if explicit or (confirm is not None and confirm(exc)):
+            store.remember(exc.folder, exc.kind, exc.fingerprint, exc.files)
+            return True
+        return False
+
+    if progress is not None:
+        return engine.load(model, precision, progress, opt_in=opt_in)
+    return engine.load(model, precision, opt_in=opt_in)

@@ -1,1 +1,140 @@
-"""Redline's engine: model sources, loading, decoding, metrics. Free of Qt by contract."""
+"""Redline's engine, free of Qt: model sources, loading, decoding, memory, hardware, the speed lab's runner.
+
+This module is the engine's public surface: the window (``redline.ui``) and the application
+(``redline.app``) import from here and nowhere deeper (import-linter checks it). Importing it does not
+import torch or transformers: they load on the engine's worker thread, when a model loads or a task runs.
+
+Subpackages, each a part of the engine:
+
+- ``sources``: where models come from (folders, hub ids, GGUF files, the starter) and what could run code;
+- ``loading``: loading at a precision (transformers, bitsandbytes, Redline's packed int8/int4 layers);
+- ``decoding``: the one decode path, the fast decode step, prompts, streaming text, draft pairing;
+- ``memory``: measured memory, how the process holds it, and the estimator's predictions;
+- ``hardware``: GPUs, RAM, CPU, memory bandwidth, common consumer GPUs;
+- ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports.
+"""
+
+from redline.inference.bench.configs import BenchConfig, format_config, parse_config, parse_configs
+from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown, to_text
+from redline.inference.bench.prompts import PromptSet, builtin_prompt_sets, load_prompt_set
+from redline.inference.bench.results import (
+    BenchPhase,
+    BenchReport,
+    BenchRow,
+    BenchStarted,
+    BenchSweepRow,
+    BenchToken,
+    ConfigResult,
+    SweepRow,
+)
+from redline.inference.bench.runner import SEED_PRESET, BenchSpec, run_bench
+from redline.inference.bench.saving import list_reports, load_report, save_report
+from redline.inference.bench.sweep import MODES as SWEEP_MODES
+from redline.inference.decoding.draft_check import check_pair
+from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
+from redline.inference.engine import Engine
+from redline.inference.errors import (
+    Cancelled,
+    IncompatibleDraft,
+    ModelLoadError,
+    ModelSourceError,
+    NeedsOptIn,
+    OutOfMemory,
+    RedlineError,
+    StarterUnavailable,
+    UnsupportedConfiguration,
+)
+from redline.inference.events import FinishedEvent, GenerationResult, StatsEvent, TokenEvent
+from redline.inference.hardware.gpus import CONSUMER_GPUS
+from redline.inference.hardware.probe import probe as probe_machine
+from redline.inference.hardware.probe import torch_cuda_build
+from redline.inference.loading.precision import PRECISIONS, PrecisionSpec, parse_precision, resolve_precision
+from redline.inference.memory.calibration import correction_bytes, measured_peak_bytes, predict_loaded
+from redline.inference.memory.estimator import Estimate, accuracy_margin
+from redline.inference.memory.fit import Planner, Target, detect_target, suggest
+from redline.inference.memory.measured import snapshot as memory_snapshot
+from redline.inference.memory.model_shapes import read_shape
+from redline.inference.paths import models_dir
+from redline.inference.sources.describe import describe as describe_model
+from redline.inference.sources.gguf import is_complete as is_converted
+from redline.inference.sources.resolve import ACCEPTED_FORMS
+from redline.inference.sources.resolve import resolve as resolve_model
+from redline.inference.sources.starter import STARTER_NAME, starter_folder
+from redline.inference.units import GB, MB, format_bytes
+
+__all__ = [
+    "ACCEPTED_FORMS",
+    "accuracy_margin",
+    "BenchConfig",
+    "BenchPhase",
+    "BenchReport",
+    "BenchRow",
+    "BenchSpec",
+    "BenchStarted",
+    "BenchSweepRow",
+    "BenchToken",
+    "builtin_prompt_sets",
+    "Cancelled",
+    "check_pair",
+    "COLUMNS",
+    "ConfigResult",
+    "CONSUMER_GPUS",
+    "correction_bytes",
+    "DecodeOptions",
+    "describe_model",
+    "detect_target",
+    "Engine",
+    "Estimate",
+    "FinishedEvent",
+    "format_bytes",
+    "format_config",
+    "GB",
+    "GenerationResult",
+    "IncompatibleDraft",
+    "is_converted",
+    "list_reports",
+    "load_prompt_set",
+    "load_report",
+    "MB",
+    "measured_peak_bytes",
+    "memory_snapshot",
+    "ModelLoadError",
+    "models_dir",
+    "ModelSourceError",
+    "NeedsOptIn",
+    "OutOfMemory",
+    "parse_config",
+    "parse_configs",
+    "parse_precision",
+    "Planner",
+    "PRECISIONS",
+    "PrecisionSpec",
+    "predict_loaded",
+    "probe_machine",
+    "PromptSet",
+    "read_shape",
+    "RedlineError",
+    "resolve_model",
+    "resolve_precision",
+    "run_bench",
+    "SamplingSettings",
+    "save_report",
+    "SEED_PRESET",
+    "starter_folder",
+    "STARTER_NAME",
+    "StarterUnavailable",
+    "StatsEvent",
+    "STRATEGIES",
+    "suggest",
+    "SWEEP_COLUMNS",
+    "SWEEP_MODES",
+    "SweepRow",
+    "Target",
+    "to_csv",
+    "to_json",
+    "to_markdown",
+    "to_text",
+    "TokenEvent",
+    "torch_cuda_build",
+    "UnsupportedConfiguration",
+]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional, Sequence
 
-from redline.inference.decoding.generate import DecodeOptions, EventFn, SamplingSettings, check_draft, generate
+from redline.inference.decoding.generate import generate
+from redline.inference.decoding.hf import check_draft
+from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.decoding.prompt import build_prompt
-from redline.inference.errors import IncompatibleDraft, RedlineError
-from redline.inference.events import GenerationResult
+from redline.inference.errors import IncompatibleDraft, NeedsOptIn, RedlineError
+from redline.inference.events import EventFn, GenerationResult
 from redline.inference.hardware.probe import default_device
 from redline.inference.loading.loader import LoadedModel, free_memory, load_model
 from redline.inference.loading.precision import PrecisionSpec
@@ -21,15 +23,6 @@ from redline.inference.memory.calibration import MemoryCheck, check_generation, 
 from redline.inference.memory.policy import bound_kernel_caches
 from redline.inference.progress import ProgressFn, noop_progress
 from redline.inference.sources.resolve import resolve
-
-
-def default_precision(device: str) -> str:
-    """bf16 where the hardware has it (half the bytes of fp32), else fp16 on GPUs."""
-    if device.startswith("cuda"):
-        import torch
-
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16"
 
 
 class Engine:
@@ -62,19 +55,31 @@ class Engine:
         progress: ProgressFn = noop_progress,
         trust_remote_code: bool = False,
         allow_pickle: bool = False,
+        opt_in: Optional[Callable[[NeedsOptIn], bool]] = None,
     ) -> LoadedModel:
+        """Load ``model`` as the target. A folder whose code would run (or whose weights would be unpickled)
+        raises NeedsOptIn unless the matching flag is set, or ``opt_in(exc)`` — asked at most once per kind —
+        says yes (the user trusts it, or already did)."""
         self._cancel.clear()
         source = resolve(model)
         self.unload()
-        self.target = load_model(
-            source,
-            precision,
-            self.device,
-            progress,
-            self.cancelled,
-            trust_remote_code=trust_remote_code,
-            allow_pickle=allow_pickle,
-        )
+        flags = {"remote_code": trust_remote_code, "pickle": allow_pickle}
+        while True:
+            try:
+                self.target = load_model(
+                    source,
+                    precision,
+                    self.device,
+                    progress,
+                    self.cancelled,
+                    trust_remote_code=flags["remote_code"],
+                    allow_pickle=flags["pickle"],
+                )
+                break
+            except NeedsOptIn as exc:
+                if flags[exc.kind] or opt_in is None or not opt_in(exc):
+                    raise
+                flags[exc.kind] = True
         self._predict(self.target)
         return self.target
 

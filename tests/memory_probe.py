@@ -9,7 +9,7 @@ import sys
 
 
 def main() -> None:
-    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
     from redline.inference.loading.precision import parse_precision
 

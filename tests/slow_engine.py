@@ -37,7 +37,7 @@ class SlowEngine:
     def cancel(self) -> None:
         self._cancel.set()
 
-    def load(self, model, precision, progress=None):
+    def load(self, model, precision, progress=None, opt_in=None):
         self._cancel.clear()
         self.target = _Loaded(f"slow-{model}", precision if hasattr(precision, "label") else parse_precision("fp32"))
         return self.target

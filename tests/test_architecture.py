@@ -36,3 +36,22 @@ def test_contract_breaks_when_engine_imports_qt(tmp_path):
     broken = lint(pkg)
     assert broken.returncode != 0
     assert "redline.inference.sneaky -> PySide6" in broken.stdout
+
+
+def test_contract_breaks_when_ui_reaches_past_the_public_surface(tmp_path):
+    pkg = copy_tree(tmp_path)
+    (pkg / "ui" / "sneaky.py").write_text("from redline.inference.decoding.generate import generate\n")
+    broken = lint(pkg)
+    assert broken.returncode != 0
+    assert "redline.ui.sneaky -> redline.inference.decoding.generate" in broken.stdout
+
+
+def test_the_public_surface_imports_neither_torch_nor_transformers():
+    """The window imports the engine's surface on the UI thread; torch must load on the engine's thread."""
+    code = (
+        "import sys, redline.inference, redline.ui.main_window, redline.app.gui; "
+        "print(sorted(m for m in ('torch', 'transformers', 'bitsandbytes') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

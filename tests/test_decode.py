@@ -5,7 +5,8 @@ import threading
 import pytest
 import torch
 
-from redline.inference.decoding.generate import DecodeOptions, SamplingSettings, generate
+from redline.inference.decoding.generate import generate
+from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
 from redline.inference.errors import IncompatibleDraft
 from redline.inference.events import FinishedEvent, StatsEvent, TokenEvent

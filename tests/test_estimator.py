@@ -267,8 +267,8 @@ def test_suggestion_picks_highest_precision_that_fits():
 
     s = suggest(planner_for(LLAMA3_8B, 13 * GB), 4096)  # bf16 needs ~17 GB: int8 is the best that fits
     assert s.precision == "int8" and s.context == 4096
-    assert re.match(r"int8 fits with \d+\.\d GB to spare at 4096 tokens", s.text)
-    assert re.search(r"bf16 would need 1\d\.\d GB, \d\.\d GB more than this GPU has free", s.text)
+    assert re.match(r"int8 fits with \d+\.\d+ GB to spare at 4096 tokens", s.text)
+    assert re.search(r"bf16 would need 1\d\.\d GB, \d\.\d+ GB more than this GPU has free", s.text)
     assert [o.precision for o in s.options] == ["nf4"]
     assert s.max_context >= 4096
 
@@ -403,7 +403,7 @@ def test_cli_table_and_bad_model(capsys, tmp_path):
 
 
 def test_engine_records_predicted_and_measured(tiny_model_dir, tmp_path, monkeypatch):
-    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
     from redline.inference.memory.calibration import history
 

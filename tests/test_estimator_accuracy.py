@@ -53,6 +53,7 @@ def test_prediction_within_target_of_measured_rss(precision, starter_dir, tmp_pa
 
 
 @pytest.mark.starter
+@pytest.mark.slow
 def test_cli_estimate_starter_offline(starter_dir, tmp_path):
     env = dict(
         os.environ,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
 from redline.inference.events import TokenEvent
 from redline.inference.loading.precision import PrecisionSpec, parse_precision

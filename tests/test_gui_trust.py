@@ -40,6 +40,7 @@ def test_custom_code_needs_confirmation_naming_the_files(qtbot, custom_model, mo
         w2.shutdown()
 
 
+@pytest.mark.slow
 def test_five_megabyte_paste_is_handled(qtbot, tiny_model_dir):
     from PySide6.QtCore import QMimeData
 

@@ -30,7 +30,7 @@ def _db_path() -> Path:
 
 
 def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
-    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
     from redline.inference.loading.precision import parse_precision
 
@@ -50,6 +50,7 @@ def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap is what is measured")
+@pytest.mark.slow
 def test_unloading_the_starter_returns_its_memory(starter_dir):
     """The real thing, in a fresh process: bf16 weights (about 270 MB) loaded, used by both decode paths and
     unloaded; resident memory must come back within 10 % of where it was (the long-day budget). Measured:
@@ -137,6 +138,7 @@ def test_window_unload_then_reload(qtbot, tiny_model_dir):
 
 
 @pytest.mark.usefixtures("profile")
+@pytest.mark.slow
 def test_sigkill_mid_reply_keeps_partial_text(tmp_path):
     from slow_engine import word
 

@@ -15,6 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LINUX = ROOT / "packaging" / "linux"
 APP_ID = "io.github.redline_app.Redline"
+# Builds the sdist and the wheel and installs them: part of `make test`, not of `make test-fast`.
+pytestmark = pytest.mark.packaging
 
 
 def _build(tmp: Path) -> tuple[Path, Path]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from redline.inference.decoding.generate import STRATEGIES, DecodeOptions, SamplingSettings
+from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
 from redline.inference.loading.precision import parse_precision
 

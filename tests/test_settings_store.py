@@ -111,7 +111,7 @@ def test_export_markdown_and_json(dirs):
 
 def test_settings_offer_every_engine_strategy_and_precision():
     from redline.app.settings import STRATEGIES as SETTINGS_STRATEGIES
-    from redline.inference.decoding.generate import STRATEGIES
+    from redline.inference.decoding.options import STRATEGIES
     from redline.inference.loading.precision import PRECISIONS
     from redline.ui.settings_panel import PRECISION_CHOICES, STRATEGY_CHOICES
 

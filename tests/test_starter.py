@@ -28,6 +28,7 @@ def test_chat_answers_paris(starter_dir):
     assert "Paris" in proc.stdout
 
 
+@pytest.mark.slow
 def test_json_record_and_speculative_with_int8_draft(starter_dir):
     base = [
         "chat",
@@ -71,7 +72,7 @@ def test_json_record_and_speculative_with_int8_draft(starter_dir):
 
 
 def test_deltas_join_for_emoji_and_chinese(starter_dir):
-    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
     from redline.inference.events import TokenEvent
     from redline.inference.loading.precision import PrecisionSpec

@@ -10,7 +10,7 @@ import threading
 
 
 def main() -> None:
-    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
     from redline.inference.loading.precision import parse_precision
     from redline.inference.memory.measured import process_rss

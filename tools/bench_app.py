@@ -253,7 +253,7 @@ def child_unload(switches: int, tiny: str) -> None:
         loaded = []
         w.model_loaded.connect(loaded.append)
         w.apply_settings(dataclasses.replace(w.settings, model="starter", precision=precision), force_reload=True)
-        gui.wait_until(lambda: bool(loaded), 900, "the starter to load")
+        gui.wait_until(lambda loaded=loaded: bool(loaded), 900, "the starter to load")
         w.model_loaded.disconnect(loaded.append)
         w.new_chat()  # a chat of its own: what stays is the model's, not a conversation growing in the window
         result = gui.send(w, PROMPTS[k % len(PROMPTS)])
@@ -327,14 +327,14 @@ def child_reference(max_new_tokens: int) -> None:
     """The soak's reference: the same conversations as the window's, through Engine.chat on a worker thread."""
     import threading
 
-    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
-    from redline.inference.engine import Engine, default_precision
-    from redline.inference.loading.precision import parse_precision
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+    from redline.inference.engine import Engine
+    from redline.inference.loading.precision import resolve_precision
 
     def work():
         engine = Engine()
         engine.record_memory = False
-        engine.load("starter", parse_precision(default_precision(engine.device)))
+        engine.load("starter", resolve_precision("auto", engine.device))
         print("READY", flush=True)
         history: list[dict] = []
         for line in sys.stdin:
@@ -680,7 +680,8 @@ def phase_unload(table: Table, work: Path, switches: int) -> None:
     )
     table.add(
         f"unload: growth over {len(rows)} switches (after last vs after first unload)",
-        f"{rows[-1]['after'] - rows[0]['after']:+.0f} MB ({(rows[-1]['after'] / base - rows[0]['after'] / base) * 100:+.1f} % of baseline)",
+        f"{rows[-1]['after'] - rows[0]['after']:+.0f} MB "
+        f"({(rows[-1]['after'] - rows[0]['after']) / base * 100:+.1f} % of baseline)",
         "≤ +10 % of baseline",
         rows[-1]["after"] - rows[0]["after"] <= 0.10 * base,
     )

@@ -54,7 +54,7 @@ def _engine():
 
 
 def _decode_rate(engine, strategy: str, tokens: int = 64) -> float:
-    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 
     settings = SamplingSettings(max_new_tokens=tokens, min_new_tokens=tokens, temperature=0.0)
     return engine.chat(PROMPT, settings, DecodeOptions(strategy=strategy)).tokens_per_s
@@ -92,7 +92,7 @@ def part_heap(rounds: int) -> None:
 
 def child_caches(capacity: str, turns: int, samples: int) -> None:
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = os.environ["LRU_CACHE_CAPACITY"] = capacity
-    from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 
     engine = _engine()
     short = SamplingSettings(max_new_tokens=4, temperature=0.0)

@@ -17,6 +17,8 @@ from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
+from redline.inference import format_bytes
+
 from .style import app_icon
 
 PENDING = "detecting…"
@@ -43,7 +45,7 @@ class AboutInfo:
 class HardwareSummary:
     cuda_build: Optional[str]  # the CUDA version torch was built for; None for a CPU-only torch
     cuda_available: bool
-    gpus: list[str] = field(default_factory=list)  # "NVIDIA GeForce RTX 4090 · 24.0 GiB"
+    gpus: list[str] = field(default_factory=list)  # "NVIDIA GeForce RTX 4090 · 25.8 GB"
     cpu: str = ""
     ram: str = ""
 
@@ -64,21 +66,17 @@ def library_versions() -> list[tuple[str, str]]:
     return rows
 
 
-def _gib(n: Optional[int]) -> str:
-    return "unknown" if n is None else f"{n / 2**30:.1f} GiB"
-
-
 def probe_hardware() -> HardwareSummary:
     """Reads the GPUs (NVML, then torch) and torch's CUDA build. Imports torch: never on the UI thread."""
-    from redline.inference.hardware.probe import probe, torch_cuda_build
+    from redline.inference import probe_machine, torch_cuda_build
 
-    info = probe()
+    info = probe_machine()
     return HardwareSummary(
         cuda_build=torch_cuda_build(),
         cuda_available=info.cuda_available,
-        gpus=[f"{g.name} · {_gib(g.total_bytes)}" for g in info.gpus],
+        gpus=[f"{g.name} · {format_bytes(g.total_bytes)}" for g in info.gpus],
         cpu=f"{info.cpu} · {info.cpu_cores} threads",
-        ram=_gib(info.ram_total_bytes),
+        ram=format_bytes(info.ram_total_bytes),
     )
 
 

@@ -131,22 +131,11 @@ def load_task(
     pickle weights (as they are now); without it, such a model is refused with NeedsOptIn."""
 
     def task(engine, report):
-        from redline.inference.engine import default_precision
-        from redline.inference.errors import Cancelled, NeedsOptIn, RedlineError
-        from redline.inference.loading.precision import parse_precision
+        from redline.inference import Cancelled, RedlineError, resolve_precision
 
         share = 0.75 if (with_draft and draft_model) else 1.0
-        spec = parse_precision(default_precision(engine.device) if precision == "auto" else precision)
-        flags = {}
-        while True:
-            try:
-                loaded = engine.load(model, spec, lambda f, phase: report(LoadProgress(f * share, phase)), **flags)
-                break
-            except NeedsOptIn as exc:
-                key = "trust_remote_code" if exc.kind == "remote_code" else "allow_pickle"
-                if key in flags or is_trusted is None or not is_trusted(exc):
-                    raise
-                flags[key] = True
+        spec = resolve_precision(precision, engine.device)
+        loaded = engine.load(model, spec, lambda f, phase: report(LoadProgress(f * share, phase)), opt_in=is_trusted)
         info = ModelInfo(
             loaded.name,
             loaded.device,
@@ -156,7 +145,7 @@ def load_task(
             list(loaded.notes),
         )
         if with_draft and draft_model:
-            dspec = parse_precision(default_precision(engine.device) if draft_precision == "auto" else draft_precision)
+            dspec = resolve_precision(draft_precision, engine.device)
             try:
                 draft = engine.load_draft(
                     draft_model,
@@ -178,7 +167,7 @@ def load_task(
 
 
 def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
-    from redline.inference.memory.calibration import measured_peak_bytes, predict_loaded
+    from redline.inference import measured_peak_bytes, predict_loaded
 
     target, draft = engine.target, engine.draft
     try:
@@ -197,12 +186,12 @@ def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
 
 
 def describe_task(spec: str):
-    """Validate a model choice and read its shape (``inference.sources.describe.describe``)."""
+    """Validate a model choice and read its shape (``redline.inference.describe_model``)."""
 
     def task(engine, report):
-        from redline.inference.sources.describe import describe
+        from redline.inference import describe_model
 
-        return describe(spec)
+        return describe_model(spec)
 
     return task
 
@@ -218,12 +207,10 @@ class MachineInfo:
 
 def hardware_task():
     def task(engine, report):
-        from redline.inference.hardware.probe import probe
-        from redline.inference.memory.calibration import correction_bytes
-        from redline.inference.memory.fit import detect_target
+        from redline.inference import correction_bytes, detect_target, probe_machine
 
         reclaimable = sum(m.memory_bytes for m in (engine.target, engine.draft) if m is not None)
-        hardware = probe()
+        hardware = probe_machine()
         target = detect_target(reclaimable_bytes=reclaimable, device=engine.device)
         correction = correction_bytes(target.device, key=target.calibration_key) if target.calibration_key else 0
         return MachineInfo(hardware, target, correction, reclaimable, engine.device)
@@ -235,7 +222,7 @@ def pair_task(target_spec: str, draft_spec: str):
     """Whether the draft pairs with the target, from configs and tokenizers (``inference.decoding.draft_check``)."""
 
     def task(engine, report):
-        from redline.inference.decoding.draft_check import check_pair
+        from redline.inference import check_pair
 
         return check_pair(target_spec, draft_spec)
 
@@ -254,12 +241,12 @@ def unload_task():
 
 def chat_task(messages: list[dict], sampling: dict, options: dict, context: Optional[int], channel: EventChannel):
     def task(engine, report):
-        from redline.inference.decoding.generate import DecodeOptions, SamplingSettings
+        from redline.inference import DecodeOptions, SamplingSettings
 
         channel.report = report
         opts = dict(options)
         if opts.get("strategy") == "speculative" and engine.draft is None:
-            from redline.inference.errors import IncompatibleDraft
+            from redline.inference import IncompatibleDraft
 
             raise IncompatibleDraft(
                 "Speculative decoding needs a draft model, and none is loaded.",

@@ -14,17 +14,10 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QPainter, QPen, QPolygonF
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from redline.inference import format_bytes
+
 SPARK_POINTS = 200
 ACCENT = QColor(214, 40, 57)  # the "redline"
-GB = 1024**3
-
-
-def fmt_bytes(n: Optional[int]) -> str:
-    if n is None:
-        return "unknown"
-    if n >= GB:
-        return f"{n / GB:.2f} GiB"
-    return f"{n / 1024**2:.0f} MiB"
 
 
 def _nice_max(value: float) -> float:
@@ -272,34 +265,34 @@ class GaugesPanel(QFrame):
             if mine is None:  # NVML per-process figures unavailable (e.g. in some containers)
                 segments = [(used or 0, self.THIS)]
                 legend = (
-                    f"{sw(self.THIS)} used (all processes) {fmt_bytes(used)}<br>"
+                    f"{sw(self.THIS)} used (all processes) {format_bytes(used)}<br>"
                     "this process / others: unknown (NVML gives no per-process figures here)"
                 )
             else:
                 segments = [(mine, self.THIS), (others or 0, self.OTHER)]
                 legend = (
-                    f"{sw(self.THIS)} this process {fmt_bytes(mine)}<br>"
-                    f"{sw(self.OTHER)} other processes {fmt_bytes(others)}"
+                    f"{sw(self.THIS)} this process {format_bytes(mine)}<br>"
+                    f"{sw(self.OTHER)} other processes {format_bytes(others)}"
                 )
             free = (total - used) if (total is not None and used is not None) else None
             self.mem_bar.set_segments(segments, total)
-            self.mem_label.setText(f"{legend}<br>free {fmt_bytes(free)} of {fmt_bytes(total)}")
+            self.mem_label.setText(f"{legend}<br>free {format_bytes(free)} of {format_bytes(total)}")
             self.torch_bar.show()
             alloc, reserved = snap.cuda_allocated_bytes, snap.cuda_reserved_bytes
             self.torch_bar.set_segments(
                 [(alloc or 0, self.TORCH), ((reserved or 0) - (alloc or 0), QColor(160, 180, 230))], reserved or None
             )
             self.torch_label.setText(
-                f"torch: {sw(self.TORCH)} allocated {fmt_bytes(alloc)} of {fmt_bytes(reserved)} reserved"
+                f"torch: {sw(self.TORCH)} allocated {format_bytes(alloc)} of {format_bytes(reserved)} reserved"
             )
         else:
             total = snap.system_total_bytes
             others = max(0, snap.system_used_bytes - snap.rss_bytes)
             self.mem_bar.set_segments([(snap.rss_bytes, self.THIS), (others, self.OTHER)], total)
             self.mem_label.setText(
-                f"{sw(self.THIS)} this process (RSS) {fmt_bytes(snap.rss_bytes)}<br>"
-                f"{sw(self.OTHER)} rest of the system {fmt_bytes(others)}<br>"
-                f"free {fmt_bytes(total - snap.system_used_bytes)} of {fmt_bytes(total)} RAM"
+                f"{sw(self.THIS)} this process (RSS) {format_bytes(snap.rss_bytes)}<br>"
+                f"{sw(self.OTHER)} rest of the system {format_bytes(others)}<br>"
+                f"free {format_bytes(total - snap.system_used_bytes)} of {format_bytes(total)} RAM"
             )
             self.torch_bar.hide()
             self.torch_label.setText("")

@@ -50,9 +50,9 @@ class _Sampler(QObject):
     @Slot()
     def sample(self) -> None:
         try:
-            from redline.inference.memory.measured import snapshot
+            from redline.inference import memory_snapshot
 
-            snap = snapshot(self.device)
+            snap = memory_snapshot(self.device)
         except Exception as exc:  # reported as unreadable, never replaced by a guess
             snap = exc
         self.sampled.emit(snap)

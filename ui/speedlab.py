@@ -41,9 +41,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown
-from redline.inference.bench.runner import (
+from redline.inference import (
+    COLUMNS,
+    MB,
     SEED_PRESET,
+    SWEEP_COLUMNS,
     BenchPhase,
     BenchReport,
     BenchRow,
@@ -52,6 +54,7 @@ from redline.inference.bench.runner import (
     BenchSweepRow,
     BenchToken,
     ConfigResult,
+    RedlineError,
     builtin_prompt_sets,
     list_reports,
     load_prompt_set,
@@ -59,8 +62,10 @@ from redline.inference.bench.runner import (
     parse_configs,
     run_bench,
     save_report,
+    to_csv,
+    to_json,
+    to_markdown,
 )
-from redline.inference.errors import RedlineError
 from redline.ui.worker import EngineThread
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32"
@@ -73,7 +78,7 @@ _SORT_KEYS = {
     "tok/s range": "tokens_per_s_min",
     "total s": "total_s",
     "load s": "load_s",
-    "peak MiB": "peak_memory_bytes",
+    "peak MB": "peak_memory_bytes",
     "accept": "acceptance_rate",
     "acc. len": "mean_accepted_length",
     "speedup": "speedup",
@@ -223,7 +228,7 @@ class SpeedLabPanel(QWidget):
         self.latency_plot = self._plot("Per-token latency by position (median)", "ms")
         self.latency_plot.setLabel("bottom", "new token")
         self.latency_plot.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 210), labelTextColor="k")
-        self.memory_plot = self._plot("Peak memory", "MiB")
+        self.memory_plot = self._plot("Peak memory", "MB")
         grid.addWidget(self.tps_plot, 0, 0)
         grid.addWidget(self.ttft_plot, 0, 1)
         grid.addWidget(self.latency_plot, 1, 0)
@@ -254,9 +259,9 @@ class SpeedLabPanel(QWidget):
 
         export_row = QHBoxLayout()
         export_row.addWidget(QLabel("Export:"))
-        for fmt in ("CSV", "JSON", "Markdown", "PNG"):
+        for fmt, kind in (("CSV", "csv"), ("JSON", "json"), ("Markdown", "markdown"), ("PNG", "png")):
             b = QPushButton(fmt)
-            b.clicked.connect(lambda _=False, f=fmt.lower(): self._export_dialog(f))
+            b.clicked.connect(lambda _=False, f=kind: self._export_dialog(f))
             export_row.addWidget(b)
         export_row.addStretch(1)
 
@@ -473,7 +478,7 @@ class SpeedLabPanel(QWidget):
                 r.config: list(r.per_token_ms_by_position) for r in self.shown if r.per_token_ms_by_position
             },
             "peak_memory_mib": [
-                (r.config, r.peak_memory_bytes / 2**20) for r in self.shown if r.peak_memory_bytes is not None
+                (r.config, r.peak_memory_bytes / MB) for r in self.shown if r.peak_memory_bytes is not None
             ],
         }
 

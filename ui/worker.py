@@ -89,7 +89,7 @@ class EngineThread(QObject):
         if engine_factory is None:
 
             def engine_factory():
-                from redline.inference.engine import Engine
+                from redline.inference import Engine
 
                 return Engine()
 

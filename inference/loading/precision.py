@@ -100,6 +100,23 @@ def parse_precision(text: str, **overrides) -> PrecisionSpec:
     return PrecisionSpec(name=name, **kwargs)
 
 
+def default_precision(device: str) -> str:
+    """What ``auto`` means: bf16 where the hardware has it (half the bytes of fp32), else fp16 on GPUs."""
+    if device.startswith("cuda"):
+        import torch
+
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16"
+
+
+def resolve_precision(text: str, device: str) -> PrecisionSpec:
+    """Parse a precision as the user wrote it, ``auto`` (and ``auto+keep=…``) included, for ``device``."""
+    name, plus, rest = text.strip().partition("+")
+    if name.lower() == "auto":
+        text = default_precision(device) + plus + rest
+    return parse_precision(text)
+
+
 def torch_dtype(name: str):
     import torch
 

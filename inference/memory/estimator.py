@@ -39,9 +39,8 @@ from typing import Any, Optional
 
 from redline.inference.errors import ModelLoadError
 from redline.inference.loading.precision import PrecisionSpec
+from redline.inference.units import GB, MB  # noqa: F401 - MB/GB are part of the estimator's vocabulary
 
-MB = 1_000_000
-GB = 1_000_000_000
 DTYPE_BYTES = {
     "float32": 4,
     "float16": 2,

@@ -20,6 +20,7 @@ import psutil
 from redline.inference.hardware.gpus import find_gpu, gpu_for_memory
 from redline.inference.loading.precision import PrecisionSpec, parse_precision
 from redline.inference.memory.estimator import GB, Estimate, ModelShape, estimate
+from redline.inference.units import format_bytes
 
 SUGGESTED = ("bf16", "int8", "nf4")
 MIN_CONTEXT = 256  # shorter than this is not a useful chat
@@ -94,10 +95,6 @@ def detect_target(
         avail += reclaimable_bytes
     name = g.name if g is not None else label[len("this GPU (") : -1]
     return Target("cuda", avail, label, "cuda:" + name, True if bf16 is None else bool(bf16), None, "this GPU has free")
-
-
-def gb(n: float) -> str:
-    return f"{n / GB:.1f} GB"
 
 
 @dataclass
@@ -196,10 +193,11 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
     def short(e: Estimate, p: str) -> str:
         gap = e.total_bytes - t.available_bytes
         if gap > 0:
-            return f"{p} would need {gb(e.total_bytes)}, {gb(gap)} more than {t.what}"
+            return f"{p} would need {format_bytes(e.total_bytes)}, {format_bytes(gap)} more than {t.what}"
         return (
-            f"{p} would need {gb(e.total_bytes)} of the {gb(t.available_bytes)} available, too close to be "
-            f"safe (the estimate may be off by {gb(e.margin_bytes)})"
+            f"{p} would need {format_bytes(e.total_bytes)} of the {format_bytes(t.available_bytes)} available, "
+            "too close to be "
+            f"safe (the estimate may be off by {format_bytes(e.margin_bytes)})"
         )
 
     est = [planner.estimate(s, context) for s in specs]
@@ -208,7 +206,8 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
         i = fitting[0]
         best, e = ladder[i], est[i]
         max_ctx = planner.longest_context(specs[i])
-        text = f"{best}{draft_words} fits with {gb(t.available_bytes - e.total_bytes)} to spare at {context} tokens"
+        spare = format_bytes(t.available_bytes - e.total_bytes)
+        text = f"{best}{draft_words} fits with {spare} to spare at {context} tokens"
         if max_ctx > context:
             text += f" (and would fit up to {max_ctx} tokens)"
         above = [short(est[j], ladder[j]) for j in range(i)]
@@ -221,7 +220,7 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
                 est[j].total_bytes,
                 t.available_bytes - est[j].total_bytes,
                 None,
-                f"{ladder[j]} also fits, with {gb(t.available_bytes - est[j].total_bytes)} to spare.",
+                f"{ladder[j]} also fits, with {format_bytes(t.available_bytes - est[j].total_bytes)} to spare.",
             )
             for j in fitting[1:]
         ]
@@ -245,7 +244,7 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
                         t.available_bytes - e.total_bytes,
                         "draft",
                         f"Without the draft model, {p} fits at {context} tokens with "
-                        f"{gb(t.available_bytes - e.total_bytes)} to spare.",
+                        f"{format_bytes(t.available_bytes - e.total_bytes)} to spare.",
                     )
                 )
                 break
@@ -269,8 +268,8 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
     if options:
         first = options[0]
         text = (
-            f"Nothing fits at {context} tokens{draft_words}: even {ladder[-1]} needs {gb(e_low.total_bytes)} "
-            f"and only {gb(t.available_bytes)} is available ({t.label}). {first.text}"
+            f"Nothing fits at {context} tokens{draft_words}: even {ladder[-1]} needs {format_bytes(e_low.total_bytes)} "
+            f"and only {format_bytes(t.available_bytes)} is available ({t.label}). {first.text}"
         )
         return Suggestion(
             text,
@@ -284,8 +283,8 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
     small = min(context, MIN_CONTEXT)
     e_small = planner.estimate(lowest, small)
     text = (
-        f"Nothing fits: even {ladder[-1]} at {small} tokens needs about {gb(e_small.total_bytes)} plus a "
-        f"{gb(e_small.margin_bytes)} safety margin, and only {gb(t.available_bytes)} is available "
+        f"Nothing fits: even {ladder[-1]} at {small} tokens needs about {format_bytes(e_small.total_bytes)} plus a "
+        f"{format_bytes(e_small.margin_bytes)} safety margin, and only {format_bytes(t.available_bytes)} is available "
         f"({t.label})."
     )
     # The card to name: the smallest in the list on which the lowest precision fits at the asked context.

@@ -40,10 +40,17 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from redline.inference.hardware.gpus import CONSUMER_GPUS
-from redline.inference.loading.precision import parse_precision
-from redline.inference.memory.estimator import GB, MB
-from redline.inference.memory.fit import Planner, Target, detect_target, suggest
+from redline.inference import (
+    CONSUMER_GPUS,
+    GB,
+    MB,
+    Planner,
+    Target,
+    detect_target,
+    format_bytes,
+    parse_precision,
+    suggest,
+)
 from redline.ui.engine_client import TaskFailed
 
 SHOWN_PRECISIONS = ("bf16", "fp16", "fp32", "int8", "nf4", "fp4", "q8", "q4")
@@ -103,12 +110,6 @@ TIPS = {
         "Redline's config folder."
     ),
 }
-
-
-def fmt_bytes(n: Optional[int]) -> str:
-    if n is None:
-        return "unknown"
-    return f"{n / MB:,.0f} MB" if abs(n) < 10 * GB else f"{n / GB:.1f} GB"
 
 
 def _colored(label: QLabel, text: str, color: Optional[str] = None) -> None:
@@ -401,26 +402,29 @@ def describe_machine(m) -> str:
     lines = []
     if hw.gpus:
         for g in hw.gpus:
-            line = f"GPU {g.index}: {g.name} — {fmt_bytes(g.total_bytes)} total, {fmt_bytes(g.free_bytes)} free"
+            line = f"GPU {g.index}: {g.name} — {format_bytes(g.total_bytes)} total, {format_bytes(g.free_bytes)} free"
             if g.other_processes_bytes is not None:
-                line += f"; other processes use {fmt_bytes(g.other_processes_bytes)}"
+                line += f"; other processes use {format_bytes(g.other_processes_bytes)}"
             if g.this_process_bytes:
-                line += f", Redline {fmt_bytes(g.this_process_bytes)}"
+                line += f", Redline {format_bytes(g.this_process_bytes)}"
             lines.append(line)
         if m.device == "cpu":
             lines.append("This build of PyTorch cannot use the GPU, so models run on the CPU.")
     else:
         lines.append("No GPU — models run on the CPU.")
-    lines.append(f"System RAM: {fmt_bytes(hw.ram_total_bytes)} total, {fmt_bytes(hw.ram_available_bytes)} available")
+    lines.append(
+        f"System RAM: {format_bytes(hw.ram_total_bytes)} total, {format_bytes(hw.ram_available_bytes)} available"
+    )
     lines.append(f"CPU: {hw.cpu}, {hw.cpu_cores} threads")
-    lines.append(f"Planning with {fmt_bytes(m.target.available_bytes)}: {m.target.label}.")
+    lines.append(f"Planning with {format_bytes(m.target.available_bytes)}: {m.target.label}.")
     if m.reclaimable_bytes:
         lines.append(
-            f"(That counts the {fmt_bytes(m.reclaimable_bytes)} the model loaded now gives back when it is replaced.)"
+            f"(That counts the {format_bytes(m.reclaimable_bytes)} the model loaded now gives back when it is "
+            "replaced.)"
         )
     if m.correction_bytes:
         lines.append(
-            f"Estimates include a correction of {fmt_bytes(m.correction_bytes)} learned from loads measured "
+            f"Estimates include a correction of {format_bytes(m.correction_bytes)} learned from loads measured "
             "on this machine."
         )
     return "\n".join(lines)
@@ -516,7 +520,7 @@ class ConfigPage(QWizardPage):
         start = self.wiz.context or min(top, DEFAULT_CONTEXT_CAP)
         t = self.wiz.target
         self.header.setText(
-            f"{self.wiz.model.name} on {t.label}: {fmt_bytes(t.available_bytes)} available. "
+            f"{self.wiz.model.name} on {t.label}: {format_bytes(t.available_bytes)} available. "
             "'Fits' keeps a safety margin of 10 % or 300 MB, whichever is larger."
         )
         if self.context.value() == start:
@@ -541,12 +545,12 @@ class ConfigPage(QWizardPage):
         for row, e in enumerate(self.estimates):
             cells = (
                 e.precision,
-                fmt_bytes(e.weights_bytes),
-                fmt_bytes(e.kv_cache_bytes),
-                fmt_bytes(e.activation_bytes),
-                fmt_bytes(e.overhead_bytes),
-                fmt_bytes(e.loading_bytes),
-                fmt_bytes(e.total_bytes),
+                format_bytes(e.weights_bytes),
+                format_bytes(e.kv_cache_bytes),
+                format_bytes(e.activation_bytes),
+                format_bytes(e.overhead_bytes),
+                format_bytes(e.loading_bytes),
+                format_bytes(e.total_bytes),
                 fit_text(e),
             )
             for col, text in enumerate(cells):
@@ -610,13 +614,13 @@ class ConfigPage(QWizardPage):
             e = self.estimates[row]
             if e.fits:
                 _colored(
-                    self.choice, f"Next: {e.precision} at {e.context} tokens, predicted {fmt_bytes(e.total_bytes)}."
+                    self.choice, f"Next: {e.precision} at {e.context} tokens, predicted {format_bytes(e.total_bytes)}."
                 )
             else:
                 _colored(
                     self.choice,
-                    f"{e.precision} does not fit: {fmt_bytes(e.total_bytes)} predicted, "
-                    f"{fmt_bytes(e.available_bytes)} available. You can still try; loading may run "
+                    f"{e.precision} does not fit: {format_bytes(e.total_bytes)} predicted, "
+                    f"{format_bytes(e.available_bytes)} available. You can still try; loading may run "
                     "out of memory.",
                     CLOSE,
                 )
@@ -775,8 +779,8 @@ class DraftPage(QWizardPage, _CheckedPicker):
         verdict = "fits" if e.fits else "does not fit"
         _colored(
             self.memory,
-            f"With the draft: {fmt_bytes(e.total_bytes)} predicted ({fmt_bytes(e.draft_bytes)} of it "
-            f"the draft's weights and KV cache) of {fmt_bytes(e.available_bytes)} available at "
+            f"With the draft: {format_bytes(e.total_bytes)} predicted ({format_bytes(e.draft_bytes)} of it "
+            f"the draft's weights and KV cache) of {format_bytes(e.available_bytes)} available at "
             f"{self.wiz.context} tokens — {verdict}.",
             OK if e.fits else BAD,
         )
@@ -917,8 +921,8 @@ class LoadPage(QWizardPage):
         self.completeChanged.emit()
 
     def _show_figures(self, info) -> None:
-        self.predicted.setText(fmt_bytes(info.predicted_bytes))
-        self.measured.setText(fmt_bytes(info.measured_bytes))
+        self.predicted.setText(format_bytes(info.predicted_bytes))
+        self.measured.setText(format_bytes(info.measured_bytes))
         notes = []
         if info.predicted_bytes and info.measured_bytes:
             err = 100.0 * (info.predicted_bytes - info.measured_bytes) / info.measured_bytes
@@ -936,7 +940,7 @@ class LoadPage(QWizardPage):
         planned = self.wiz.planned_total()
         if planned is not None:
             notes.append(
-                f"The configuration page predicted {fmt_bytes(planned)} for a full context of "
+                f"The configuration page predicted {format_bytes(planned)} for a full context of "
                 f"{self.wiz.context} tokens; this load has not used its KV cache yet, so the figures above "
                 "are for the load with a one-token context. The chat compares prediction and measurement "
                 "again after every reply."

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QWizard
 
-from redline.inference.loading.precision import parse_precision
+from redline.inference import parse_precision
 from redline.ui.engine_client import EngineClient, describe_task, hardware_task, pair_task
 from redline.ui.protocols import PresetStoreLike
 from redline.ui.wizard.pages import ConfigPage, DraftPage, HardwarePage, LoadPage, ModelPage, PresetPage
@@ -97,7 +97,7 @@ class ConfigWizard(QWizard):
         """The configuration page's prediction for what was chosen (with the draft, if any)."""
         if self.model is None or self.target is None or not self.precision:
             return None
-        from redline.inference.memory.fit import Planner
+        from redline.inference import Planner
 
         draft = (
             self.draft_page.draft_desc.shape
