@@ -41,7 +41,7 @@ def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
     )
     assert loaded.fast_decoder is not None  # the fast path built its fused weights and KV cache
     model, decoder = weakref.ref(loaded.model), weakref.ref(loaded.fast_decoder)
-    cache = weakref.ref(loaded.fast_decoder.k_cache)
+    cache = weakref.ref(loaded.fast_decoder.kv.k)
     engine.unload()
     gc.collect()
     # Freed even though this test still holds the LoadedModel object itself.

@@ -39,29 +39,29 @@ def prefill(dec, prompt: list[int]):
     return dec.forward(torch.tensor(prompt, dtype=torch.long, device=dec.device), 0)
 
 
-def decode_one_token(dec, token: int, pos: int):
-    """One step: the new token at position ``pos``; the logits for the next."""
-    import torch
-
-    return dec.forward(torch.tensor([token], dtype=torch.long, device=dec.device), pos)
+def decode_one_token(dec, token, pos: int):
+    """One step: the new token (a one-element tensor on the device) at position ``pos``; the next logits."""
+    return dec.forward(token.view(1), pos)
 
 
-def sample(scores, cfg) -> int:
+def sample(scores, cfg):
+    """The next token id as a one-element tensor on the scores' device (sampling stays on the device)."""
     import torch
 
     if cfg.do_sample:
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), 1)[0, 0])
-    return int(torch.argmax(scores, dim=-1)[0])
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1)[0]
+    return torch.argmax(scores, dim=-1)
 
 
 def decode_n_tokens(dec, logits, history, pos: int, cfg, collector, cancel: CancelCriteria, max_new: int) -> None:
     """Pick a token from ``logits``, stream it, feed it back; until end of sequence, a stop string, the
-    length, or a cancel."""
+    length, or a cancel. The token history, the end-of-sequence ids and the sampling live on the model's
+    device: the one host synchronisation per token is reading the new id to stream it."""
     import torch
 
     procs = logits_processors(cfg)
     eos = eos_token_ids(cfg)
-    eos_ids = torch.tensor(eos, dtype=torch.long) if eos else None
+    eos_ids = torch.tensor(eos, dtype=torch.long, device=logits.device) if eos else None
     min_new = cfg.min_new_tokens or 0
     for step in range(max_new):
         scores = logits[None]
@@ -70,15 +70,16 @@ def decode_n_tokens(dec, logits, history, pos: int, cfg, collector, cancel: Canc
             scores[:, eos_ids] = -float("inf")
         if procs:
             scores = procs(history, scores)
-        tok = sample(scores, cfg)
-        collector.put(torch.tensor([tok]))
+        next_id = sample(scores, cfg)
+        tok = int(next_id)
+        collector.put(next_id)
         if procs:
-            history = torch.cat([history, torch.tensor([[tok]])], dim=1)
+            history = torch.cat([history, next_id.view(1, 1)], dim=1)
         if (tok in eos and step >= min_new) or collector.decoder.stopped_at_string or step == max_new - 1:
             return
         if cancel.check():
             return
-        logits = decode_one_token(dec, tok, pos)
+        logits = decode_one_token(dec, next_id, pos)
         pos += 1
 
 
@@ -88,7 +89,7 @@ def run_fast(target: LoadedModel, prompt: list[int], cfg, collector, cancel: Can
     from redline.inference.decoding.fastpath import get_decoder
 
     dec = get_decoder(target, len(prompt) + max_new)
-    history = torch.tensor([prompt], dtype=torch.long)
+    history = torch.tensor([prompt], dtype=torch.long, device=dec.device)
     collector.put(history)  # generate() hands the streamer the prompt first; keep the same contract
     logits = prefill(dec, prompt)
     decode_n_tokens(dec, logits, history, len(prompt), cfg, collector, cancel, max_new)

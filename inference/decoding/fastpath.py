@@ -3,10 +3,14 @@
 transformers' ``generate()`` spends most of a CPU decode step in Python
 (cache objects, masks, logits processors, hooks). This module runs the same
 weights — taken from the already-loaded transformers model, not copied —
-through a plain loop: a KV cache preallocated for the whole context, rotary
-tables computed once, the q/k/v and gate/up projections fused into one matmul
-each (the original modules keep *views* of the fused weight, so memory does not
-grow), and nothing allocated per step but activations.
+through a plain loop: a paged KV cache (``kv_cache.py``), rotary tables computed
+once, the q/k/v and gate/up projections fused into one product each (the
+original modules keep *views* of the fused weight, so memory does not grow), and
+per layer a handful of operator calls (``inference/kernels``): RMSNorm, the
+fused products, one attention operator that applies the rotary embedding,
+writes the cache and attends, SiLU·up. On a CPU with Redline's native kernels
+the activations are fp32 and bf16 or block-quantised weights are read as they
+are; elsewhere the same step runs on torch's operators in the model's dtype.
 
 Supported: decoder blocks shaped like Llama's (Llama, Mistral, Qwen2, Qwen3,
 SmolLM, …): RMSNorm → attention with rotary positions (grouped-query allowed;
@@ -24,6 +28,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from redline.inference.decoding.kv_cache import PagedKV
+from redline.inference.kernels import ops, reference
 from redline.inference.memory.policy import weights_in_own_mappings
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
@@ -36,7 +42,7 @@ def supports(model) -> Optional[str]:
     if mtype not in SUPPORTED_TYPES:
         return f"the fast path supports {', '.join(SUPPORTED_TYPES)}, not {mtype}"
     if getattr(model, "hf_quantizer", None) is not None:
-        return "bitsandbytes-quantised weights run through transformers (use the fast path's w8/w4 precisions)"
+        return "bitsandbytes-quantised weights run through transformers (use the q8/q4 precisions)"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act} is not SiLU"
     inner = getattr(model, "model", None)
@@ -75,8 +81,14 @@ class _Layer:
     k_norm: Optional[tuple[torch.Tensor, float]]
 
 
+def _with_bias(product, bias):
+    if bias is None:
+        return product
+    return lambda x: product(x) + bias.to(x.dtype)
+
+
 def _fuse_linears(modules) -> Callable[[torch.Tensor], torch.Tensor]:
-    """One matmul for several projections that read the same input.
+    """One product for several projections that read the same input.
 
     Plain nn.Linear: concatenate the weights once and give the original modules
     views into the fused tensor, so the model's own forward (used by the other
@@ -102,32 +114,30 @@ def _fuse_linears(modules) -> Callable[[torch.Tensor], torch.Tensor]:
                 for b, m in zip(biases, modules)
             ]
         )
-    return lambda x: F.linear(x, weight, bias)
+    return _with_bias(ops.bind_linear(weight), bias)
 
 
 def _linear(module) -> Callable[[torch.Tensor], torch.Tensor]:
     from redline.inference.loading.weight_only import PackedLinear
 
     if isinstance(module, PackedLinear):
+        if module.blocks is not None:  # the fast step's activations are fp32 already: call the kernel directly
+            return _with_bias(ops.bind_blocks(module.blocks), module.bias)
         return module.forward
-    return lambda x, w=module.weight, b=module.bias: F.linear(x, w, b)
+    return _with_bias(ops.bind_linear(module.weight), module.bias)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same arithmetic as LlamaRMSNorm (variance in fp32) so greedy outputs match transformers.
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+def _native_cpu(device: torch.device) -> bool:
+    from redline.inference.kernels.native import native
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return device.type == "cpu" and native() is not None
 
 
 class FastDecoder:
-    """Holds the fused weights, rotary tables and the static KV cache for one model."""
+    """Holds the fused weights, rotary tables and the paged KV cache for one model.
+
+    ``prefill(tokens, start)`` runs several positions of one sequence (a prompt); ``step(tokens, positions,
+    seqs)`` runs one new token for each of several sequences at once. Both return fp32 logits."""
 
     def __init__(self, model, max_context: int = 0):
         reason = supports(model)
@@ -138,23 +148,35 @@ class FastDecoder:
         self.model = model
         self.dtype = inner.embed_tokens.weight.dtype
         self.device = inner.embed_tokens.weight.device
+        self.native = _native_cpu(self.device)
+        # On the CPU with the native kernels the activations are fp32: the kernels read bf16 and block
+        # weights as they are, and fp32 element-wise work is what CPUs without bf16 arithmetic do fastest.
+        self.act_dtype = torch.float32 if self.native else self.dtype
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.q_size = self.n_heads * self.head_dim
         self.kv_size = self.n_kv * self.head_dim
         self.embed = inner.embed_tokens.weight
-        self.norm_w, self.norm_eps = inner.norm.weight, inner.norm.variance_epsilon
+        self.norm_w, self.norm_eps = self._norm_weight(inner.norm.weight), inner.norm.variance_epsilon
         self.lm_head = _linear(model.lm_head)
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qn = (attn.q_norm.weight, attn.q_norm.variance_epsilon) if hasattr(attn, "q_norm") else None
-            kn = (attn.k_norm.weight, attn.k_norm.variance_epsilon) if hasattr(attn, "k_norm") else None
+            qn = (
+                (self._norm_weight(attn.q_norm.weight), attn.q_norm.variance_epsilon)
+                if hasattr(attn, "q_norm")
+                else None
+            )
+            kn = (
+                (self._norm_weight(attn.k_norm.weight), attn.k_norm.variance_epsilon)
+                if hasattr(attn, "k_norm")
+                else None
+            )
             self.layers.append(
                 _Layer(
-                    ln1=layer.input_layernorm.weight,
-                    ln2=layer.post_attention_layernorm.weight,
+                    ln1=self._norm_weight(layer.input_layernorm.weight),
+                    ln2=self._norm_weight(layer.post_attention_layernorm.weight),
                     eps1=layer.input_layernorm.variance_epsilon,
                     eps2=layer.post_attention_layernorm.variance_epsilon,
                     qkv=_fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]),
@@ -167,92 +189,161 @@ class FastDecoder:
             )
         self.scaling = self.head_dim**-0.5
         self.rotary = inner.rotary_emb
+        # The cache in the model's dtype (as transformers keeps it), fp32 for an fp32 model.
+        cache_dtype = torch.float32 if self.dtype == torch.float32 else torch.bfloat16 if self.native else self.dtype
+        self.kv = PagedKV(
+            len(self.layers),
+            self.n_kv,
+            self.head_dim,
+            cache_dtype,
+            self.device,
+            paged=self.native,
+            tokens=max_context or 256,
+        )
         self.max_context = 0
-        self.cache_bytes = 0
         self.ensure_context(max_context or 256)
 
+    def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return w.detach().to(self.act_dtype) if w.dtype != self.act_dtype else w.detach()
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.kv.nbytes
+
     def ensure_context(self, needed: int) -> None:
-        """Allocate the static KV cache and rotary tables for ``needed`` positions (grown in powers of
-        two, so a chat allocates a few times, not every turn; never beyond the model's limit)."""
+        """Rotary tables for ``needed`` positions (grown in powers of two, so a chat computes them a few times,
+        not every turn; never beyond the model's limit unless asked)."""
         if needed <= self.max_context:
             return
         limit = int(getattr(self.model.config, "max_position_embeddings", needed) or needed)
         size = min(max(limit, needed), 1 << max(8, (needed - 1).bit_length()))
-        self.k_cache = self.v_cache = None  # free the old cache before allocating the new one
         with torch.inference_mode():
             # Rotary tables from the model's own rotary module, so every rope type is covered.
             pos = torch.arange(size, device=self.device)[None]
-            probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+            probe = torch.zeros(1, dtype=torch.float32, device=self.device)
             cos, sin = self.rotary(probe, pos)
-        self.cos, self.sin = cos[0], sin[0]  # [T, head_dim]
-        # [layer, kv_head, position, head_dim]: attention reads a prefix of it without copying.
-        shape = (len(self.layers), self.n_kv, size, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.cache_bytes = 2 * self.k_cache.numel() * self.k_cache.element_size()
+        self.cos, self.sin = cos[0].float().contiguous(), sin[0].float().contiguous()  # [T, head_dim]
         self.max_context = size
 
+    # -- the step ------------------------------------------------------------------------------------
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.embed).to(self.act_dtype)
+
+    def _qk_norms(self, qkv: torch.Tensor, L: _Layer) -> torch.Tensor:
+        if L.q_norm is None:
+            return qkv
+        rows = qkv.shape[0]
+        q = qkv[:, : self.q_size].reshape(rows, self.n_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(rows, self.n_kv, self.head_dim)
+        q = ops.rms_norm(q, *L.q_norm)
+        k = ops.rms_norm(k, *L.k_norm)
+        return torch.cat([q.reshape(rows, -1), k.reshape(rows, -1), qkv[:, self.q_size + self.kv_size :]], dim=-1)
+
+    def _mlp(self, x: torch.Tensor, L: _Layer) -> torch.Tensor:
+        h = ops.rms_norm(x, L.ln2, L.eps2)
+        return x + L.down(ops.silu_mul(L.gate_up(h)))
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(ops.rms_norm(x, self.norm_w, self.norm_eps)).float()
+
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Run ``tokens`` (1-D) at positions start.. and return the last position's logits (fp32)."""
+    def prefill(self, tokens: torch.Tensor, start: int = 0, seq: int = 0) -> torch.Tensor:
+        """Run ``tokens`` (1-D) of sequence ``seq`` at positions start..; the last position's logits (fp32)."""
         T = tokens.shape[0]
         end = start + T
-        x = F.embedding(tokens, self.embed)  # [T, H]
-        cos, sin = self.cos[start:end], self.sin[start:end]
-        causal = T > 1
+        self.ensure_context(end)
+        self.kv.reserve(seq, end)
+        x = self._embed(tokens)  # [T, H]
+        cos = self.cos[start:end, None, :].to(self.act_dtype)
+        sin = self.sin[start:end, None, :].to(self.act_dtype)
         for i, L in enumerate(self.layers):
-            h = _rms_norm(x, L.ln1, L.eps1)
-            qkv = L.qkv(h)
-            q = qkv[:, : self.q_size].view(T, self.n_heads, self.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.n_kv, self.head_dim)
-            v = qkv[:, self.q_size + self.kv_size :].view(T, self.n_kv, self.head_dim)
-            if L.q_norm is not None:
-                q = _rms_norm(q, *L.q_norm)
-                k = _rms_norm(k, *L.k_norm)
-            c, s = cos[:, None, :], sin[:, None, :]
-            q = q * c + _rotate_half(q) * s
-            k = k * c + _rotate_half(k) * s
-            self.k_cache[i, :, start:end] = k.transpose(0, 1)
-            self.v_cache[i, :, start:end] = v.transpose(0, 1)
-            keys = self.k_cache[i, :, :end]
-            values = self.v_cache[i, :, :end]
-            if causal and start > 0:
+            h = ops.rms_norm(x, L.ln1, L.eps1)
+            qkv = self._qk_norms(L.qkv(h), L)
+            q, k, v = reference.split_qkv(qkv, self.n_heads, self.n_kv, self.head_dim)
+            q, k = reference.rotate(q, cos, sin), reference.rotate(k, cos, sin)
+            self.kv.write(i, seq, start, k.to(self.kv.dtype), v.to(self.kv.dtype))
+            keys, values = self.kv.read(i, seq, end)
+            keys, values = keys.to(self.act_dtype), values.to(self.act_dtype)
+            gqa = self.n_kv != self.n_heads
+            if T > 1 and start > 0:
                 mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
                 attn = F.scaled_dot_product_attention(
-                    q.transpose(0, 1),
-                    keys,
-                    values,
-                    attn_mask=mask,
-                    scale=self.scaling,
-                    enable_gqa=self.n_kv != self.n_heads,
+                    q.transpose(0, 1), keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=gqa
                 )
             else:
                 attn = F.scaled_dot_product_attention(
-                    q.transpose(0, 1),
-                    keys,
-                    values,
-                    is_causal=causal,
-                    scale=self.scaling,
-                    enable_gqa=self.n_kv != self.n_heads,
+                    q.transpose(0, 1), keys, values, is_causal=T > 1, scale=self.scaling, enable_gqa=gqa
                 )
             x = x + L.o(attn.transpose(0, 1).reshape(T, self.q_size))
-            h = _rms_norm(x, L.ln2, L.eps2)
-            gu = L.gate_up(h)
-            inter = gu.shape[-1] // 2
-            x = x + L.down(F.silu(gu[:, :inter]) * gu[:, inter:])
-        x = _rms_norm(x[-1:], self.norm_w, self.norm_eps)
-        return self.lm_head(x)[0].float()
+            x = self._mlp(x, L)
+        return self._logits(x[-1:])[0]
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, positions: list[int], seqs: list[int]) -> torch.Tensor:
+        """One new token for each sequence in ``seqs`` (``tokens`` [B], at ``positions``); logits [B, vocab]."""
+        for seq, p in zip(seqs, positions):
+            self.kv.reserve(seq, p + 1)
+        self.ensure_context(max(positions) + 1)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        x = self._embed(tokens)  # [B, H]
+        if self.kv.paged:
+            pages = self.kv.table(seqs)
+        else:
+            slots = torch.tensor([self.kv.tables[s][0] for s in seqs], device=self.device)
+        for i, L in enumerate(self.layers):
+            h = ops.rms_norm(x, L.ln1, L.eps1)
+            qkv = self._qk_norms(L.qkv(h), L)
+            if self.kv.paged:
+                attn = ops.attend(
+                    qkv,
+                    self.cos,
+                    self.sin,
+                    self.kv.k[i],
+                    self.kv.v[i],
+                    pages,
+                    pos,
+                    self.n_heads,
+                    self.n_kv,
+                    self.scaling,
+                )
+            else:
+                attn = self._attend_static(qkv, i, slots, pos)
+            x = x + L.o(attn.to(x.dtype))
+            x = self._mlp(x, L)
+        return self._logits(x)
+
+    def _attend_static(self, qkv, layer: int, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
+        if slots.numel() == 1 and int(slots[0]) == 0:
+            k_sel, v_sel = k_cache[:1], v_cache[:1]
+            out = reference.attend_static(
+                qkv, self.cos, self.sin, k_sel, v_sel, pos, self.n_heads, self.n_kv, self.scaling
+            )
+            return out
+        k_sel, v_sel = k_cache[slots], v_cache[slots]
+        out = reference.attend_static(qkv, self.cos, self.sin, k_sel, v_sel, pos, self.n_heads, self.n_kv, self.scaling)
+        k_cache[slots], v_cache[slots] = k_sel, v_sel
+        return out
+
+    def forward(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Positions start.. of the one chat sequence: a prefill, or one token (a decode step)."""
+        if tokens.shape[0] == 1 and start > 0:
+            return self.step(tokens, [start], [0])[0]
+        return self.prefill(tokens, start)
+
+    def release(self) -> None:
+        """Forget every sequence (a new reply starts from position 0)."""
+        for seq in list(self.kv.tables):
+            self.kv.release(seq)
 
 
 def get_decoder(loaded, needed_context: int) -> FastDecoder:
     """One FastDecoder per loaded model (weights fused once); its cache grows when needed."""
     dec = getattr(loaded, "fast_decoder", None)
-    if dec is not None and needed_context <= dec.max_context:
-        return dec
-    # The fused weights and the cache are model memory: mappings of their own, returned whole on unload.
-    with weights_in_own_mappings():
-        if dec is None:
+    if dec is None:
+        # The fused weights are model memory: mappings of their own, returned whole on unload.
+        with weights_in_own_mappings():
             dec = FastDecoder(loaded.model, needed_context)
-            loaded.fast_decoder = dec
-        dec.ensure_context(needed_context)
+        loaded.fast_decoder = dec
+    dec.ensure_context(needed_context)
     return dec

@@ -1,0 +1,523 @@
+// Redline's CPU kernels (x86-64 with AVX2, FMA and F16C), registered as torch operators `redline::*`.
+//
+// Why: at batch 1 a decode step reads every weight once, so speed is bytes per weight and how well the
+// matrix-vector products stream them. torch's bf16 GEMV on AVX2 is a scalar fallback, and its int8/int4
+// weight-only kernels want other layouts. These kernels read the layouts Redline keeps:
+//   - bf16 weights [N, K] (the model's own tensors, not copied);
+//   - block-quantised weights in GGUF's Q8_0 / Q4_0 / Q4_1 layout (inference/loading/block_quant.py);
+// and fuse what a decode step does between the products (RMSNorm, SiLU·up, rotary + KV-cache write +
+// attention over a paged cache), so a step is a few operator calls per layer instead of dozens.
+// Activations are fp32. For the quantised layouts the activations are quantised to int8 per block of 32
+// (as llama.cpp does) and the products are integer dot products (maddubs).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+constexpr int64_t BLOCK = 32;
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  lo = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, lo);
+  return _mm_cvtss_f32(_mm_add_ss(lo, sh));
+}
+
+inline __m256 bf16x8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+// -- activations quantised per block of 32: q int8, d = max|x| / 127, s = d * sum(q) -------------------
+void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* qx, float* dx, float* sx) {
+  const int64_t nb = K / BLOCK;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  at::parallel_for(0, T * nb, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* v = x + i * BLOCK;  // rows are contiguous, so block i of the whole matrix
+      const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+                   v3 = _mm256_loadu_ps(v + 24);
+      __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
+      m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+      __m128 mm = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+      mm = _mm_max_ps(mm, _mm_movehl_ps(mm, mm));
+      mm = _mm_max_ss(mm, _mm_movehdup_ps(mm));
+      const float d = _mm_cvtss_f32(mm) / 127.f;
+      const __m256 mul = _mm256_set1_ps(d > 0 ? 1.f / d : 0.f);
+      __m256i i0v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      __m256i i1v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      __m256i i2v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      __m256i i3v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0v, i1v), _mm256_add_epi32(i2v, i3v));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      s4 = _mm_hadd_epi32(s4, s4);
+      s4 = _mm_hadd_epi32(s4, s4);
+      dx[i] = d;
+      sx[i] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+      i0v = _mm256_packs_epi32(i0v, i1v);
+      i2v = _mm256_packs_epi32(i2v, i3v);
+      i0v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i0v, i2v), perm);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx + i * BLOCK), i0v);
+    }
+  });
+}
+
+inline __m256 dot_i8(__m256i x, __m256i y) {  // 32 int8 × int8 products, summed in pairs, as 8 floats
+  const __m256i dot = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)));
+}
+
+inline __m256 dot_u8_i8(__m256i u, __m256i s) {  // uint8 (0..15) × int8
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+inline __m256i nibbles(const uint8_t* p) {  // 16 bytes → 32 values 0..15: low nibbles, then high nibbles
+  const __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1),
+                          _mm256_set1_epi8(0x0F));
+}
+
+struct QuantisedActivations {
+  at::Tensor q, d, s;
+  QuantisedActivations(const at::Tensor& x, int64_t T, int64_t K) {
+    q = at::empty({T, K}, x.options().dtype(at::kChar));
+    d = at::empty({T, K / BLOCK}, x.options());
+    s = at::empty({T, K / BLOCK}, x.options());
+    quantize_rows(x.data_ptr<float>(), T, K, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
+  }
+};
+
+// R rows of block-quantised weights against one activation row. BITS 8: w int8 [R, K]; BITS 4: w uint8
+// [R, K/2], symmetric (q - 8) without mins, asymmetric (scale·q + min) with them. Scales are converted
+// eight blocks at a time.
+template <int BITS, bool ASYM, int R>
+inline void block_rows(const void* wv, int64_t wstride, const uint16_t* sc, const uint16_t* mn, int64_t nb,
+                       const int8_t* qx, const float* dx, const float* sx, float* y) {
+  __m256 acc[R], macc[R];
+  for (int r = 0; r < R; ++r) acc[r] = macc[r] = _mm256_setzero_ps();
+  float tail[R] = {};
+  const auto row_dot = [&](int r, int64_t b, __m256i q) -> __m256 {
+    if (BITS == 8) {
+      const int8_t* w = static_cast<const int8_t*>(wv) + r * wstride + b * BLOCK;
+      return dot_i8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), q);
+    }
+    const __m256i u = nibbles(static_cast<const uint8_t*>(wv) + r * wstride + b * (BLOCK / 2));
+    return ASYM ? dot_u8_i8(u, q) : dot_i8(_mm256_sub_epi8(u, _mm256_set1_epi8(8)), q);
+  };
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const __m256 dxv = _mm256_loadu_ps(dx + b);
+    __m256 d[R];
+    for (int r = 0; r < R; ++r) {
+      d[r] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + r * nb + b))), dxv);
+      if (ASYM)
+        macc[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + r * nb + b))),
+                                  _mm256_loadu_ps(sx + b), macc[r]);
+    }
+    for (int j = 0; j < 8; ++j) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + (b + j) * BLOCK));
+      const __m256i idx = _mm256_set1_epi32(j);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(d[r], idx), row_dot(r, b + j, q), acc[r]);
+    }
+  }
+  for (; b < nb; ++b) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + b * BLOCK));
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f16(sc[r * nb + b]) * dx[b]), row_dot(r, b, q), acc[r]);
+      if (ASYM) tail[r] += f16(mn[r * nb + b]) * sx[b];
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]) + (ASYM ? hsum(macc[r]) + tail[r] : 0.f);
+}
+
+template <int BITS, bool ASYM>
+void block_linear(const QuantisedActivations& a, const void* w, int64_t wstride, const uint16_t* sc, const uint16_t* mn,
+                  int64_t N, int64_t K, int64_t T, float* y) {
+  constexpr int R = 4;
+  const int64_t nb = K / BLOCK;
+  const int8_t* qx = a.q.data_ptr<int8_t>();
+  const float* dx = a.d.data_ptr<float>();
+  const float* sx = a.s.data_ptr<float>();
+  at::parallel_for(0, (N + R - 1) / R, 8, [&](int64_t g0, int64_t g1) {
+    float out[R];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n = g * R;
+      for (int64_t t = 0; t < T; ++t) {
+        const int8_t* q = qx + t * K;
+        const float* d = dx + t * nb;
+        const float* s = sx + t * nb;
+        if (n + R <= N) {
+          const void* wr = static_cast<const uint8_t*>(w) + n * wstride;
+          block_rows<BITS, ASYM, R>(wr, wstride, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, q, d, s, out);
+          for (int r = 0; r < R; ++r) y[t * N + n + r] = out[r];
+        } else {
+          for (int64_t m = n; m < N; ++m) {
+            const void* wr = static_cast<const uint8_t*>(w) + m * wstride;
+            block_rows<BITS, ASYM, 1>(wr, wstride, sc + m * nb, ASYM ? mn + m * nb : nullptr, nb, q, d, s, out);
+            y[t * N + m] = out[0];
+          }
+        }
+      }
+    }
+  });
+}
+
+at::Tensor as_rows(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.size(-1) == K, "redline kernels: input has ", x.size(-1), " features, the weight ", K);
+  return x.to(at::kFloat).contiguous().view({-1, K});
+}
+
+std::vector<int64_t> out_shape(const at::Tensor& x, int64_t N) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return shape;
+}
+
+// y = x @ w.T for int8 blocks (Q8_0): w int8 [N, K], scales fp16 [N, K/32].
+at::Tensor linear_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && scales.scalar_type() == at::kHalf);
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(K % BLOCK == 0);
+  const auto x2 = as_rows(x, K);
+  const int64_t T = x2.size(0);
+  const QuantisedActivations a(x2, T, K);
+  auto y = at::empty({T, N}, x2.options());
+  block_linear<8, false>(a, w.data_ptr<int8_t>(), K, reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
+                         nullptr, N, K, T, y.data_ptr<float>());
+  return y.view(out_shape(x, N));
+}
+
+// y = x @ w.T for int4 blocks: w uint8 [N, K/2] (GGUF nibble order), scales fp16 [N, K/32], and mins fp16
+// [N, K/32] (Q4_1: scale·q + min) or an empty tensor (Q4_0: scale·(q − 8)).
+at::Tensor linear_q4(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& mins) {
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && scales.scalar_type() == at::kHalf);
+  const int64_t N = w.size(0), K = w.size(1) * 2;
+  TORCH_CHECK(K % BLOCK == 0);
+  const bool asym = mins.numel() > 0;
+  const auto x2 = as_rows(x, K);
+  const int64_t T = x2.size(0);
+  const QuantisedActivations a(x2, T, K);
+  auto y = at::empty({T, N}, x2.options());
+  const auto* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+  if (asym)
+    block_linear<4, true>(a, w.data_ptr<uint8_t>(), K / 2, sp, reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>()),
+                          N, K, T, y.data_ptr<float>());
+  else
+    block_linear<4, false>(a, w.data_ptr<uint8_t>(), K / 2, sp, nullptr, N, K, T, y.data_ptr<float>());
+  return y.view(out_shape(x, N));
+}
+
+// y = x @ w.T for bf16 weights [N, K], fp32 activations. Up to four activation rows share each converted
+// weight vector; two weight rows at a time.
+template <int TT>
+inline void bf16_rows(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t K, float* y0, float* y1,
+                      int64_t stride0, int64_t stride1) {
+  __m256 a0[TT], a1[TT];
+  for (int t = 0; t < TT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 wa = bf16x8(w0 + k), wb = bf16x8(w1 + k);
+    for (int t = 0; t < TT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * K + k);
+      a0[t] = _mm256_fmadd_ps(wa, xv, a0[t]);
+      a1[t] = _mm256_fmadd_ps(wb, xv, a1[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t) {
+    y0[t * stride0] = hsum(a0[t]);
+    y1[t * stride1] = hsum(a1[t]);
+  }
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.stride(1) == 1);
+  const int64_t N = w.size(0), K = w.size(1), ws = w.stride(0);
+  TORCH_CHECK(K % 8 == 0);
+  const auto x2 = as_rows(x, K);
+  const int64_t T = x2.size(0);
+  auto y = at::empty({T, N}, x2.options());
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const float* xp = x2.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t g0, int64_t g1) {
+    float dummy[4];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n = 2 * g;
+      const bool pair = n + 1 < N;
+      const uint16_t* w0 = wp + n * ws;
+      const uint16_t* w1 = pair ? w0 + ws : w0;
+      int64_t t = 0;
+      for (; t + 4 <= T; t += 4)
+        bf16_rows<4>(w0, w1, xp + t * K, K, yp + t * N + n, pair ? yp + t * N + n + 1 : dummy, N, pair ? N : 1);
+      for (; t < T; ++t)
+        bf16_rows<1>(w0, w1, xp + t * K, K, yp + t * N + n, pair ? yp + t * N + n + 1 : dummy, N, pair ? N : 1);
+    }
+  });
+  return y.view(out_shape(x, N));
+}
+
+// -- between the products ---------------------------------------------------------------------------
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t H = x.size(-1);
+  TORCH_CHECK(H % 8 == 0 && weight.scalar_type() == at::kFloat);
+  const auto x2 = as_rows(x, H);
+  auto y = at::empty_like(x2);
+  const float* xp = x2.data_ptr<float>();
+  const float* wp = weight.contiguous().data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t m = 0; m < x2.size(0); ++m) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < H; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xp + m * H + i);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    const __m256 r = _mm256_set1_ps(1.f / std::sqrt(hsum(acc) / H + static_cast<float>(eps)));
+    for (int64_t i = 0; i < H; i += 8)
+      _mm256_storeu_ps(yp + m * H + i, _mm256_mul_ps(_mm256_loadu_ps(wp + i), _mm256_mul_ps(_mm256_loadu_ps(xp + m * H + i), r)));
+  }
+  return y.view(x.sizes());
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {  // [.., 2I] → silu(gate) * up, [.., I]
+  const int64_t I2 = gate_up.size(-1), I = I2 / 2;
+  const auto g = as_rows(gate_up, I2);
+  auto y = at::empty({g.size(0), I}, g.options());
+  const float* gp = g.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t m = 0; m < g.size(0); ++m)
+    for (int64_t i = 0; i < I; ++i) {
+      const float a = gp[m * I2 + i];
+      yp[m * I + i] = a / (1.f + std::exp(-a)) * gp[m * I2 + I + i];
+    }
+  auto shape = out_shape(gate_up, I);
+  return y.view(shape);
+}
+
+template <typename C> inline __m256 load8(const C* p);
+template <> inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
+template <> inline __m256 load8<at::BFloat16>(const at::BFloat16* p) { return bf16x8(reinterpret_cast<const uint16_t*>(p)); }
+
+// One decode step of attention for B sequences over a paged KV cache:
+//   qkv [B, (H + 2·Hkv)·D] (after the q/k norms, before rotary), cos/sin [S_max, D], pools [P, Hkv, page, D],
+//   pages [B, max_pages] int32 (each sequence's pages in order), pos [B] int64 (position of the new token).
+// Applies the rotary embedding (rotate-half convention) to q and k, writes k and v at pos, and returns softmax(q·Kᵀ
+// /√D)·V over positions 0..pos for each head (grouped-query: H / Hkv query heads share a KV head). [B, H·D]
+template <typename C>
+void attend_impl(const float* qkv, const float* cos, const float* sin, C* kp, C* vp, const int32_t* pages,
+                 int64_t max_pages, const int64_t* pos, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t page,
+                 float scale, float* out) {
+  const int64_t row = (H + 2 * Hkv) * D, half = D / 2, group = H / Hkv;
+  std::vector<float> qr(B * H * D);
+  const auto at_pos = [&](C* pool, int64_t b, int64_t h, int64_t t) {
+    return pool + ((static_cast<int64_t>(pages[b * max_pages + t / page]) * Hkv + h) * page + t % page) * D;
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t p = pos[b];
+    const float* c = cos + p * D;
+    const float* s = sin + p * D;
+    const float* q = qkv + b * row;
+    const float* k = q + H * D;
+    const float* v = k + Hkv * D;
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = q[h * D + i], x2 = q[h * D + i + half];
+        qr[(b * H + h) * D + i] = x1 * c[i] - x2 * s[i];
+        qr[(b * H + h) * D + i + half] = x2 * c[i + half] + x1 * s[i + half];
+      }
+    for (int64_t h = 0; h < Hkv; ++h) {
+      C* kd = at_pos(kp, b, h, p);
+      C* vd = at_pos(vp, b, h, p);
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = k[h * D + i], x2 = k[h * D + i + half];
+        kd[i] = static_cast<C>(x1 * c[i] - x2 * s[i]);
+        kd[i + half] = static_cast<C>(x2 * c[i + half] + x1 * s[i + half]);
+      }
+      for (int64_t i = 0; i < D; ++i) vd[i] = static_cast<C>(v[h * D + i]);
+    }
+  }
+  at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> sc;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H, h = i % H, kvh = h / group, n = pos[b] + 1;
+      const float* q = qr.data() + i * D;
+      sc.resize(n);
+      float mx = -INFINITY;
+      for (int64_t t = 0; t < n; ++t) {
+        const C* kr = at_pos(kp, b, kvh, t);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kr + d), acc);
+        sc[t] = hsum(acc) * scale;
+        mx = std::max(mx, sc[t]);
+      }
+      float sum = 0.f;
+      for (int64_t t = 0; t < n; ++t) {
+        sc[t] = std::exp(sc[t] - mx);
+        sum += sc[t];
+      }
+      float* o = out + i * D;
+      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_setzero_ps());
+      for (int64_t t = 0; t < n; ++t) {
+        const C* vr = at_pos(vp, b, kvh, t);
+        const __m256 wgt = _mm256_set1_ps(sc[t] / sum);
+        for (int64_t d = 0; d < D; d += 8)
+          _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wgt, load8(vr + d), _mm256_loadu_ps(o + d)));
+      }
+    }
+  });
+}
+
+at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_pool,
+                  at::Tensor v_pool, const at::Tensor& pages, const at::Tensor& pos, int64_t H, int64_t Hkv, double scale) {
+  const int64_t page = k_pool.size(2), D = k_pool.size(3), B = pos.size(0);
+  TORCH_CHECK(D % 8 == 0 && D % 2 == 0 && H % Hkv == 0 && k_pool.is_contiguous() && v_pool.is_contiguous());
+  TORCH_CHECK(pages.scalar_type() == at::kInt && pos.scalar_type() == at::kLong && cos.scalar_type() == at::kFloat);
+  const auto q = as_rows(qkv, (H + 2 * Hkv) * D);
+  const auto c = cos.contiguous(), s = sin.contiguous(), pg = pages.contiguous(), ps = pos.contiguous();
+  auto out = at::empty({B, H * D}, q.options());
+  if (k_pool.scalar_type() == at::kFloat)
+    attend_impl<float>(q.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), k_pool.data_ptr<float>(),
+                       v_pool.data_ptr<float>(), pg.data_ptr<int32_t>(), pg.size(1), ps.data_ptr<int64_t>(), B, H, Hkv,
+                       D, page, static_cast<float>(scale), out.data_ptr<float>());
+  else if (k_pool.scalar_type() == at::kBFloat16)
+    attend_impl<at::BFloat16>(q.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(),
+                              k_pool.data_ptr<at::BFloat16>(), v_pool.data_ptr<at::BFloat16>(), pg.data_ptr<int32_t>(),
+                              pg.size(1), ps.data_ptr<int64_t>(), B, H, Hkv, D, page, static_cast<float>(scale),
+                              out.data_ptr<float>());
+  else
+    TORCH_CHECK(false, "redline::attend: the KV cache must be fp32 or bf16");
+  return out;
+}
+
+// -- quantising weights at load time (one pass per row, in parallel); the same arithmetic, rounding and fp16
+// conversion as block_quant.py's quantize_q8 / quantize_q4, which tests hold these to ----------------------
+inline uint16_t to_f16(float v) { return _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT); }
+
+template <typename W>
+inline float weight_at(const W* w, int64_t i);
+template <> inline float weight_at<float>(const float* w, int64_t i) { return w[i]; }
+template <> inline float weight_at<at::BFloat16>(const at::BFloat16* w, int64_t i) { return static_cast<float>(w[i]); }
+
+template <typename W>
+void quantize_q8_impl(const W* w, int64_t N, int64_t K, int8_t* q, uint16_t* sc) {
+  const int64_t nb = K / BLOCK;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t o = n * K + b * BLOCK;
+        float amax = 0.f;
+        for (int64_t j = 0; j < BLOCK; ++j) amax = std::max(amax, std::fabs(weight_at(w, o + j)));
+        const float d = amax / 127.f;
+        const float inv = d > 0 ? 1.f / d : 0.f;
+        for (int64_t j = 0; j < BLOCK; ++j) {
+          const float r = std::nearbyint(weight_at(w, o + j) * inv);
+          q[o + j] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, r)));
+        }
+        sc[n * nb + b] = to_f16(d);
+      }
+  });
+}
+
+template <typename W>
+void quantize_q4_impl(const W* w, int64_t N, int64_t K, bool symmetric, uint8_t* packed, uint16_t* sc, uint16_t* mn) {
+  const int64_t nb = K / BLOCK;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    uint8_t q[BLOCK];
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t o = n * K + b * BLOCK;
+        if (symmetric) {
+          float amax = -1.f, mx = 0.f;
+          for (int64_t j = 0; j < BLOCK; ++j) {
+            const float v = weight_at(w, o + j);
+            if (std::fabs(v) > amax) { amax = std::fabs(v); mx = v; }
+          }
+          const float d = mx / -8.f;
+          const float inv = d != 0 ? 1.f / d : 0.f;
+          for (int64_t j = 0; j < BLOCK; ++j)
+            q[j] = static_cast<uint8_t>(std::min(15.f, std::max(0.f, std::floor(weight_at(w, o + j) * inv + 8.5f))));
+          sc[n * nb + b] = to_f16(d);
+        } else {
+          float lo = INFINITY, hi = -INFINITY;
+          for (int64_t j = 0; j < BLOCK; ++j) {
+            const float v = weight_at(w, o + j);
+            lo = std::min(lo, v);
+            hi = std::max(hi, v);
+          }
+          const float d = (hi - lo) / 15.f;
+          const float inv = d > 0 ? 1.f / d : 0.f;
+          for (int64_t j = 0; j < BLOCK; ++j)
+            q[j] = static_cast<uint8_t>(std::min(15.f, std::max(0.f, std::floor((weight_at(w, o + j) - lo) * inv + 0.5f))));
+          sc[n * nb + b] = to_f16(d);
+          mn[n * nb + b] = to_f16(lo);
+        }
+        uint8_t* dst = packed + n * (K / 2) + b * (BLOCK / 2);
+        for (int64_t j = 0; j < BLOCK / 2; ++j) dst[j] = static_cast<uint8_t>(q[j] | (q[j + BLOCK / 2] << 4));
+      }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_q8(const at::Tensor& w_) {
+  const auto w = w_.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(K % BLOCK == 0);
+  auto q = at::empty({N, K}, w.options().dtype(at::kChar));
+  auto sc = at::empty({N, K / BLOCK}, w.options().dtype(at::kHalf));
+  auto* sp = reinterpret_cast<uint16_t*>(sc.data_ptr<at::Half>());
+  if (w.scalar_type() == at::kBFloat16) quantize_q8_impl(w.data_ptr<at::BFloat16>(), N, K, q.data_ptr<int8_t>(), sp);
+  else quantize_q8_impl(w.to(at::kFloat).data_ptr<float>(), N, K, q.data_ptr<int8_t>(), sp);
+  return {q, sc};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_q4(const at::Tensor& w_, bool symmetric) {
+  const auto w = w_.scalar_type() == at::kBFloat16 ? w_.contiguous() : w_.to(at::kFloat).contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(K % BLOCK == 0);
+  auto packed = at::empty({N, K / 2}, w.options().dtype(at::kByte));
+  auto sc = at::empty({N, K / BLOCK}, w.options().dtype(at::kHalf));
+  auto mn = symmetric ? at::empty({0}, sc.options()) : at::empty({N, K / BLOCK}, sc.options());
+  auto* sp = reinterpret_cast<uint16_t*>(sc.data_ptr<at::Half>());
+  auto* mp = symmetric ? nullptr : reinterpret_cast<uint16_t*>(mn.data_ptr<at::Half>());
+  if (w.scalar_type() == at::kBFloat16)
+    quantize_q4_impl(w.data_ptr<at::BFloat16>(), N, K, symmetric, packed.data_ptr<uint8_t>(), sp, mp);
+  else
+    quantize_q4_impl(w.data_ptr<float>(), N, K, symmetric, packed.data_ptr<uint8_t>(), sp, mp);
+  return {packed, sc, mn};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(redline, m) {
+  m.def("linear_bf16(Tensor x, Tensor w) -> Tensor");
+  m.def("linear_q8(Tensor x, Tensor w, Tensor scales) -> Tensor");
+  m.def("linear_q4(Tensor x, Tensor w, Tensor scales, Tensor mins) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("quantize_q8(Tensor w) -> (Tensor, Tensor)");
+  m.def("quantize_q4(Tensor w, bool symmetric) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "attend(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor pages, Tensor pos, "
+      "int H, int Hkv, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(redline, CPU, m) {
+  m.impl("linear_bf16", &linear_bf16);
+  m.impl("linear_q8", &linear_q8);
+  m.impl("linear_q4", &linear_q4);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("attend", &attend);
+  m.impl("quantize_q8", &quantize_q8);
+  m.impl("quantize_q4", &quantize_q4);
+}

@@ -1,0 +1,160 @@
+"""Building and loading the native CPU kernels (``cpu_kernels.cpp``) with torch's C++ extension tooling.
+
+Built once per machine and kept in Redline's cache, keyed by the source, torch's version, the Python
+version and the compiler flags; a later start only loads the shared library (milliseconds). Used only
+where they can run: an x86-64 CPU with AVX2, FMA and F16C, a C++ compiler and ninja at build time.
+Anything else — another CPU, no compiler, a failed build, ``REDLINE_NATIVE_KERNELS=0`` — leaves
+``native()`` returning None with the reason in ``status()``, and the decode step uses torch's own
+operators instead: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+from importlib.resources import files
+from pathlib import Path
+from typing import Optional
+
+from redline.inference.paths import cache_dir
+
+SOURCE = "cpu_kernels.cpp"
+# -ffp-contract=off: no fused multiply-adds where a multiply and an add are written, so the quantisers round
+# exactly as block_quant.py does.
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++17", "-ffp-contract=off"]
+_lock = threading.Lock()
+_state: dict = {"loaded": False, "reason": "not built yet", "build_seconds": None, "from_cache": None}
+
+
+def _source_text() -> str:
+    return (files("redline.inference.kernels") / SOURCE).read_text(encoding="utf-8")
+
+
+def cpu_supports_kernels() -> Optional[str]:
+    """None if this CPU can run the kernels, else why not."""
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        return f"the native kernels are written for x86-64 (AVX2); this CPU is {platform.machine()}"
+    if sys.platform.startswith("linux"):
+        try:
+            flags = set()
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith("flags"):
+                        flags = set(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            flags = set()
+        missing = [f for f in ("avx2", "fma", "f16c") if f not in flags]
+        if flags and missing:
+            return f"this CPU lacks {', '.join(missing)}"
+        return None
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return "this CPU has no AVX2"
+    return None
+
+
+def build_key() -> str:
+    import torch
+
+    text = "\n".join([_source_text(), torch.__version__, sys.version, " ".join(FLAGS), platform.machine()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_folder() -> Path:
+    return cache_dir() / "kernels" / build_key()
+
+
+def status() -> dict:
+    """Whether the kernels are loaded, why not, and how long the build took (None when loaded from cache)."""
+    return dict(_state)
+
+
+def native():
+    """``torch.ops.redline`` when the native kernels are loaded (building them the first time), else None."""
+    if _state["loaded"]:
+        import torch
+
+        return torch.ops.redline
+    if _state.get("failed"):
+        return None
+    return ensure_built()
+
+
+def ensure_built():
+    """Load the kernels, building them first if this machine has none cached (tens of seconds, once)."""
+    import torch
+
+    with _lock:
+        if _state["loaded"]:
+            return torch.ops.redline
+        if _state.get("failed"):
+            return None
+        reason = _why_not()
+        if reason is None:
+            try:
+                _load_or_build()
+                _state.update(loaded=True, reason=None)
+                return torch.ops.redline
+            except Exception as exc:  # a failed build means the torch operators, never a broken reply
+                reason = f"building them failed ({type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]})"
+        _state.update(failed=True, reason=reason)
+        return None
+
+
+def _why_not() -> Optional[str]:
+    if os.environ.get("REDLINE_NATIVE_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return "turned off (REDLINE_NATIVE_KERNELS=0)"
+    reason = cpu_supports_kernels()
+    if reason:
+        return reason
+    if getattr(sys, "frozen", False):
+        return "the desktop bundle carries no compiler headers"
+    return None
+
+
+def _library_path(folder: Path, name: str) -> Optional[Path]:
+    for suffix in (".so", ".pyd", ".dylib"):
+        path = folder / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def _load_or_build() -> None:
+    import torch
+
+    folder = build_folder()
+    name = f"redline_kernels_{build_key()}"
+    lib = _library_path(folder, name)
+    if lib is not None:
+        torch.ops.load_library(str(lib))
+        _state.update(from_cache=True, build_seconds=None)
+        return
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (install g++ or clang)")
+    from torch.utils.cpp_extension import load, verify_ninja_availability
+
+    verify_ninja_availability()
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / SOURCE
+    source.write_text(_source_text(), encoding="utf-8")
+    started = time.perf_counter()
+    load(
+        name=name,
+        sources=[str(source)],
+        extra_cflags=FLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        is_python_module=False,
+        verbose=False,
+    )
+    _state.update(from_cache=False, build_seconds=round(time.perf_counter() - started, 1))
