@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QWizard
 from redline.inference import parse_precision
 from redline.ui.engine_client import EngineClient, describe_task, hardware_task, pair_task
 from redline.ui.protocols import PresetStoreLike
-from redline.ui.wizard.pages import ConfigPage, DraftPage, HardwarePage, LoadPage, ModelPage, PresetPage
+from redline.ui.wizard.config_page import ConfigPage, DraftPage, HardwarePage, LoadPage, ModelPage, PresetPage
 
 MODEL_PAGE, HARDWARE_PAGE, CONFIG_PAGE, DRAFT_PAGE, LOAD_PAGE, PRESET_PAGE = range(6)
 
