@@ -56,7 +56,7 @@ def build_window(
 
     Without a store, the conversation database is opened with ``open_store``: a corrupt or locked
     database never stops the window from opening; the window says what happened."""
-    from redline.ui.main_window import MainWindow
+    from redline.ui.window.main_window import MainWindow
     from redline.ui.worker import EngineThread
 
     settings, warning = load_settings()

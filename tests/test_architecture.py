@@ -49,7 +49,7 @@ def test_contract_breaks_when_ui_reaches_past_the_public_surface(tmp_path):
 def test_the_public_surface_imports_neither_torch_nor_transformers():
     """The window imports the engine's surface on the UI thread; torch must load on the engine's thread."""
     code = (
-        "import sys, redline.inference, redline.ui.main_window, redline.app.gui; "
+        "import sys, redline.inference, redline.ui.window.main_window, redline.app.gui; "
         "print(sorted(m for m in ('torch', 'transformers', 'bitsandbytes') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)

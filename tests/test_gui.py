@@ -142,8 +142,8 @@ def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_p
 def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir, monkeypatch):
     import threading
 
-    from redline.ui import main_window
-    from redline.ui.main_window import STILL_LOADING
+    from redline.ui.window import main_window
+    from redline.ui.window.main_window import STILL_LOADING
 
     # Hold the load on the engine thread until the message has been typed and sent, so the test does not
     # depend on how fast a tiny model loads.

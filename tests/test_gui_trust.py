@@ -11,7 +11,7 @@ pytestmark = pytest.mark.usefixtures("aloop", "profile")
 
 
 def test_custom_code_needs_confirmation_naming_the_files(qtbot, custom_model, monkeypatch):
-    from redline.ui import main_window
+    from redline.ui.window import main_window
 
     folder, marker = custom_model
     write_settings(model=str(folder), precision="fp32", temperature=0, max_new_tokens=8)

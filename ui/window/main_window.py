@@ -34,10 +34,10 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from .about import AboutDialog, AboutInfo, probe_hardware
-from .chat_view import PAGE, ChatView, MessageWidget
-from .conversation_list import ConversationList
-from .engine_client import (
+from redline.ui.about import AboutDialog, AboutInfo, probe_hardware
+from redline.ui.chat_view import PAGE, ChatView, MessageWidget
+from redline.ui.conversation_list import ConversationList
+from redline.ui.engine_client import (
     EngineClient,
     EventChannel,
     LoadProgress,
@@ -47,14 +47,14 @@ from .engine_client import (
     load_task,
     unload_task,
 )
-from .gauges import GaugesPanel
-from .markdown import append_reply
-from .memory_sampler import MemorySampler
-from .protocols import ConversationStore, PresetStoreLike, TrustDecisions
-from .settings_panel import SettingsPanel
-from .style import app_icon, stylesheet
-from .widgets import Banner, LoadBar, MessageInput
-from .worker import EngineThread
+from redline.ui.gauges import GaugesPanel
+from redline.ui.markdown import append_reply
+from redline.ui.memory_sampler import MemorySampler
+from redline.ui.protocols import ConversationStore, PresetStoreLike, TrustDecisions
+from redline.ui.settings_panel import SettingsPanel
+from redline.ui.style import app_icon, stylesheet
+from redline.ui.widgets import Banner, LoadBar, MessageInput
+from redline.ui.worker import EngineThread
 
 SAVE_INTERVAL_S = 1.0  # how often a growing reply is written to the database
 STARTER_OFFER = (
