@@ -142,19 +142,19 @@ def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_p
 def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir, monkeypatch):
     import threading
 
-    from redline.ui.window import main_window
-    from redline.ui.window.main_window import STILL_LOADING
+    from redline.ui.window import model_controller
+    from redline.ui.window.reply_controller import STILL_LOADING
 
     # Hold the load on the engine thread until the message has been typed and sent, so the test does not
     # depend on how fast a tiny model loads.
     release = threading.Event()
-    real_load_task = main_window.load_task
+    real_load_task = model_controller.load_task
 
     def held_load_task(*args, **kwargs):
         task = real_load_task(*args, **kwargs)
         return lambda engine, report: (release.wait(30), task(engine, report))[1]
 
-    monkeypatch.setattr(main_window, "load_task", held_load_task)
+    monkeypatch.setattr(model_controller, "load_task", held_load_task)
     write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=8)
     w = open_window(qtbot, wait_loaded=False)
     try:

@@ -93,7 +93,7 @@ def test_wizard_end_to_end_on_starter(qtbot, starter_dir):
     # After a restart with no model configured, the preset is listed and loads.
     write_settings()
     again = open_window(qtbot)
-    again._fill_presets_menu()
+    again.preset_actions.fill_menu()
     [action] = [a for a in again.presets_menu.actions() if a.text() == "Starter 2k"]
     with qtbot.waitSignal(again.model_loaded, timeout=300_000):
         action.trigger()
@@ -214,7 +214,7 @@ def test_presets_menu_dialog_and_settings_panel(qtbot):
     base = window.settings_values()
     store.save("Tiny fp32", {**base, "model": "/models/tiny", "precision": "fp32", "context_length": 512})
     store.save("Starter nf4", {**base, "model": "starter", "precision": "nf4", "strategy": "prompt-lookup"})
-    window._fill_presets_menu()
+    window.preset_actions.fill_menu()
     assert [a.text() for a in window.presets_menu.actions() if a.text()][:2] == ["Starter nf4", "Tiny fp32"]
 
     dialog = window.manage_presets()
