@@ -173,6 +173,41 @@ def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tin
         w.shutdown()
 
 
+def test_a_cancelled_load_says_so_and_only_the_engines_cancel_counts(qtbot, monkeypatch):
+    """The load's outcome is told apart by its type: the engine's Cancelled is the user's cancel; another
+    exception that happens to be called Cancelled (say, from a model's own code) is a failed load."""
+    from redline.inference import Cancelled
+    from redline.ui.window import model_controller
+
+    class ForeignCancelled(Exception):
+        pass
+
+    ForeignCancelled.__name__ = "Cancelled"
+    raised = [Cancelled(), ForeignCancelled("the model's code gave up")]
+
+    def failing_load_task(*args, **kwargs):
+        exc = raised.pop(0)
+
+        def task(engine, report):
+            raise exc
+
+        return task
+
+    monkeypatch.setattr(model_controller, "load_task", failing_load_task)
+    write_settings(model="/models/anything")
+    w = open_window(qtbot, wait_loaded=False)
+    try:
+        qtbot.waitUntil(lambda: w.banner.isVisible() and not w.loading, timeout=30_000)
+        assert (w.banner.kind, w.banner.label.text()) == ("warning", "Loading was cancelled. No model is loaded.")
+        assert w.last_load_error == "Loading was cancelled. No model is loaded." and w.loaded is None
+        [again] = [b for b in w.banner.buttons() if b.text() == "Load again"]
+        again.click()
+        qtbot.waitUntil(lambda: w.banner.isVisible() and w.banner.kind == "error", timeout=30_000)
+        assert w.banner.label.text() == "The model could not be loaded: Cancelled: the model's code gave up"
+    finally:
+        w.shutdown()
+
+
 def test_corrupt_settings_file_is_reported(qtbot):
     from redline.app.settings import settings_path
 

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QMessageBox
 from qasync import asyncSlot
 
+from redline.inference import Cancelled, NeedsOptIn
 from redline.ui.engine_client import LoadProgress, ModelInfo, TaskFailed, load_task, unload_task
 
 STARTER_OFFER = (
@@ -135,9 +136,9 @@ class ModelController(QObject):
                 return
             original = exc.original
             self.last_load_error = str(exc)
-            if type(original).__name__ == "NeedsOptIn" and w.trust is not None:
+            if isinstance(original, NeedsOptIn) and w.trust is not None:
                 ask_opt_in = original  # asked below, once the load bar is gone
-            elif type(original).__name__ == "Cancelled":
+            elif isinstance(original, Cancelled):
                 self.last_load_error = "Loading was cancelled. No model is loaded."
                 w.banner.show_message(
                     "Loading was cancelled. No model is loaded.", "warning", [("Load again", lambda: self.load_model())]

@@ -20,6 +20,7 @@ from typing import Optional
 from PySide6.QtCore import QObject, QTimer
 from qasync import asyncSlot
 
+from redline.inference import StatsEvent, TokenEvent
 from redline.ui.chat_view import MessageWidget
 from redline.ui.engine_client import EventChannel, TaskFailed, chat_task
 from redline.ui.markdown import append_reply
@@ -229,14 +230,13 @@ class ReplyController(QObject):
         w = self.window
         latencies = []
         for ev in events:
-            kind = type(ev).__name__
-            if kind == "TokenEvent":
+            if isinstance(ev, TokenEvent):
                 reply.append(ev.text, ev.from_draft)
                 if ev.token_id >= 0:
                     if reply.last_token_time is not None and ev.index > 0 and ev.time_s > reply.last_token_time:
                         latencies.append((ev.time_s - reply.last_token_time) * 1000)
                     reply.last_token_time = ev.time_s
-            elif kind == "StatsEvent":
+            elif isinstance(ev, StatsEvent):
                 w.gauges.live(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens)
         w.gauges.add_latencies(latencies)
         widget = self._stream_widget(reply)

@@ -21,11 +21,10 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
-from redline.inference import Planner, format_bytes, parse_precision, suggest
+from redline.inference import PRECISIONS, Planner, format_bytes, parse_precision, suggest
 from redline.ui.wizard.labels import BAD, CLOSE, OK, PALE, colored, wrap_label
 from redline.ui.wizard.tips import TIPS, with_tip
 
-SHOWN_PRECISIONS = ("bf16", "fp16", "fp32", "int8", "nf4", "fp4", "q8", "q4")
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)
 MIN_CONTEXT = 256
 
@@ -136,7 +135,7 @@ class ConfigPage(QWizardPage):
             return
         planner = self.planner()
         ctx = self.context.value()
-        self.estimates = [planner.estimate(parse_precision(p), ctx) for p in SHOWN_PRECISIONS]
+        self.estimates = [planner.estimate(parse_precision(p), ctx) for p in PRECISIONS]
         self.suggestion = suggest(planner, ctx)
         self._filling = True
         self.table.setRowCount(len(self.estimates))
@@ -155,7 +154,7 @@ class ConfigPage(QWizardPage):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment((Qt.AlignLeft if col == 0 else Qt.AlignRight) | Qt.AlignVCenter)
                 if col == 0:
-                    item.setToolTip(TIPS[SHOWN_PRECISIONS[row]])
+                    item.setToolTip(TIPS[PRECISIONS[row]])
                 if col == len(cells) - 1:
                     color = fit_color(e)
                     item.setForeground(QColor(color))
@@ -177,8 +176,8 @@ class ConfigPage(QWizardPage):
 
     def _select(self, precision: Optional[str]) -> None:
         self._filling = True
-        if precision in SHOWN_PRECISIONS:
-            self.table.selectRow(SHOWN_PRECISIONS.index(precision))
+        if precision in PRECISIONS:
+            self.table.selectRow(PRECISIONS.index(precision))
         else:
             self.table.clearSelection()
         self._filling = False
@@ -188,7 +187,7 @@ class ConfigPage(QWizardPage):
         if self._filling:
             return
         row = self.selected_row()
-        self._user_row = SHOWN_PRECISIONS[row] if row is not None else None
+        self._user_row = PRECISIONS[row] if row is not None else None
         self._describe_choice()
 
     def _apply_fix(self) -> None:
@@ -202,7 +201,7 @@ class ConfigPage(QWizardPage):
 
     def selected_precision(self) -> Optional[str]:
         row = self.selected_row()
-        return SHOWN_PRECISIONS[row] if row is not None else None
+        return PRECISIONS[row] if row is not None else None
 
     def _describe_choice(self) -> None:
         row = self.selected_row()

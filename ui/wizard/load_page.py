@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from redline.inference import MB, format_bytes
+from redline.inference import accuracy_margin, format_bytes
 from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
 from redline.ui.wizard.tips import with_tip
 
@@ -145,7 +145,7 @@ class LoadPage(QWizardPage):
         if info.predicted_bytes and info.measured_bytes:
             err = 100.0 * (info.predicted_bytes - info.measured_bytes) / info.measured_bytes
             self.error.setText(f"{err:+.1f} %")
-            within = abs(info.predicted_bytes - info.measured_bytes) <= max(0.10 * info.measured_bytes, 300 * MB)
+            within = abs(info.predicted_bytes - info.measured_bytes) <= accuracy_margin(info.measured_bytes)
             self.error.setStyleSheet(f"font-size: 18px; font-weight: bold; color: {OK if within else BAD};")
             notes.append(
                 "Within the estimator's target (10 % or 300 MB)."
