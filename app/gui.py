@@ -63,14 +63,13 @@ def build_window(
     store_warning = None
     if store is None:
         store, store_warning = open_store()
-    notice = " ".join(w for w in (warning, store_warning) if w) or None
     engine = EngineThread(engine_factory)
     window = MainWindow(
         engine,
         store,
         settings,
         save_settings,
-        notice,
+        [w for w in (warning, store_warning) if w],
         presets or PresetStore(),
         about=about_info(store),
         trust=TrustStore(),

@@ -215,10 +215,44 @@ def test_corrupt_settings_file_is_reported(qtbot):
     settings_path().write_text("{oops", encoding="utf-8")
     window = open_window(qtbot)
     try:
-        assert window.banner.isVisible() and "defaults" in window.banner.label.text()
+        [notice] = window.notices.texts()
+        assert window.notices.isVisible() and "defaults" in notice
         assert list(settings_path().parent.glob("settings.json.corrupt-*"))
+        # The first-start offer is the banner's, beside the notice, not folded into it.
+        assert window.banner.isVisible() and window.banner.label.text().startswith("No model is configured yet.")
     finally:
         window.shutdown()
+
+
+def test_set_aside_files_stay_noticed_while_a_model_loads_until_dismissed(qtbot, tiny_model_dir):
+    """`make run` (a --model on the command line) with a truncated settings file and a database of random
+    bytes: the loading banner comes and goes, and both notices stay until the user dismisses each."""
+    from redline.app.settings import settings_path
+    from redline.app.store import default_db_path
+
+    settings_path().parent.mkdir(parents=True, exist_ok=True)
+    settings_path().write_text('{"model": "starter", "precis', encoding="utf-8")
+    default_db_path().parent.mkdir(parents=True, exist_ok=True)
+    default_db_path().write_bytes(bytes(range(256)) * 64)
+    w = open_window(qtbot, model=str(tiny_model_dir))  # returns once the model has loaded
+    try:
+        settings_notice, db_notice = w.notices.texts()
+        assert (
+            settings_notice.startswith("The settings file was unusable") and "settings.json.corrupt-" in settings_notice
+        )
+        assert db_notice.startswith("The conversation database was unreadable") and ".corrupt-" in db_notice
+        assert w.loaded is not None and w.notices.isVisible()
+        with qtbot.waitSignal(w.model_loaded, timeout=60_000):
+            w.load_model()  # a reload hides the banner again; the notices stay
+        assert w.notices.texts() == [settings_notice, db_notice]
+        first, second = w.notices.notices()
+        first.close_button.click()
+        assert w.notices.texts() == [db_notice] and w.notices.isVisible()
+        second.close_button.click()
+        assert w.notices.texts() == [] and not w.notices.isVisible()
+    finally:
+        w.shutdown()
+        w.store.close()
 
 
 def test_switching_precision_reloads(qtbot, tiny_window):

@@ -1,5 +1,5 @@
 """The main window's widgets and where they sit: conversations on the left, the chat (and later panels) in
-tabs in the middle, the gauges on the right; the banner and the load bar across the top; the
+tabs in the middle, the gauges on the right; the notices, the banner and the load bar across the top; the
 settings in a dock; the model's name in the status bar.
 
 ``build_layout(window)`` creates them as the window's attributes (``window.chat_view``, ``window.input``,
@@ -25,7 +25,7 @@ from redline.ui.chat_view import ChatView
 from redline.ui.conversation_list import ConversationList
 from redline.ui.gauges import GaugesPanel
 from redline.ui.settings_panel import SettingsPanel
-from redline.ui.widgets import Banner, LoadBar, MessageInput
+from redline.ui.widgets import Banner, LoadBar, MessageInput, NoticeArea
 
 EDITING_NOTE = "Editing a message: Enter sends the new version (later messages are replaced); Esc cancels."
 
@@ -53,9 +53,11 @@ def build_layout(window) -> None:
     tv = QVBoxLayout(top)
     tv.setContentsMargins(6, 6, 6, 0)
     tv.setSpacing(4)
-    window.banner = Banner()
+    window.notices = NoticeArea()  # what stays until dismissed (a settings file or database set aside)
+    window.banner = Banner()  # the latest transient message; the next one replaces it
     window.load_bar = LoadBar()
     window.load_bar.cancel_requested.connect(window.cancel_load)
+    tv.addWidget(window.notices)
     tv.addWidget(window.banner)
     tv.addWidget(window.load_bar)
     tv.addWidget(splitter, 1)

@@ -13,14 +13,15 @@ what comes back. Its parts, each a module of ``redline.ui.window``:
 - ``help_actions``: Help → Keyboard shortcuts and About.
 
 This class is what app/, the tests and the tools use: its signals and methods (``start``, ``send``,
-``load_model``, ``apply_settings``, ``shutdown``, …), its widgets (``input``, ``chat_view``, ``banner``, …)
+``load_model``, ``apply_settings``, ``shutdown``, …), its widgets (``input``, ``chat_view``, ``banner``,
+``notices``, …)
 and its state (``loaded``, ``loading``, ``generation``, ``conversation_id``, …), which the parts hold.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QMainWindow, QWidget
@@ -53,7 +54,7 @@ class MainWindow(QMainWindow):
         store: ConversationStore,
         settings: Any,
         save_settings: Callable[[Any], None],
-        settings_warning: Optional[str] = None,
+        notices: Sequence[str] = (),
         presets: Optional[PresetStoreLike] = None,
         about: Optional[AboutInfo] = None,
         trust: Optional[TrustDecisions] = None,
@@ -86,9 +87,8 @@ class MainWindow(QMainWindow):
         self.chats.open_latest()
         self.update_controls()
         self.preset_actions.refresh()
-        self._settings_warning = settings_warning
-        if settings_warning:
-            self.banner.show_message(settings_warning, "warning")
+        for text in notices:  # e.g. the settings file or the database was unreadable: kept until dismissed
+            self.notices.add(text, "warning")
         self.input.setFocus()
 
     # -- state the parts hold ---------------------------------------------------------

@@ -76,10 +76,9 @@ class ModelController(QObject):
         if w.settings.model:
             self.load_model()
         else:
-            prefix = f"{w._settings_warning} " if w._settings_warning else ""
             w.banner.show_message(
-                prefix + STARTER_OFFER,
-                "warning" if prefix else "info",
+                STARTER_OFFER,
+                "info",
                 [
                     ("Use the starter model", self.use_starter),
                     ("Choose another…", w.show_settings),
