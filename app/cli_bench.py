@@ -81,9 +81,11 @@ def add_parser(sub) -> None:
         **whole_number(1),
     )
     p.add_argument(
+        "--textbook-protocol",
         "--seed-preset",
+        dest="seed_preset",
         action="store_true",
-        help=f"the seed document's protocol: {SEED_PRESET['warmup']} warm-up, {SEED_PRESET['samples']} samples (slow)",
+        help=f"the textbook protocol: {SEED_PRESET['warmup']} warm-up runs, {SEED_PRESET['samples']} samples (slow)",
     )
     p.add_argument(
         "--stop-at-eos",

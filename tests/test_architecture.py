@@ -55,3 +55,19 @@ def test_the_public_surface_imports_neither_torch_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_ui_and_app_cite_no_document_outside_the_repository():
+    """User-facing text and comments say what a thing is, not where some document outside the repository
+    described it ("the seed document", "seed §5.1", "the design notes")."""
+    import re
+
+    cited = re.compile(r"seed (document|doc\b|§)|§\s*\d|design notes", re.IGNORECASE)
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for folder in ("ui", "app")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if cited.search(line)
+    ]
+    assert hits == []

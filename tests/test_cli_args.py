@@ -70,3 +70,17 @@ def test_speculative_without_a_draft_is_refused_before_the_model_loads(capsys, n
     assert capsys.readouterr().err == (
         "error: --strategy speculative needs --draft. Pass a small model of the same family, e.g. --draft starter.\n"
     )
+
+
+@pytest.mark.parametrize("flag", ["--textbook-protocol", "--seed-preset"])
+def test_the_textbook_protocol_sets_its_counts_and_says_what_they_are(flag, capsys):
+    from redline.inference import SEED_PRESET
+
+    spec = cli_bench.spec_from_args(cli.build_parser().parse_args(["bench", flag]))
+    assert (spec.warmup, spec.samples) == (SEED_PRESET["warmup"], SEED_PRESET["samples"])
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"--textbook-protocol, --seed-preset the textbook protocol: {SEED_PRESET['warmup']} warm-up runs" in help_text
+    )
