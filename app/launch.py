@@ -10,6 +10,7 @@ command, and an import error inside Redline's own modules is a bug, reported as 
 from __future__ import annotations
 
 import importlib
+import shlex
 import sys
 import traceback
 from typing import Callable, Optional
@@ -25,7 +26,7 @@ DISTRIBUTIONS = {"PySide6": "PySide6-Essentials", "pynvml": "nvidia-ml-py"}
 def pip_install(distribution: str, reinstall: bool = False) -> str:
     """The command that installs ``distribution`` into the Python running Redline."""
     flag = " --force-reinstall" if reinstall else ""
-    return f"{sys.executable} -m pip install{flag} {distribution}"
+    return f"{shlex.quote(sys.executable)} -m pip install{flag} {distribution}"
 
 
 def _root(module: Optional[str]) -> str:

@@ -1,13 +1,14 @@
 """`redline` with no subcommand: the window opens, or the user is told exactly why not, and the terminal chat
 takes over only when what is missing is the window's own (Qt)."""
 
+import shlex
 import sys
 
 import pytest
 
 from redline.app import cli, launch
 
-PIP = f"{sys.executable} -m pip install"
+PIP = f"{shlex.quote(sys.executable)} -m pip install"
 
 
 @pytest.fixture
