@@ -54,7 +54,7 @@ class MainWindow(QMainWindow):
         store: ConversationStore,
         settings: Any,
         save_settings: Callable[[Any], None],
-        notices: Sequence[str] = (),
+        startup_notices: Sequence[str] = (),
         presets: Optional[PresetStoreLike] = None,
         about: Optional[AboutInfo] = None,
         trust: Optional[TrustDecisions] = None,
@@ -87,7 +87,7 @@ class MainWindow(QMainWindow):
         self.chats.open_latest()
         self.update_controls()
         self.preset_actions.refresh()
-        for text in notices:  # e.g. the settings file or the database was unreadable: kept until dismissed
+        for text in startup_notices:  # e.g. the settings file or the database was unreadable: kept until dismissed
             self.notices.add(text, "warning")
         self.input.setFocus()
 
