@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from redline.app import __version__, cli_bench, cli_chat, cli_estimate, cli_models
+from redline.app import __version__, cli_bench, cli_chat, cli_estimate, cli_models, launch
 
 SUBCOMMANDS = [cli_chat, cli_models, cli_estimate, cli_bench]
 
@@ -52,16 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def open_gui(args) -> int:
-    try:
-        from redline.app.gui import run_gui
-    except ImportError:
-        print(
-            "The desktop window is not built yet. Chat in the terminal with:\n"
-            f"  redline chat --model {args.model or 'starter'}",
-            file=sys.stderr,
-        )
-        return cli_chat.run_interactive_default(args.model or "starter")
-    return run_gui(model=args.model)
+    return launch.open_gui(args.model, cli_chat.run_interactive_default)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from redline.app.cli_args import SEED_MAX, at_least, whole_number, whole_number_list
 from redline.app.terminal import TerminalProgress
 from redline.inference import (
     ACCEPTED_FORMS,
@@ -58,26 +59,33 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--max-prompts",
-        type=int,
         default=None,
         metavar="N",
         help="use only the first N prompts of the set (quicker runs)",
+        **whole_number(1),
     )
     p.add_argument(
         "--prompt-tokens",
-        type=int,
         default=None,
         help="cap every prompt at this many tokens (keeps its end); default: as written",
+        **whole_number(1),
     )
-    p.add_argument("--new-tokens", type=int, default=64, help="new tokens per generation (default 64)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up generations per configuration (default 1)")
+    p.add_argument("--new-tokens", default=64, help="new tokens per generation (default 64)", **whole_number(1))
     p.add_argument(
-        "--samples", type=int, default=None, help="measured generations per prompt and configuration (default 3)"
+        "--warmup", default=None, help="warm-up generations per configuration (default 1)", **whole_number(0)
     )
     p.add_argument(
+        "--samples",
+        default=None,
+        help="measured generations per prompt and configuration (default 3)",
+        **whole_number(1),
+    )
+    p.add_argument(
+        "--textbook-protocol",
         "--seed-preset",
+        dest="seed_preset",
         action="store_true",
-        help=f"the seed document's protocol: {SEED_PRESET['warmup']} warm-up, {SEED_PRESET['samples']} samples (slow)",
+        help=f"the textbook protocol: {SEED_PRESET['warmup']} warm-up runs, {SEED_PRESET['samples']} samples (slow)",
     )
     p.add_argument(
         "--stop-at-eos",
@@ -85,13 +93,19 @@ def add_parser(sub) -> None:
         help="let a reply end at end-of-sequence (default: exactly --new-tokens tokens, so every "
         "configuration does the same work)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), so outputs compare")
+    p.add_argument("--seed", default=0, **whole_number(0, maximum=SEED_MAX))
+    p.add_argument(
+        "--temperature",
+        default=0.0,
+        help="0 = greedy (default), so outputs compare",
+        **at_least(0.0, "0 is greedy"),
+    )
     p.add_argument(
         "--batch-sweep",
         default=None,
         metavar="SIZES",
         help="also sweep batch sizes, e.g. 1,2,4,8, for the baseline configuration",
+        **whole_number_list(),
     )
     p.add_argument(
         "--batch-mode",
@@ -129,24 +143,12 @@ def _baseline_index(text: str, labels: list[str]) -> int:
     )
 
 
-def _batch_sizes(text) -> list[int]:
-    if not text:
-        return []
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise RedlineError(f"--batch-sweep {text!r}: give whole numbers, e.g. 1,2,4,8.") from None
-    return sizes
-
-
 def spec_from_args(args) -> BenchSpec:
     configs = parse_configs(args.configs)
     warmup = args.warmup if args.warmup is not None else (SEED_PRESET["warmup"] if args.seed_preset else 1)
     samples = args.samples if args.samples is not None else (SEED_PRESET["samples"] if args.seed_preset else 3)
     prompts = load_prompt_set(args.prompts)
     if args.max_prompts is not None:
-        if args.max_prompts < 1:
-            raise RedlineError("--max-prompts must be at least 1.")
         prompts.prompts = prompts.prompts[: args.max_prompts]
     return BenchSpec(
         model=args.model,
@@ -159,7 +161,7 @@ def spec_from_args(args) -> BenchSpec:
         seed=args.seed,
         baseline=_baseline_index(args.baseline, [c.label for c in configs]),
         temperature=args.temperature,
-        batch_sizes=_batch_sizes(args.batch_sweep),
+        batch_sizes=args.batch_sweep or [],
         batch_mode=args.batch_mode,
         fixed_length=not args.stop_at_eos,
     )

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from redline.app.cli_args import SEED_MAX, above, at_least, whole_number
 from redline.app.terminal import TerminalProgress
 from redline.app.trust_store import TrustStore, load_with_trust
 from redline.inference import (
@@ -32,9 +33,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="kv", choices=STRATEGIES, help="decoding strategy (default kv)")
     p.add_argument("--draft", help="draft model for --strategy speculative (same forms as --model)")
     p.add_argument("--draft-precision", default="auto", help="precision of the draft model")
-    p.add_argument("--num-draft-tokens", type=int, default=5, help="tokens the draft proposes per step (default 5)")
+    p.add_argument(
+        "--num-draft-tokens", default=5, help="tokens the draft proposes per step (default 5)", **whole_number(1)
+    )
     p.add_argument("--draft-schedule", default="constant", choices=("constant", "heuristic"))
-    p.add_argument("--lookup-tokens", type=int, default=10, help="tokens copied per prompt-lookup match")
+    p.add_argument("--lookup-tokens", default=10, help="tokens copied per prompt-lookup match", **whole_number(1))
     p.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
@@ -52,14 +55,16 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=None, help="0 = greedy; default: the model's own")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", default=256, **whole_number(1))
+    p.add_argument(
+        "--temperature", default=None, help="0 = greedy; default: the model's own", **at_least(0.0, "0 is greedy")
+    )
+    p.add_argument("--top-p", default=None, **above(0.0, maximum=1.0))
+    p.add_argument("--top-k", default=None, **whole_number(0, "0 turns it off"))
+    p.add_argument("--repetition-penalty", default=None, **above(0.0, "1 changes nothing"))
+    p.add_argument("--seed", default=None, **whole_number(0, maximum=SEED_MAX))
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--context", type=int, default=None, help="context length in tokens (default: the model's)")
+    p.add_argument("--context", default=None, help="context length in tokens (default: the model's)", **whole_number(1))
 
 
 def add_parser(sub) -> None:
@@ -100,6 +105,10 @@ def options_from_args(args) -> DecodeOptions:
 
 
 def load_engine(args, quiet: bool = False) -> Engine:
+    if args.strategy == "speculative" and not args.draft:  # said before the target spends time loading
+        raise RedlineError(
+            "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
+        )
     engine = Engine()
     progress = TerminalProgress()
     load_with_trust(
@@ -113,10 +122,6 @@ def load_engine(args, quiet: bool = False) -> Engine:
     )
     progress.done()
     if args.strategy == "speculative":
-        if not args.draft:
-            raise RedlineError(
-                "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
-            )
         engine.load_draft(args.draft, resolve_precision(args.draft_precision, engine.device), progress)
         progress.done()
     elif args.draft and not quiet:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from redline.app.cli_args import above, whole_number
 from redline.inference import (
     CONSUMER_GPUS,
     MB,
@@ -36,15 +37,15 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--context",
-        type=int,
         default=None,
         help=f"context length in tokens (default: the model's, at most {DEFAULT_CONTEXT_CAP})",
+        **whole_number(1),
     )
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", default=1, **whole_number(1))
     p.add_argument("--draft", help="a draft model for speculative decoding (its weights and KV cache are added)")
     p.add_argument("--draft-precision", default=None, help="the draft's precision (default: the same)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--free-gb", type=float, default=None, help="plan for this much free memory (GB)")
+    where.add_argument("--free-gb", default=None, help="plan for this much free memory (GB)", **above(0.0))
     where.add_argument("--gpu", help="plan for a consumer GPU from the built-in list, e.g. 'RTX 3060 12GB'")
     p.add_argument("--list-gpus", action="store_true", help="list the built-in GPUs and exit")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
@@ -80,8 +81,6 @@ def table(estimates: list[Estimate]) -> str:
 
 
 def build_report(args) -> dict:
-    if args.batch < 1 or (args.context is not None and args.context < 1):
-        raise RedlineError("--context and --batch must be at least 1.")
     shape = read_shape(args.model)
     draft = read_shape(args.draft) if args.draft else None
     target = detect_target(args.free_gb, args.gpu)

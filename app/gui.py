@@ -56,21 +56,20 @@ def build_window(
 
     Without a store, the conversation database is opened with ``open_store``: a corrupt or locked
     database never stops the window from opening; the window says what happened."""
-    from redline.ui.main_window import MainWindow
+    from redline.ui.window.main_window import MainWindow
     from redline.ui.worker import EngineThread
 
     settings, warning = load_settings()
     store_warning = None
     if store is None:
         store, store_warning = open_store()
-    notice = " ".join(w for w in (warning, store_warning) if w) or None
     engine = EngineThread(engine_factory)
     window = MainWindow(
         engine,
         store,
         settings,
         save_settings,
-        notice,
+        [w for w in (warning, store_warning) if w],
         presets or PresetStore(),
         about=about_info(store),
         trust=TrustStore(),

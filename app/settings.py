@@ -15,15 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from redline.app.private_files import config_dir, write_private
-
-STRATEGIES = (
-    "naive",
-    "kv",
-    "static",
-    "speculative",
-    "prompt-lookup",
-    "fast",
-)  # = inference.decoding.generate.STRATEGIES (a test checks)
+from redline.inference import STRATEGIES
 
 # Changing any of these means the model (or draft) has to be loaded again.
 RELOAD_FIELDS = ("model", "precision", "draft_model", "draft_precision")

@@ -40,7 +40,7 @@ def run_smoke_test() -> int:
     from redline.app.settings import Settings
     from redline.app.store import Store
     from redline.ui.about import AboutDialog
-    from redline.ui.main_window import MainWindow
+    from redline.ui.window.main_window import MainWindow
     from redline.ui.worker import EngineThread
 
     app = QApplication.instance() or QApplication(sys.argv[:1])

@@ -49,9 +49,25 @@ def test_contract_breaks_when_ui_reaches_past_the_public_surface(tmp_path):
 def test_the_public_surface_imports_neither_torch_nor_transformers():
     """The window imports the engine's surface on the UI thread; torch must load on the engine's thread."""
     code = (
-        "import sys, redline.inference, redline.ui.main_window, redline.app.gui; "
+        "import sys, redline.inference, redline.ui.window.main_window, redline.app.gui; "
         "print(sorted(m for m in ('torch', 'transformers', 'bitsandbytes') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_ui_and_app_cite_no_document_outside_the_repository():
+    """User-facing text and comments say what a thing is, not where some document outside the repository
+    described it ("the seed document", "seed §5.1", "the design notes")."""
+    import re
+
+    cited = re.compile(r"seed (document|doc\b|§)|§\s*\d|design notes", re.IGNORECASE)
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for folder in ("ui", "app")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if cited.search(line)
+    ]
+    assert hits == []

@@ -142,19 +142,19 @@ def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_p
 def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir, monkeypatch):
     import threading
 
-    from redline.ui import main_window
-    from redline.ui.main_window import STILL_LOADING
+    from redline.ui.window import model_controller
+    from redline.ui.window.reply_controller import STILL_LOADING
 
     # Hold the load on the engine thread until the message has been typed and sent, so the test does not
     # depend on how fast a tiny model loads.
     release = threading.Event()
-    real_load_task = main_window.load_task
+    real_load_task = model_controller.load_task
 
     def held_load_task(*args, **kwargs):
         task = real_load_task(*args, **kwargs)
         return lambda engine, report: (release.wait(30), task(engine, report))[1]
 
-    monkeypatch.setattr(main_window, "load_task", held_load_task)
+    monkeypatch.setattr(model_controller, "load_task", held_load_task)
     write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=8)
     w = open_window(qtbot, wait_loaded=False)
     try:
@@ -173,6 +173,41 @@ def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tin
         w.shutdown()
 
 
+def test_a_cancelled_load_says_so_and_only_the_engines_cancel_counts(qtbot, monkeypatch):
+    """The load's outcome is told apart by its type: the engine's Cancelled is the user's cancel; another
+    exception that happens to be called Cancelled (say, from a model's own code) is a failed load."""
+    from redline.inference import Cancelled
+    from redline.ui.window import model_controller
+
+    class ForeignCancelled(Exception):
+        pass
+
+    ForeignCancelled.__name__ = "Cancelled"
+    raised = [Cancelled(), ForeignCancelled("the model's code gave up")]
+
+    def failing_load_task(*args, **kwargs):
+        exc = raised.pop(0)
+
+        def task(engine, report):
+            raise exc
+
+        return task
+
+    monkeypatch.setattr(model_controller, "load_task", failing_load_task)
+    write_settings(model="/models/anything")
+    w = open_window(qtbot, wait_loaded=False)
+    try:
+        qtbot.waitUntil(lambda: w.banner.isVisible() and not w.loading, timeout=30_000)
+        assert (w.banner.kind, w.banner.label.text()) == ("warning", "Loading was cancelled. No model is loaded.")
+        assert w.last_load_error == "Loading was cancelled. No model is loaded." and w.loaded is None
+        [again] = [b for b in w.banner.buttons() if b.text() == "Load again"]
+        again.click()
+        qtbot.waitUntil(lambda: w.banner.isVisible() and w.banner.kind == "error", timeout=30_000)
+        assert w.banner.label.text() == "The model could not be loaded: Cancelled: the model's code gave up"
+    finally:
+        w.shutdown()
+
+
 def test_corrupt_settings_file_is_reported(qtbot):
     from redline.app.settings import settings_path
 
@@ -180,10 +215,44 @@ def test_corrupt_settings_file_is_reported(qtbot):
     settings_path().write_text("{oops", encoding="utf-8")
     window = open_window(qtbot)
     try:
-        assert window.banner.isVisible() and "defaults" in window.banner.label.text()
+        [notice] = window.notices.texts()
+        assert window.notices.isVisible() and "defaults" in notice
         assert list(settings_path().parent.glob("settings.json.corrupt-*"))
+        # The first-start offer is the banner's, beside the notice, not folded into it.
+        assert window.banner.isVisible() and window.banner.label.text().startswith("No model is configured yet.")
     finally:
         window.shutdown()
+
+
+def test_set_aside_files_stay_noticed_while_a_model_loads_until_dismissed(qtbot, tiny_model_dir):
+    """`make run` (a --model on the command line) with a truncated settings file and a database of random
+    bytes: the loading banner comes and goes, and both notices stay until the user dismisses each."""
+    from redline.app.settings import settings_path
+    from redline.app.store import default_db_path
+
+    settings_path().parent.mkdir(parents=True, exist_ok=True)
+    settings_path().write_text('{"model": "starter", "precis', encoding="utf-8")
+    default_db_path().parent.mkdir(parents=True, exist_ok=True)
+    default_db_path().write_bytes(bytes(range(256)) * 64)
+    w = open_window(qtbot, model=str(tiny_model_dir))  # returns once the model has loaded
+    try:
+        settings_notice, db_notice = w.notices.texts()
+        assert (
+            settings_notice.startswith("The settings file was unusable") and "settings.json.corrupt-" in settings_notice
+        )
+        assert db_notice.startswith("The conversation database was unreadable") and ".corrupt-" in db_notice
+        assert w.loaded is not None and w.notices.isVisible()
+        with qtbot.waitSignal(w.model_loaded, timeout=60_000):
+            w.load_model()  # a reload hides the banner again; the notices stay
+        assert w.notices.texts() == [settings_notice, db_notice]
+        first, second = w.notices.notices()
+        first.close_button.click()
+        assert w.notices.texts() == [db_notice] and w.notices.isVisible()
+        second.close_button.click()
+        assert w.notices.texts() == [] and not w.notices.isVisible()
+    finally:
+        w.shutdown()
+        w.store.close()
 
 
 def test_switching_precision_reloads(qtbot, tiny_window):

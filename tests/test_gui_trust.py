@@ -11,12 +11,12 @@ pytestmark = pytest.mark.usefixtures("aloop", "profile")
 
 
 def test_custom_code_needs_confirmation_naming_the_files(qtbot, custom_model, monkeypatch):
-    from redline.ui import main_window
+    from redline.ui.window import model_controller
 
     folder, marker = custom_model
     write_settings(model=str(folder), precision="fp32", temperature=0, max_new_tokens=8)
     asked = []
-    monkeypatch.setattr(main_window, "confirm_opt_in", lambda parent, exc: asked.append(exc.files) or False)
+    monkeypatch.setattr(model_controller, "confirm_opt_in", lambda parent, exc: asked.append(exc.files) or False)
     w = open_window(qtbot, wait_loaded=False)
     try:
         qtbot.waitUntil(lambda: bool(asked) and not w.loading, timeout=60_000)
@@ -24,7 +24,7 @@ def test_custom_code_needs_confirmation_naming_the_files(qtbot, custom_model, mo
         assert w.loaded is None and not marker.exists()  # declined: nothing ran
         assert "custom Python code" in w.banner.label.text()
 
-        monkeypatch.setattr(main_window, "confirm_opt_in", lambda parent, exc: asked.append(exc.files) or True)
+        monkeypatch.setattr(model_controller, "confirm_opt_in", lambda parent, exc: asked.append(exc.files) or True)
         with qtbot.waitSignal(w.model_loaded, timeout=60_000):
             w.load_model()
         assert marker.exists() and w.loaded is not None
@@ -32,7 +32,7 @@ def test_custom_code_needs_confirmation_naming_the_files(qtbot, custom_model, mo
         w.shutdown()
 
     # Remembered: a restart loads it without asking.
-    monkeypatch.setattr(main_window, "confirm_opt_in", lambda parent, exc: pytest.fail("asked again"))
+    monkeypatch.setattr(model_controller, "confirm_opt_in", lambda parent, exc: pytest.fail("asked again"))
     w2 = open_window(qtbot)
     try:
         assert w2.loaded is not None

@@ -205,9 +205,10 @@ def test_corrupt_database_is_kept_aside_and_app_starts(qtbot):
     db.write_bytes(garbage)
     w = open_window(qtbot)
     try:
-        assert w.banner.isVisible() and "unreadable" in w.banner.label.text()
+        [notice] = w.notices.texts()
+        assert w.notices.isVisible() and "unreadable" in notice
         [backup] = list(db.parent.glob("conversations.sqlite3.corrupt-*"))
-        assert backup.read_bytes() == garbage and str(backup) in w.banner.label.text()
+        assert backup.read_bytes() == garbage and str(backup) in notice
         # The fresh database works.
         conv = w.store.create_conversation("after the crash")
         assert [c.title for c in w.store.conversations()] == ["after the crash"]
@@ -244,8 +245,8 @@ def test_locked_database_is_reported_and_app_starts(qtbot):
         assert locker.stdout.readline().strip() == "locked"
         w = open_window(qtbot)
         try:
-            assert w.banner.isVisible() and "locked" in w.banner.label.text()
-            assert "memory only" in w.banner.label.text()
+            [notice] = w.notices.texts()
+            assert w.notices.isVisible() and "locked" in notice and "memory only" in notice
             assert w.store.in_memory
             w.store.create_conversation("this session")  # usable, in memory
             assert [x.title for x in w.store.conversations()] == ["this session"]

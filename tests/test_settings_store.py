@@ -109,11 +109,21 @@ def test_export_markdown_and_json(dirs):
     assert data["messages"][1]["partial"] is True
 
 
-def test_settings_offer_every_engine_strategy_and_precision():
-    from redline.app.settings import STRATEGIES as SETTINGS_STRATEGIES
-    from redline.inference.decoding.options import STRATEGIES
-    from redline.inference.loading.precision import PRECISIONS
-    from redline.ui.settings_panel import PRECISION_CHOICES, STRATEGY_CHOICES
+def test_settings_accept_every_engine_strategy_and_name_them_when_one_is_unknown():
+    from redline.inference import STRATEGIES
 
-    assert set(SETTINGS_STRATEGIES) == set(STRATEGIES) == set(STRATEGY_CHOICES)
-    assert set(PRECISIONS) <= set(PRECISION_CHOICES)
+    for strategy in STRATEGIES:
+        Settings(strategy=strategy).validate()
+    with pytest.raises(ValueError, match="strategy must be one of naive, kv, .*, not 'turbo'"):
+        Settings.from_dict({"strategy": "turbo"})
+
+
+def test_settings_panel_offers_every_engine_strategy_and_precision(qtbot):
+    from redline.inference import PRECISIONS, STRATEGIES
+    from redline.ui.settings_panel import SettingsPanel
+
+    panel = SettingsPanel(Settings())
+    qtbot.addWidget(panel)
+    offered = {box: [box.itemText(i) for i in range(box.count())] for box in (panel.precision, panel.strategy)}
+    assert offered[panel.strategy][:2] == ["kv", "fast"] and sorted(offered[panel.strategy]) == sorted(STRATEGIES)
+    assert offered[panel.precision] == ["auto", *PRECISIONS, "nf4+keep=lm_head"]

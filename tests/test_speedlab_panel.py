@@ -117,3 +117,14 @@ def test_speed_lab_is_a_tab_of_the_main_window_built_on_first_open(qtbot, tmp_pa
     assert isinstance(lazy, LazyPanel) and lazy.inner is None
     assert isinstance(lazy.ensure_built(), SpeedLabPanel)
     window.shutdown()
+
+
+def test_textbook_protocol_button_names_what_it_sets(panel):
+    from redline.inference import SEED_PRESET
+
+    warmup, samples = SEED_PRESET["warmup"], SEED_PRESET["samples"]
+    button = panel.protocol_button
+    assert button.text() == f"Textbook protocol ({warmup} warm-up / {samples} samples)"
+    assert button.toolTip().startswith(f"The textbook measurement protocol: {warmup} warm-up runs, then {samples}")
+    button.click()
+    assert (panel.warmup_spin.value(), panel.samples_spin.value()) == (warmup, samples)

@@ -8,6 +8,8 @@ import pytest
 from gui_helpers import aloop, open_window, profile, write_settings  # noqa: F401 - fixtures
 from PySide6.QtWidgets import QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QSlider, QTableWidget, QWizard
 
+from redline.inference import PRECISIONS
+
 pytestmark = pytest.mark.usefixtures("aloop", "profile")
 LLAMA3_8B_CONFIG = Path(__file__).parent / "data" / "llama-3-8b-config.json"
 
@@ -93,7 +95,7 @@ def test_wizard_end_to_end_on_starter(qtbot, starter_dir):
     # After a restart with no model configured, the preset is listed and loads.
     write_settings()
     again = open_window(qtbot)
-    again._fill_presets_menu()
+    again.preset_actions.fill_menu()
     [action] = [a for a in again.presets_menu.actions() if a.text() == "Starter 2k"]
     with qtbot.waitSignal(again.model_loaded, timeout=300_000):
         action.trigger()
@@ -132,7 +134,7 @@ def test_does_not_fit_names_the_fix(qtbot, tmp_path):
     assert cfg.fix_button.isVisible() and str(fix) in cfg.fix_button.text()
     cfg.fix_button.click()  # the one change, applied
     assert cfg.context.value() == fix and cfg.selected_precision() == "nf4"
-    assert cfg.table.item(4, 7).text() == "fits" and cfg.why.text().startswith("nf4 fits with")
+    assert cfg.table.item(PRECISIONS.index("nf4"), 7).text() == "fits" and cfg.why.text().startswith("nf4 fits with")
     assert cfg.isComplete() and not cfg.fix_button.isVisible()
     wiz.reject()
     window.shutdown()
@@ -159,7 +161,9 @@ def test_rejected_choices_draft_check_and_tooltips(
     next_page(qtbot, wiz)
     cfg = wiz.config_page
     assert cfg.context.value() == 512 and cfg.selected_precision() in ("bf16", "fp16")
-    cfg.table.selectRow(2)  # the user prefers fp32 over the suggestion; moving the context keeps it
+    cfg.table.selectRow(
+        PRECISIONS.index("fp32")
+    )  # the user prefers fp32 over the suggestion; moving the context keeps it
     cfg.context.setValue(256)
     assert cfg.selected_precision() == "fp32"
     next_page(qtbot, wiz)
@@ -208,13 +212,51 @@ def test_rejected_choices_draft_check_and_tooltips(
     window.shutdown()
 
 
+def test_config_table_lists_every_engine_precision(qtbot, tiny_model_dir):
+    window = open_window(qtbot)
+    wiz = window.open_wizard()
+    type_into(qtbot, wiz.model_page.picker.folder, str(tiny_model_dir))
+    next_page(qtbot, wiz)
+    qtbot.waitUntil(lambda: wiz.machine is not None, timeout=60_000)
+    next_page(qtbot, wiz)
+    cfg = wiz.config_page
+    assert [cfg.table.item(r, 0).text() for r in range(cfg.table.rowCount())] == list(PRECISIONS)
+    draft = wiz.draft_page.draft_precision
+    assert [draft.itemText(i) for i in range(draft.count())] == list(PRECISIONS)
+    wiz.reject()
+    window.shutdown()
+
+
+def test_load_page_judges_the_prediction_with_the_estimators_margin(qtbot):
+    """Within 10 % or 300 MB, whichever is larger: the estimator's own accuracy target, not a copy of it."""
+    from redline.inference import MB, accuracy_margin
+    from redline.ui.engine_client import ModelInfo
+
+    window = open_window(qtbot)
+    page = window.open_wizard().load_page
+
+    def within(predicted_mb, measured_mb):
+        sizes = dict(predicted_bytes=predicted_mb * MB, measured_bytes=measured_mb * MB)
+        page._show_figures(ModelInfo("m", "cuda", "bf16", 0, 1.0, **sizes))
+        note = page.note.text()
+        assert note.startswith(("Within the estimator's target", "Outside the estimator's target"))
+        return note.startswith("Within")
+
+    assert accuracy_margin(1000 * MB) == 300 * MB  # a small model: 300 MB is the larger
+    assert within(1250, 1000) and within(750, 1000) and not within(1350, 1000)
+    assert accuracy_margin(10_000 * MB) == 1000 * MB  # a big one: 10 %
+    assert within(10_900, 10_000) and not within(11_100, 10_000) and not within(8_900, 10_000)
+    assert page.error.text() == "-11.0 %"
+    window.shutdown()
+
+
 def test_presets_menu_dialog_and_settings_panel(qtbot):
     window = open_window(qtbot)
     store = window.presets
     base = window.settings_values()
     store.save("Tiny fp32", {**base, "model": "/models/tiny", "precision": "fp32", "context_length": 512})
     store.save("Starter nf4", {**base, "model": "starter", "precision": "nf4", "strategy": "prompt-lookup"})
-    window._fill_presets_menu()
+    window.preset_actions.fill_menu()
     assert [a.text() for a in window.presets_menu.actions() if a.text()][:2] == ["Starter nf4", "Tiny fp32"]
 
     dialog = window.manage_presets()

@@ -46,6 +46,28 @@ def test_failure_reports_message(qtbot):
     assert worker.shutdown()
 
 
+def test_expected_errors_read_as_sentences_and_others_name_their_type(qtbot):
+    """A RedlineError is written for the user (its message and fix); anything else is a bug report, named by
+    its type, even if it happens to carry a ``hint`` attribute."""
+    from redline.inference import ModelSourceError
+
+    class Stray(Exception):
+        hint = "not ours"
+
+    worker = EngineThread(FakeEngine)
+    messages = []
+    for exc in (ModelSourceError("No model at /x.", "Pass a folder with config.json."), Stray("odd")):
+
+        def task(engine, report, exc=exc):
+            raise exc
+
+        with qtbot.waitSignal(worker.failed, timeout=5000) as blocker:
+            worker.submit(task)
+        messages.append(blocker.args[1])
+    assert messages == ["No model at /x. Pass a folder with config.json.", "Stray: odd"]
+    assert worker.shutdown()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a niceness per thread is Linux's")
 def test_engine_thread_yields_to_the_ui(qtbot, monkeypatch):
     """The engine (and the torch threads it starts, which inherit it) runs nicer than the UI thread, so a

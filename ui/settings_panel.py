@@ -25,8 +25,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32", "int8", "nf4", "fp4", "nf4+keep=lm_head", "q8", "q4")
-STRATEGY_CHOICES = ("kv", "fast", "naive", "static", "speculative", "prompt-lookup")
+from redline.inference import PRECISIONS, STRATEGIES
+
+MIXED_EXAMPLE = "nf4+keep=lm_head"  # a mixed precision: nf4, with the output layer left unquantised
+PRECISION_CHOICES = ("auto", *PRECISIONS, MIXED_EXAMPLE)  # the box is editable: any other mix can be typed
+FIRST_STRATEGIES = ("kv", "fast")  # the ones most people want, listed first; then the rest in the engine's order
+STRATEGY_CHOICES = FIRST_STRATEGIES + tuple(s for s in STRATEGIES if s not in FIRST_STRATEGIES)
 DEFAULT_TEXT = "model default"
 
 

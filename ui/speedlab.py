@@ -171,8 +171,13 @@ class SpeedLabPanel(QWidget):
         self.warmup_spin = QSpinBox(minimum=0, maximum=1000, value=1)
         self.samples_spin = QSpinBox(minimum=1, maximum=1000, value=3)
         self.seed_spin = QSpinBox(minimum=0, maximum=2**31 - 1, value=0)
-        preset = QPushButton(f"Seed protocol ({SEED_PRESET['warmup']} warm-up / {SEED_PRESET['samples']} samples)")
-        preset.clicked.connect(self.apply_seed_preset)
+        preset = QPushButton(f"Textbook protocol ({SEED_PRESET['warmup']} warm-up / {SEED_PRESET['samples']} samples)")
+        preset.setToolTip(
+            f"The textbook measurement protocol: {SEED_PRESET['warmup']} warm-up runs, then "
+            f"{SEED_PRESET['samples']} measured samples per prompt and configuration (slow; steadier figures)"
+        )
+        preset.clicked.connect(self.apply_textbook_protocol)
+        self.protocol_button = preset
         counts = QHBoxLayout()
         for text, w in (
             ("new tokens", self.new_tokens_spin),
@@ -288,7 +293,8 @@ class SpeedLabPanel(QWidget):
         return w
 
     # -- running ---------------------------------------------------------------
-    def apply_seed_preset(self) -> None:
+    def apply_textbook_protocol(self) -> None:
+        """The textbook protocol's counts (``SEED_PRESET``): many warm-up runs and samples, for steady figures."""
         self.warmup_spin.setValue(SEED_PRESET["warmup"])
         self.samples_spin.setValue(SEED_PRESET["samples"])
 

@@ -1,9 +1,19 @@
-"""Small widgets the window is built from: the message input, the banner, the load bar."""
+"""Small widgets the window is built from: the message input, the banner, the notices, the load bar."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QToolButton
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 LARGE_PASTE_CHARS = 100_000  # a paste beyond this is held aside, not typeset into the editor
 
@@ -54,7 +64,8 @@ class MessageInput(QPlainTextEdit):
 
 
 class Banner(QFrame):
-    """One message across the top of the window: what happened and what to do."""
+    """One message across the top of the window: what happened and what to do. The next message replaces it;
+    what must stay until the user has read it goes to ``NoticeArea``."""
 
     COLORS = {"info": ("#eef4ff", "#2d5bd0"), "warning": ("#fff6e5", "#b26a00"), "error": ("#fdecee", "#c0182b")}
 
@@ -98,6 +109,45 @@ class Banner(QFrame):
 
     def buttons(self) -> list[QPushButton]:
         return list(self._buttons)
+
+
+class NoticeArea(QWidget):
+    """Notices that stay until the user dismisses each (✕): e.g. that the settings file or the conversation
+    database was unreadable and set aside. Any number stack here, above the banner, whose one transient
+    message (loading, a failed reply) comes and goes without touching them."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("notices")
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(4)
+        self._notices: list[Banner] = []
+        self.hide()
+
+    def add(self, text: str, kind: str = "warning", actions: list[tuple[str, object]] = ()) -> Banner:
+        notice = Banner(self)
+        notice.show_message(text, kind, actions)
+        notice.close_button.setToolTip("Dismiss this notice")
+        notice.close_button.clicked.connect(lambda: self.dismiss(notice))
+        self._layout.addWidget(notice)
+        self._notices.append(notice)
+        self.show()
+        return notice
+
+    def dismiss(self, notice: Banner) -> None:
+        if notice in self._notices:
+            self._notices.remove(notice)
+            notice.hide()
+            notice.setParent(None)
+            notice.deleteLater()
+        self.setVisible(bool(self._notices))
+
+    def notices(self) -> list[Banner]:
+        return list(self._notices)
+
+    def texts(self) -> list[str]:
+        return [n.label.text() for n in self._notices]
 
 
 class LoadBar(QFrame):

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from redline.inference import RedlineError
+
 Task = Callable[[Any, Callable[[object], None]], object]
 
 # The engine thread's niceness on Linux (REDLINE_ENGINE_NICE overrides; 0 turns it off). Decoding keeps every
@@ -68,7 +70,7 @@ class _Runner(QObject):
         try:
             value = fn(self.engine, lambda obj: self.progress.emit(task_id, obj))
         except Exception as exc:
-            message = str(exc) if hasattr(exc, "hint") else f"{type(exc).__name__}: {exc}"
+            message = str(exc) if isinstance(exc, RedlineError) else f"{type(exc).__name__}: {exc}"
             exc.__redline_traceback__ = traceback.format_exc()
             self.failed.emit(task_id, message, exc)
             return

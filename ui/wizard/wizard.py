@@ -21,7 +21,12 @@ from PySide6.QtWidgets import QWizard
 from redline.inference import parse_precision
 from redline.ui.engine_client import EngineClient, describe_task, hardware_task, pair_task
 from redline.ui.protocols import PresetStoreLike
-from redline.ui.wizard.pages import ConfigPage, DraftPage, HardwarePage, LoadPage, ModelPage, PresetPage
+from redline.ui.wizard.config_page import ConfigPage
+from redline.ui.wizard.draft_page import DraftPage
+from redline.ui.wizard.hardware_page import HardwarePage
+from redline.ui.wizard.load_page import LoadPage
+from redline.ui.wizard.model_page import ModelPage
+from redline.ui.wizard.preset_page import PresetPage
 
 MODEL_PAGE, HARDWARE_PAGE, CONFIG_PAGE, DRAFT_PAGE, LOAD_PAGE, PRESET_PAGE = range(6)
 

@@ -1,0 +1,243 @@
+"""The wizard's third page: the memory each precision needs at the chosen context, predicted from the model's
+config, with the suggested row selected and, when nothing fits, the one change that makes it fit."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWizardPage,
+)
+
+from redline.inference import PRECISIONS, Planner, format_bytes, parse_precision, suggest
+from redline.ui.wizard.labels import BAD, CLOSE, OK, PALE, colored, wrap_label
+from redline.ui.wizard.tips import TIPS, with_tip
+
+DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)
+MIN_CONTEXT = 256
+
+COLUMNS = ("precision", "weights", "KV cache", "activations", "overhead", "loading", "total", "fits")
+
+
+class ConfigPage(QWizardPage):
+    def __init__(self, wizard):
+        super().__init__()
+        self.wiz = wizard
+        self.setTitle("Configuration")
+        self.setSubTitle(
+            "Memory each precision needs, predicted from the model's config. The suggested row is "
+            "selected; pick another if you prefer."
+        )
+        v = QVBoxLayout(self)
+        self.header = wrap_label(name="configHeader")
+        v.addWidget(self.header)
+        form = QHBoxLayout()
+        form.addWidget(QLabel("&Context:"))
+        self.slider = with_tip(QSlider(Qt.Horizontal), "context")
+        self.slider.setObjectName("contextSlider")
+        self.context = with_tip(QSpinBox(), "context")
+        self.context.setSuffix(" tokens")
+        form.itemAt(0).widget().setBuddy(self.slider)
+        form.addWidget(self.slider, 1)
+        form.addWidget(self.context)
+        batch_label = QLabel("&Batch:")
+        self.batch = with_tip(QSpinBox(), "batch")
+        self.batch.setRange(1, 64)
+        batch_label.setBuddy(self.batch)
+        form.addSpacing(12)
+        form.addWidget(batch_label)
+        form.addWidget(self.batch)
+        v.addLayout(form)
+        self.table = with_tip(QTableWidget(0, len(COLUMNS)), "table")
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().hide()
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeToContents)
+        self.table.setTabKeyNavigation(False)  # Tab leaves the table; the arrow keys move between rows
+        v.addWidget(self.table, 1)
+        self.why = wrap_label(name="suggestionText")
+        v.addWidget(self.why)
+        fix_row = QHBoxLayout()
+        self.fix_button = with_tip(QPushButton(), "fix")
+        self.fix_button.hide()
+        fix_row.addWidget(self.fix_button)
+        fix_row.addStretch(1)
+        v.addLayout(fix_row)
+        self.choice = wrap_label(name="choiceText")
+        v.addWidget(self.choice)
+
+        self.suggestion = None
+        self.estimates = []
+        self._fix_context: Optional[int] = None
+        self._user_row: Optional[str] = None  # a precision the user picked over the suggestion
+        self._filling = False
+        self.slider.valueChanged.connect(self._slider_moved)
+        self.context.valueChanged.connect(self._context_typed)
+        self.batch.valueChanged.connect(lambda _v: self.refresh())
+        self.table.itemSelectionChanged.connect(self._row_changed)
+        self.fix_button.clicked.connect(self._apply_fix)
+
+    # The slider moves in steps of 256 tokens; the box takes any value.
+    def _slider_moved(self, value: int) -> None:
+        if not self._filling:
+            self.context.setValue(min(self.context.maximum(), value * MIN_CONTEXT))
+
+    def _context_typed(self, value: int) -> None:
+        if self._filling:
+            return
+        self._filling = True
+        self.slider.setValue(max(1, round(value / MIN_CONTEXT)))
+        self._filling = False
+        self.refresh()
+
+    def initializePage(self):  # noqa: N802
+        shape = self.wiz.model.shape
+        top = shape.max_positions
+        self._filling = True
+        self.context.setRange(min(MIN_CONTEXT, top), top)
+        self.slider.setRange(max(1, min(MIN_CONTEXT, top) // MIN_CONTEXT), max(1, top // MIN_CONTEXT))
+        self.slider.setPageStep(max(1, top // MIN_CONTEXT // 16))
+        self._filling = False
+        self._user_row = None
+        start = self.wiz.context or min(top, DEFAULT_CONTEXT_CAP)
+        t = self.wiz.target
+        self.header.setText(
+            f"{self.wiz.model.name} on {t.label}: {format_bytes(t.available_bytes)} available. "
+            "'Fits' keeps a safety margin of 10 % or 300 MB, whichever is larger."
+        )
+        if self.context.value() == start:
+            self.refresh()
+        else:
+            self.context.setValue(start)
+
+    def planner(self, draft=None, draft_spec=None) -> Planner:
+        return Planner(
+            self.wiz.model.shape, self.wiz.target, self.batch.value(), draft, draft_spec, self.wiz.correction
+        )
+
+    def refresh(self) -> None:
+        if self.wiz.model is None or self.wiz.target is None:
+            return
+        planner = self.planner()
+        ctx = self.context.value()
+        self.estimates = [planner.estimate(parse_precision(p), ctx) for p in PRECISIONS]
+        self.suggestion = suggest(planner, ctx)
+        self._filling = True
+        self.table.setRowCount(len(self.estimates))
+        for row, e in enumerate(self.estimates):
+            cells = (
+                e.precision,
+                format_bytes(e.weights_bytes),
+                format_bytes(e.kv_cache_bytes),
+                format_bytes(e.activation_bytes),
+                format_bytes(e.overhead_bytes),
+                format_bytes(e.loading_bytes),
+                format_bytes(e.total_bytes),
+                fit_text(e),
+            )
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setTextAlignment((Qt.AlignLeft if col == 0 else Qt.AlignRight) | Qt.AlignVCenter)
+                if col == 0:
+                    item.setToolTip(TIPS[PRECISIONS[row]])
+                if col == len(cells) - 1:
+                    color = fit_color(e)
+                    item.setForeground(QColor(color))
+                    item.setBackground(QColor(PALE[color]))
+                self.table.setItem(row, col, item)
+        self._filling = False
+        s = self.suggestion
+        fits_now = s.change is None and s.precision is not None
+        self.why.setText(s.text)
+        self.why.setStyleSheet("" if fits_now else f"color: {BAD if s.precision is None else CLOSE};")
+        self._fix_context = s.context if (s.change == "context" and s.context) else None
+        if self._fix_context:
+            self.fix_button.setText(f"Use a context of {self._fix_context} tokens")
+            self.fix_button.show()
+        else:
+            self.fix_button.hide()
+        want = self._user_row or (s.precision if fits_now else None)
+        self._select(want)
+
+    def _select(self, precision: Optional[str]) -> None:
+        self._filling = True
+        if precision in PRECISIONS:
+            self.table.selectRow(PRECISIONS.index(precision))
+        else:
+            self.table.clearSelection()
+        self._filling = False
+        self._describe_choice()
+
+    def _row_changed(self) -> None:
+        if self._filling:
+            return
+        row = self.selected_row()
+        self._user_row = PRECISIONS[row] if row is not None else None
+        self._describe_choice()
+
+    def _apply_fix(self) -> None:
+        if self._fix_context:
+            self._user_row = None
+            self.context.setValue(self._fix_context)
+
+    def selected_row(self) -> Optional[int]:
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        return rows[0].row() if rows else None
+
+    def selected_precision(self) -> Optional[str]:
+        row = self.selected_row()
+        return PRECISIONS[row] if row is not None else None
+
+    def _describe_choice(self) -> None:
+        row = self.selected_row()
+        if row is None:
+            colored(self.choice, "Select a row to continue (one that does not fit can still be tried).")
+        else:
+            e = self.estimates[row]
+            if e.fits:
+                colored(
+                    self.choice, f"Next: {e.precision} at {e.context} tokens, predicted {format_bytes(e.total_bytes)}."
+                )
+            else:
+                colored(
+                    self.choice,
+                    f"{e.precision} does not fit: {format_bytes(e.total_bytes)} predicted, "
+                    f"{format_bytes(e.available_bytes)} available. You can still try; loading may run "
+                    "out of memory.",
+                    CLOSE,
+                )
+        self.completeChanged.emit()
+
+    def isComplete(self):  # noqa: N802
+        return self.selected_row() is not None
+
+    def validatePage(self):  # noqa: N802
+        self.wiz.precision = self.selected_precision()
+        self.wiz.context = self.context.value()
+        self.wiz.batch = self.batch.value()
+        return True
+
+
+def fit_text(e) -> str:
+    if e.fits:
+        return "fits"
+    return "too close" if e.total_bytes <= (e.available_bytes or 0) else "does not fit"
+
+
+def fit_color(e) -> str:
+    return OK if e.fits else CLOSE if e.total_bytes <= (e.available_bytes or 0) else BAD

@@ -1,0 +1,176 @@
+"""The wizard's fourth page: an optional speed-up, speculative decoding with a draft model (checked against
+the target's tokenizer) or prompt lookup, with the draft's memory added to the estimate."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QComboBox,
+    QFormLayout,
+    QRadioButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+    QWizardPage,
+)
+from qasync import asyncSlot
+
+from redline.inference import PRECISIONS, Planner, format_bytes, parse_precision
+from redline.ui.engine_client import TaskFailed
+from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
+from redline.ui.wizard.model_picker import CheckedPicker, ModelPicker
+from redline.ui.wizard.tips import with_tip
+
+
+class DraftPage(QWizardPage, CheckedPicker):
+    def __init__(self, wizard):
+        super().__init__()
+        self.wiz = wizard
+        self.setTitle("Speculative decoding (optional)")
+        self.setSubTitle("Make replies faster with a small draft model, or by copying from the conversation.")
+        v = QVBoxLayout(self)
+        self.none = with_tip(QRadioButton("&No speed-up beyond the KV cache"), "none")
+        self.speculative = with_tip(QRadioButton("&Draft model (speculative decoding):"), "speculative")
+        self.lookup = with_tip(QRadioButton("&Prompt lookup (no draft model)"), "lookup")
+        group = QButtonGroup(self)
+        for r in (self.none, self.speculative):
+            group.addButton(r)
+            v.addWidget(r)
+        self.draft_box = QWidget()
+        dv = QVBoxLayout(self.draft_box)
+        dv.setContentsMargins(22, 0, 0, 0)
+        self.picker = ModelPicker(wizard.presets.recent_models() if wizard.presets else [])
+        with_tip(self.picker, "draft_picker")
+        dv.addWidget(self.picker)
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldsStayAtSizeHint)
+        self.draft_precision = with_tip(QComboBox(), "draft_precision")
+        self.draft_precision.addItems(PRECISIONS)
+        form.addRow("Draft pr&ecision:", self.draft_precision)
+        self.tokens = with_tip(QSpinBox(), "draft_tokens")
+        self.tokens.setRange(1, 16)
+        self.tokens.setValue(5)
+        form.addRow("Draft &tokens per step:", self.tokens)
+        dv.addLayout(form)
+        dv.addWidget(
+            wrap_label(
+                "Start with 5. If most drafted tokens are accepted (the chat shows the rate), try 6–8; "
+                "if few are, try 3–4 — a rejected token costs a draft step for nothing."
+            )
+        )
+        self.status = wrap_label(name="draftStatus")
+        self.memory = wrap_label(name="draftMemory")
+        dv.addWidget(self.status)
+        dv.addWidget(self.memory)
+        v.addWidget(self.draft_box)
+        group.addButton(self.lookup)
+        v.addWidget(self.lookup)
+        v.addStretch(1)
+        self.none.setChecked(True)
+        self.draft_desc = None
+        self.pair = None
+        self._setup_check(self.picker, self.status)
+        group.buttonToggled.connect(lambda _b, on: on and self._mode_changed())
+        self.draft_precision.currentTextChanged.connect(lambda _t: self._show_memory())
+        s = wizard.host.settings
+        if s.draft_model:
+            self.picker.set_spec(s.draft_model)
+        self.tokens.setValue(s.num_draft_tokens or 5)
+        if s.strategy == "speculative":
+            self.speculative.setChecked(True)
+        elif s.strategy == "prompt-lookup":
+            self.lookup.setChecked(True)
+        self._mode_changed()
+
+    def strategy(self) -> str:
+        if self.speculative.isChecked():
+            return "speculative"
+        if self.lookup.isChecked():
+            return "prompt-lookup"
+        return (
+            "kv"
+            if self.wiz.host.settings.strategy in ("speculative", "prompt-lookup")
+            else self.wiz.host.settings.strategy
+        )
+
+    def initializePage(self):  # noqa: N802
+        self.draft_precision.setCurrentText(self.wiz.precision or "bf16")
+        if self.speculative.isChecked():
+            self._schedule()
+
+    def _mode_changed(self) -> None:
+        self.draft_box.setEnabled(self.speculative.isChecked())
+        if self.speculative.isChecked() and self.draft_desc is None and self.wiz.model is not None:
+            self._schedule()
+        self.completeChanged.emit()
+
+    def _on_invalidated(self) -> None:
+        self.draft_desc = self.pair = None
+        self.memory.setText("")
+        self.completeChanged.emit()
+
+    @asyncSlot()
+    async def check(self) -> None:
+        spec, token = self.picker.spec(), self._token
+        if not spec or self.wiz.model is None:
+            return
+        colored(self.status, f"Checking {spec} against {self.wiz.model.name}…")
+        try:
+            desc = await self.wiz.describe(spec)
+            if token != self._token:
+                return
+            pair = await self.wiz.check_pair(self.wiz.model.spec, spec)
+        except TaskFailed as exc:
+            if token == self._token:
+                colored(self.status, f"Not usable as a draft: {exc}", BAD)
+            return
+        if token != self._token:
+            return
+        self.draft_desc, self.pair = desc, pair
+        if pair.mode == "unknown":
+            colored(self.status, pair.reason, CLOSE)
+        else:
+            verb = (
+                "Compatible (shared vocabulary)"
+                if pair.mode == "shared"
+                else "Compatible through universal assisted decoding"
+            )
+            colored(self.status, f"✓ {verb}: {pair.reason}", OK)
+        self._show_memory()
+        self.completeChanged.emit()
+
+    def _show_memory(self) -> None:
+        if self.draft_desc is None or self.wiz.target is None or not self.wiz.precision:
+            return
+        planner = Planner(
+            self.wiz.model.shape,
+            self.wiz.target,
+            self.wiz.batch,
+            self.draft_desc.shape,
+            parse_precision(self.draft_precision.currentText()),
+            self.wiz.correction,
+        )
+        e = planner.estimate(parse_precision(self.wiz.precision), self.wiz.context)
+        verdict = "fits" if e.fits else "does not fit"
+        colored(
+            self.memory,
+            f"With the draft: {format_bytes(e.total_bytes)} predicted ({format_bytes(e.draft_bytes)} of it "
+            f"the draft's weights and KV cache) of {format_bytes(e.available_bytes)} available at "
+            f"{self.wiz.context} tokens — {verdict}.",
+            OK if e.fits else BAD,
+        )
+
+    def isComplete(self):  # noqa: N802
+        if not self.speculative.isChecked():
+            return True
+        return self.draft_desc is not None and self.pair is not None
+
+    def validatePage(self):  # noqa: N802
+        self.wiz.strategy = self.strategy()
+        spec = self.speculative.isChecked()
+        self.wiz.draft_model = self.draft_desc.spec if spec else self.wiz.host.settings.draft_model
+        self.wiz.draft_precision = (
+            self.draft_precision.currentText() if spec else self.wiz.host.settings.draft_precision
+        )
+        self.wiz.num_draft_tokens = self.tokens.value()
+        return True

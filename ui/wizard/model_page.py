@@ -1,0 +1,67 @@
+"""The wizard's first page: which model, checked (it exists, it can be read) before the user goes on."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QVBoxLayout, QWizardPage
+from qasync import asyncSlot
+
+from redline.ui.engine_client import TaskFailed
+from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
+from redline.ui.wizard.model_picker import CheckedPicker, ModelPicker
+
+
+class ModelPage(QWizardPage, CheckedPicker):
+    def __init__(self, wizard):
+        super().__init__()
+        self.wiz = wizard
+        self.setTitle("Model")
+        self.setSubTitle("Which model do you want to chat with? Anything you choose is checked before you go on.")
+        v = QVBoxLayout(self)
+        self.picker = ModelPicker(wizard.presets.recent_models() if wizard.presets else [])
+        v.addWidget(self.picker)
+        self.status = wrap_label(name="modelStatus")
+        self.availability = wrap_label(name="modelAvailability")
+        v.addWidget(self.status)
+        v.addWidget(self.availability)
+        v.addStretch(1)
+        self.desc = None
+        self._setup_check(self.picker, self.status)
+        self.picker.set_spec(wizard.host.settings.model)
+
+    def initializePage(self):  # noqa: N802
+        if self.desc is None:
+            self._schedule()
+
+    def _on_invalidated(self) -> None:
+        self.desc = None
+        self.availability.setText("")
+        self.completeChanged.emit()
+
+    @asyncSlot()
+    async def check(self) -> None:
+        spec, token = self.picker.spec(), self._token
+        if not spec:
+            colored(self.status, "Choose a model above.")
+            return
+        colored(self.status, f"Checking {spec}…")
+        try:
+            desc = await self.wiz.describe(spec)
+        except TaskFailed as exc:
+            if token == self._token:
+                colored(self.status, f"This model cannot be used: {exc}", BAD)
+            return
+        if token != self._token:
+            return
+        self.desc = desc
+        colored(self.status, "✓ " + desc.summary(), OK)
+        colored(self.availability, desc.availability(), None if desc.loadable else CLOSE)
+        self.completeChanged.emit()
+
+    def isComplete(self):  # noqa: N802
+        return self.desc is not None
+
+    def validatePage(self):  # noqa: N802
+        if self.wiz.model is None or self.wiz.model.spec != self.desc.spec:
+            self.wiz.model_changed()
+        self.wiz.model = self.desc
+        return True

@@ -1,0 +1,59 @@
+"""The wizard's tooltips: one sentence per term, for people who do not know the terms yet."""
+
+from __future__ import annotations
+
+# One sentence per term, shown as tooltips: the wizard is for people who do not know them yet.
+TIPS = {
+    "starter": "SmolLM2-135M-Instruct, a small real chat model that runs on any CPU (about 100 MB to fetch once).",
+    "recent": "A model you loaded before.",
+    "folder": "A folder holding a Hugging Face model: config.json, *.safetensors weights and the tokenizer.",
+    "gguf": "A .gguf file from llama.cpp, LM Studio or Ollama; Redline converts it once and caches the result.",
+    "hub": "A Hugging Face hub id such as HuggingFaceTB/SmolLM2-360M-Instruct: the local cache first, else a download.",
+    "browse_folder": "Choose the folder that holds config.json.",
+    "browse_gguf": "Choose a .gguf file.",
+    "this_machine": "Plan with the memory free on this machine right now (other programs' use subtracted).",
+    "other_gpu": "Plan for a card you do not have (yet): its whole memory, as if nothing else used it.",
+    "gpu_list": "Consumer GPUs with their memory; half precision is fp16 on cards without bf16.",
+    "context": "How many tokens (roughly ¾ of a word each) the model sees at once; the KV cache grows with it.",
+    "batch": "Replies generated at once; chat uses 1, and memory for the KV cache grows with each.",
+    "table": (
+        "The predicted peak memory per precision: weights, the KV cache (what the model remembers of the "
+        "conversation), activations, runtime overhead and the load's temporary copies."
+    ),
+    "bf16": "bf16: 2 bytes per weight, the precision most models are trained in; the default where supported.",
+    "fp16": "fp16: 2 bytes per weight; for GPUs without bf16 (slow on most CPUs).",
+    "fp32": "fp32: 4 bytes per weight; exact, but twice the memory of bf16 for no gain in chat.",
+    "int8": "int8 (bitsandbytes LLM.int8): 1 byte per weight, half of bf16; usually slower than bf16 at batch 1.",
+    "nf4": (
+        "nf4 (bitsandbytes 4-bit NormalFloat): about half a byte per weight, a quarter of bf16, "
+        "at a small cost in quality."
+    ),
+    "fp4": "fp4 (bitsandbytes 4-bit float): the memory of nf4 at lower quality; nf4 is the better 4-bit choice.",
+    "q8": "q8: weights in int8 on torch's packed kernels, built for speed at batch 1.",
+    "q4": "q4: weights in int4 on torch's packed kernels (groups of 32), a quarter of bf16's weight bytes.",
+    "fix": "Apply the one change that makes the model fit.",
+    "none": "Plain decoding with the KV cache: one token per step.",
+    "speculative": (
+        "A small draft model proposes several tokens and the big model checks them all in one step; "
+        "the reply is the same, often faster."
+    ),
+    "lookup": (
+        "Prompt lookup: candidate tokens copied from text already in the conversation, checked like a "
+        "draft's; no second model, fast when the reply quotes the input."
+    ),
+    "draft_picker": "The draft model: a much smaller model, ideally of the same family (same tokenizer).",
+    "draft_precision": "The draft's precision; its weights and KV cache add to the memory total.",
+    "draft_tokens": "Tokens the draft proposes per step: 5 is a good start; 4–6 is usually best.",
+    "cancel": "Stop loading (Esc); nothing stays half-loaded.",
+    "retry": "Try loading again.",
+    "preset_name": "The preset's name, as listed under Model → Presets and in Settings.",
+    "save_preset": (
+        "Save model, precision, context, strategy, draft and sampling as a preset, a small JSON file in "
+        "Redline's config folder."
+    ),
+}
+
+
+def with_tip(widget, key: str):
+    widget.setToolTip(TIPS[key])
+    return widget
