@@ -19,6 +19,7 @@ from redline.inference import (
     BenchSpec,
     BenchSweepRow,
     Engine,
+    EngineService,
     RedlineError,
     builtin_prompt_sets,
     load_prompt_set,
@@ -170,12 +171,15 @@ def spec_from_args(args) -> BenchSpec:
 def run(args) -> int:
     try:
         spec = spec_from_args(args)
-        engine = Engine(args.device)
     except RedlineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # The run is one job of the engine service, which has the engine to itself while it runs (the same
+    # request API the window's speed lab uses).
+    service = EngineService(lambda: Engine(args.device))
     bar = TerminalProgress()
     cancel = threading.Event()
+    handle = service.call(lambda engine, report: run_bench(engine, spec, report, cancel.is_set), "the speed lab")
 
     def on_event(ev) -> None:
         if isinstance(ev, BenchPhase):
@@ -200,12 +204,18 @@ def run(args) -> int:
         signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
     )
     try:
-        report = run_bench(engine, spec, on_event, cancel)
+        for ev in handle.events():
+            on_event(ev)
+        report = handle.result()
     except KeyboardInterrupt:
         return 130
+    except RedlineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        service.shutdown()
     bar.done()
     if args.save:
         print(f"saved {save_report(report, Path(args.save))}", file=sys.stderr)

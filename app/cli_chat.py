@@ -14,7 +14,9 @@ from redline.inference import (
     PRECISIONS,
     STRATEGIES,
     DecodeOptions,
-    Engine,
+    EngineService,
+    GenerationRequest,
+    Progress,
     RedlineError,
     SamplingSettings,
     TokenEvent,
@@ -104,68 +106,97 @@ def options_from_args(args) -> DecodeOptions:
     )
 
 
-def load_engine(args, quiet: bool = False) -> Engine:
+def start_engine(args, quiet: bool = False) -> EngineService:
+    """The engine service with the model (and draft) of ``args`` loaded, progress on the terminal."""
     if args.strategy == "speculative" and not args.draft:  # said before the target spends time loading
         raise RedlineError(
             "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
         )
-    engine = Engine()
+    service = EngineService()
     progress = TerminalProgress()
-    load_with_trust(
-        engine,
-        args.model,
-        resolve_precision(args.precision, engine.device),
-        progress,
-        store=TrustStore(),
-        trust_remote_code=args.trust_remote_code,
-        allow_pickle=args.allow_pickle,
-    )
-    progress.done()
-    if args.strategy == "speculative":
-        engine.load_draft(args.draft, resolve_precision(args.draft_precision, engine.device), progress)
+
+    def load(engine, report):
+        def on_progress(fraction: float, phase: str) -> None:
+            report(Progress(fraction, phase))
+
+        load_with_trust(
+            engine,
+            args.model,
+            resolve_precision(args.precision, engine.device),
+            on_progress,
+            store=TrustStore(),
+            trust_remote_code=args.trust_remote_code,
+            allow_pickle=args.allow_pickle,
+        )
+        if args.strategy == "speculative":
+            engine.load_draft(args.draft, resolve_precision(args.draft_precision, engine.device), on_progress)
+        return engine.target
+
+    try:
+        handle = service.call(load, "a model load", kind="load")
+        for ev in handle.events():
+            if isinstance(ev, Progress):
+                progress(ev.fraction, ev.phase)
         progress.done()
-    elif args.draft and not quiet:
+        target = handle.result()
+    except BaseException:
+        service.shutdown()
+        raise
+    if args.draft and args.strategy != "speculative" and not quiet:
         print("note: --draft is only used with --strategy speculative", file=sys.stderr)
-    for note in engine.target.notes:
+    for note in target.notes:
         print(f"note: {note}", file=sys.stderr)
-    return engine
+    return service
 
 
-def _stream_reply(engine: Engine, messages: list[dict], args) -> "object":
-    def on_event(ev):
-        if isinstance(ev, TokenEvent) and ev.text:
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-
-    result = engine.chat(
-        messages, sampling_from_args(args), options_from_args(args), None if args.json else on_event, args.context
+def _stream_reply(service: EngineService, messages: list[dict], args) -> "object":
+    request = GenerationRequest(
+        messages=messages,
+        sampling=sampling_from_args(args),
+        options=options_from_args(args),
+        context=args.context,
+        client="cli",
     )
-    return result
+    handle = service.submit(request)
+    try:
+        for ev in handle.events():
+            if isinstance(ev, TokenEvent) and ev.text and not args.json:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        handle.cancel()  # stops this reply within one decode step; what was written is kept
+        handle.wait(30)
+        raise
+    return handle.result()
 
 
-def result_record(engine: Engine, result) -> dict:
+def result_record(service: EngineService, result) -> dict:
     record = result.to_dict()
-    record["model"] = engine.target.name
-    record["device"] = engine.target.device
+    record["model"] = service.engine.target.name
+    record["device"] = service.engine.target.device
     return record
 
 
 def run(args) -> int:
+    service = None
     try:
-        engine = load_engine(args)
+        service = start_engine(args)
         if args.prompt is None:
-            return interactive(engine, args)
+            return interactive(service, args)
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})
-        result = _stream_reply(engine, messages, args)
+        result = _stream_reply(service, messages, args)
+        if args.json:
+            print(json.dumps(result_record(service, result), ensure_ascii=False))
     except RedlineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    if args.json:
-        print(json.dumps(result_record(engine, result), ensure_ascii=False))
-    else:
+    finally:
+        if service is not None:
+            service.shutdown()
+    if not args.json:
         print()
         for note in result.notes:
             if not note.startswith("Traceback"):
@@ -182,10 +213,10 @@ def run(args) -> int:
     return 0
 
 
-def interactive(engine: Engine, args) -> int:
+def interactive(service: EngineService, args) -> int:
+    target = service.engine.target
     print(
-        f"Chatting with {engine.target.name} ({engine.target.precision.label()}, {engine.target.device}). "
-        "/exit quits, /reset starts over.",
+        f"Chatting with {target.name} ({target.precision.label()}, {target.device}). /exit quits, /reset starts over.",
         file=sys.stderr,
     )
     base = [{"role": "system", "content": args.system}] if args.system else []
@@ -206,9 +237,8 @@ def interactive(engine: Engine, args) -> int:
             continue
         messages.append({"role": "user", "content": line})
         try:
-            result = _stream_reply(engine, messages, args)
+            result = _stream_reply(service, messages, args)
         except KeyboardInterrupt:
-            engine.cancel()
             print("\n(stopped)", file=sys.stderr)
             continue
         except RedlineError as exc:

@@ -55,6 +55,19 @@ from redline.inference.memory.fit import Planner, Target, detect_target, suggest
 from redline.inference.memory.measured import snapshot as memory_snapshot
 from redline.inference.memory.model_shapes import read_shape
 from redline.inference.paths import models_dir
+from redline.inference.service.requests import (
+    Busy,
+    Completed,
+    Failed,
+    GenerationRequest,
+    PrefillProgress,
+    Progress,
+    Queued,
+    Refused,
+    RequestHandle,
+    Started,
+)
+from redline.inference.service.scheduler import EngineService
 from redline.inference.sources.describe import describe as describe_model
 from redline.inference.sources.gguf import is_complete as is_converted
 from redline.inference.sources.resolve import ACCEPTED_FORMS
@@ -137,4 +150,15 @@ __all__ = [
     "TokenEvent",
     "torch_cuda_build",
     "UnsupportedConfiguration",
+    "Busy",
+    "Completed",
+    "Failed",
+    "GenerationRequest",
+    "PrefillProgress",
+    "Progress",
+    "Queued",
+    "Refused",
+    "RequestHandle",
+    "Started",
+    "EngineService",
 ]

@@ -1,19 +1,18 @@
 """The long-lived engine: owns the target model (and draft) and runs every generation.
 
-Qt-free and synchronous: the GUI runs one Engine on a worker thread and talks
-to it through queued signals; the CLI and the speed lab call it directly.
-Cancellation is a flag that the decode loop and the loader check.
+Qt-free and synchronous. The engine service (``service/scheduler.py``) runs one Engine on its worker
+thread and is how the window, the CLI, the speed lab and the HTTP server reach it; scripts and tests may
+call it directly. There is no engine-wide cancel: every load and generation takes its own
+``should_cancel`` (a request's cancel handle), checked by the loader and once per decode step.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Optional, Sequence
 
-from redline.inference.decoding.generate import generate
+from redline.inference.decoding.generate import generate, new_result
 from redline.inference.decoding.hf import check_draft
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.decoding.prompt import build_prompt
 from redline.inference.errors import IncompatibleDraft, NeedsOptIn, RedlineError
 from redline.inference.events import EventFn, GenerationResult
 from redline.inference.hardware.probe import default_device
@@ -21,7 +20,7 @@ from redline.inference.loading.loader import LoadedModel, free_memory, load_mode
 from redline.inference.loading.precision import PrecisionSpec
 from redline.inference.memory.calibration import MemoryCheck, check_generation, predict_loaded
 from redline.inference.memory.policy import bound_kernel_caches
-from redline.inference.progress import ProgressFn, noop_progress
+from redline.inference.progress import CancelFn, ProgressFn, noop_progress
 from redline.inference.sources.resolve import resolve
 
 
@@ -33,19 +32,6 @@ class Engine:
         self.draft: Optional[LoadedModel] = None
         self.memory_check: Optional[MemoryCheck] = None  # predicted vs measured, after the last generation
         self.record_memory = True  # feed measured loads into the per-machine estimator correction
-        self._cancel = threading.Event()
-
-    # -- control -------------------------------------------------------------
-    def cancel(self) -> None:
-        """Safe to call from any thread."""
-        self._cancel.set()
-
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def clear_cancel(self) -> None:
-        """Forget an earlier cancel; a multi-step task (the speed lab) calls this once when it starts."""
-        self._cancel.clear()
 
     # -- models --------------------------------------------------------------
     def load(
@@ -56,11 +42,11 @@ class Engine:
         trust_remote_code: bool = False,
         allow_pickle: bool = False,
         opt_in: Optional[Callable[[NeedsOptIn], bool]] = None,
+        should_cancel: Optional[CancelFn] = None,
     ) -> LoadedModel:
         """Load ``model`` as the target. A folder whose code would run (or whose weights would be unpickled)
         raises NeedsOptIn unless the matching flag is set, or ``opt_in(exc)`` — asked at most once per kind —
         says yes (the user trusts it, or already did)."""
-        self._cancel.clear()
         source = resolve(model)
         self.unload()
         flags = {"remote_code": trust_remote_code, "pickle": allow_pickle}
@@ -71,7 +57,7 @@ class Engine:
                     precision,
                     self.device,
                     progress,
-                    self.cancelled,
+                    should_cancel,
                     trust_remote_code=flags["remote_code"],
                     allow_pickle=flags["pickle"],
                 )
@@ -83,12 +69,17 @@ class Engine:
         self._predict(self.target)
         return self.target
 
-    def load_draft(self, model: str, precision: PrecisionSpec, progress: ProgressFn = noop_progress) -> LoadedModel:
-        self._cancel.clear()
+    def load_draft(
+        self,
+        model: str,
+        precision: PrecisionSpec,
+        progress: ProgressFn = noop_progress,
+        should_cancel: Optional[CancelFn] = None,
+    ) -> LoadedModel:
         if self.target is None:
             raise IncompatibleDraft("Load the target model before its draft.")
         self.unload_draft()
-        draft = load_model(resolve(model), precision, self.device, progress, self.cancelled)
+        draft = load_model(resolve(model), precision, self.device, progress, should_cancel)
         try:
             check_draft(self.target, draft)
         except IncompatibleDraft:
@@ -140,13 +131,6 @@ class Engine:
             raise RedlineError("No model is loaded.", "Load a model first.")
         return self.target
 
-    def _should_cancel(self, request_cancelled: Optional[Callable[[], bool]]) -> Callable[[], bool]:
-        """The engine's flag (cleared as each operation starts), or the request's own flag, which a
-        caller sets when the user stops a request that may not have started yet."""
-        if request_cancelled is None:
-            return self.cancelled
-        return lambda: self.cancelled() or request_cancelled()
-
     def generate_ids(
         self,
         input_ids: Sequence[int],
@@ -154,13 +138,10 @@ class Engine:
         options: DecodeOptions,
         on_event: Optional[EventFn] = None,
         context: Optional[int] = None,
-        request_cancelled: Optional[Callable[[], bool]] = None,
+        should_cancel: Optional[CancelFn] = None,
     ) -> GenerationResult:
         target = self._require_target()
-        self._cancel.clear()
-        result = generate(
-            target, input_ids, sampling, options, self.draft, on_event, self._should_cancel(request_cancelled), context
-        )
+        result = generate(target, input_ids, sampling, options, self.draft, on_event, should_cancel, context)
         return self._check_memory(result)
 
     def chat(
@@ -170,30 +151,17 @@ class Engine:
         options: DecodeOptions,
         on_event: Optional[EventFn] = None,
         context: Optional[int] = None,
-        request_cancelled: Optional[Callable[[], bool]] = None,
+        should_cancel: Optional[CancelFn] = None,
     ) -> GenerationResult:
+        """Answer ``messages`` (rendered with the model's chat template) with one generation."""
+        from redline.inference.service.batcher import prepare_prompt
+        from redline.inference.service.requests import GenerationRequest
+
         target = self._require_target()
-        context = min(context or target.context_limit, target.context_limit)
-        prompt = build_prompt(target.tokenizer, messages, context, sampling.max_new_tokens)
-        self._cancel.clear()
-        result = generate(
-            target,
-            prompt.input_ids,
-            sampling,
-            options,
-            self.draft,
-            on_event,
-            self._should_cancel(request_cancelled),
-            context,
-        )
-        result.dropped_messages = prompt.dropped_messages
-        if prompt.dropped_messages:
-            result.notes.append(
-                f"{prompt.dropped_messages} earlier message(s) did not fit the context of "
-                f"{context} tokens and were left out of the prompt."
-            )
-        if prompt.truncated_last:
-            result.notes.append("The last message was longer than the context; only its end was sent.")
-        if not prompt.used_template:
-            result.notes.append("This model has no chat template; a plain 'User:/Assistant:' format was used.")
+        request = GenerationRequest(messages=messages, sampling=sampling, options=options, context=context)
+        prepared = new_result(target, 0, options)
+        prompt, context = prepare_prompt(target, request, prepared)
+        result = generate(target, prompt, sampling, options, self.draft, on_event, should_cancel, context)
+        result.notes[:0] = prepared.notes
+        result.dropped_messages = prepared.dropped_messages
         return self._check_memory(result)

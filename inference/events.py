@@ -34,7 +34,8 @@ class GenerationResult:
     finish_reason: str
     strategy: str
     precision: str
-    ttft_ms: Optional[float] = None
+    ttft_ms: Optional[float] = None  # from the request's submission to its first token (prefill and any queue)
+    queued_ms: Optional[float] = None  # of which waiting for the engine (served through the engine service)
     per_token_ms: list[float] = field(default_factory=list)
     p50_ms: Optional[float] = None
     p95_ms: Optional[float] = None

@@ -1,9 +1,9 @@
 """A stand-in engine that streams words slowly and never imports torch: for tests that must catch the app
-mid-reply (SIGKILL) deterministically. It follows the Engine interface the window's tasks use."""
+mid-reply (SIGKILL, quitting, stopping during a long prefill) deterministically. It follows the Engine
+interface the engine service and the window's tasks use."""
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -23,22 +23,19 @@ class _Loaded:
     memory_bytes: int = 0
     load_seconds: float = 0.0
     notes: list = field(default_factory=list)
+    context_limit: int = 4096
 
 
 class SlowEngine:
-    def __init__(self, interval_s: float = 0.05, tokens: int = 2000):
+    def __init__(self, interval_s: float = 0.05, tokens: int = 2000, prefill_s: float = 0.0):
         self.device = "cpu"
         self.interval_s = interval_s
         self.tokens = tokens
+        self.prefill_s = prefill_s  # a long prompt: this long before the first token, stoppable meanwhile
         self.target = None
         self.draft = None
-        self._cancel = threading.Event()
 
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def load(self, model, precision, progress=None, opt_in=None):
-        self._cancel.clear()
+    def load(self, model, precision, progress=None, opt_in=None, should_cancel=None, **_):
         self.target = _Loaded(f"slow-{model}", precision if hasattr(precision, "label") else parse_precision("fp32"))
         return self.target
 
@@ -51,14 +48,17 @@ class SlowEngine:
     def unload(self) -> None:
         self.target = None
 
-    def chat(
-        self, messages, sampling, options, on_event=None, context=None, request_cancelled=None
-    ) -> GenerationResult:
-        self._cancel.clear()
+    def chat(self, messages, sampling, options, on_event=None, context=None, should_cancel=None) -> GenerationResult:
         start = time.perf_counter()
+        stop = should_cancel or (lambda: False)
         text, finish = "", "length"
-        for i in range(min(self.tokens, sampling.max_new_tokens)):
-            if self._cancel.is_set() or (request_cancelled is not None and request_cancelled()):
+        while time.perf_counter() - start < self.prefill_s:  # "reading the prompt", checking the cancel
+            if stop():
+                finish = "cancelled"
+                break
+            time.sleep(0.01)
+        for i in range(min(self.tokens, sampling.max_new_tokens) if finish == "length" else 0):
+            if stop():
                 finish = "cancelled"
                 break
             time.sleep(self.interval_s)
@@ -78,3 +78,5 @@ class SlowEngine:
             tokens_per_s=1 / self.interval_s,
             total_s=time.perf_counter() - start,
         )
+
+    generate_ids = chat

@@ -41,8 +41,8 @@ def nothing_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("loaded something before the arguments were checked")
 
-    monkeypatch.setattr(cli_chat, "Engine", refuse)
-    monkeypatch.setattr(cli_bench, "Engine", refuse)
+    monkeypatch.setattr(cli_chat, "EngineService", refuse)
+    monkeypatch.setattr(cli_bench, "EngineService", refuse)
     monkeypatch.setattr(cli_estimate, "read_shape", refuse)
 
 

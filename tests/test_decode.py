@@ -85,16 +85,21 @@ def test_sampling_with_seed_is_repeatable(engine):
 
 def test_cancel_keeps_partial_and_model_stays_usable(engine):
     count = 0
+    stop = threading.Event()
 
     def on_event(ev):
         nonlocal count
         if isinstance(ev, TokenEvent):
             count += 1
             if count == 5:
-                engine.cancel()
+                stop.set()
 
     result = engine.chat(
-        PROMPT, SamplingSettings(max_new_tokens=50, temperature=0), DecodeOptions("kv"), on_event=on_event
+        PROMPT,
+        SamplingSettings(max_new_tokens=50, temperature=0),
+        DecodeOptions("kv"),
+        on_event=on_event,
+        should_cancel=stop.is_set,
     )
     assert result.finish_reason == "cancelled"
     assert 5 <= result.new_tokens < 50
@@ -109,7 +114,8 @@ def test_cancel_from_another_thread(engine):
         if isinstance(ev, TokenEvent):
             started.set()
 
-    t = threading.Thread(target=lambda: (started.wait(5), engine.cancel()))
+    stop = threading.Event()
+    t = threading.Thread(target=lambda: (started.wait(5), stop.set()))
     t.start()
     result = engine.chat(
         PROMPT,
@@ -117,6 +123,7 @@ def test_cancel_from_another_thread(engine):
         DecodeOptions("naive"),
         on_event=on_event,
         context=500,
+        should_cancel=stop.is_set,
     )
     t.join()
     assert result.finish_reason == "cancelled" and result.new_tokens < 400

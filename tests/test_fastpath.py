@@ -1,5 +1,7 @@
 """The fast decode path gives transformers' tokens, with its own cache and fused weights."""
 
+import threading
+
 import pytest
 import torch
 
@@ -56,16 +58,21 @@ def test_fast_cache_grows_between_turns(tiny_model_dir):
 def test_fast_after_cancel_and_reuse(engine):
     msgs = [{"role": "user", "content": "The quick brown fox"}]
     seen = 0
+    stop = threading.Event()
 
     def on_event(ev):
         nonlocal seen
         if isinstance(ev, TokenEvent):
             seen += 1
             if seen == 4:
-                engine.cancel()
+                stop.set()
 
     cancelled = engine.chat(
-        msgs, SamplingSettings(max_new_tokens=50, temperature=0), DecodeOptions("fast"), on_event=on_event
+        msgs,
+        SamplingSettings(max_new_tokens=50, temperature=0),
+        DecodeOptions("fast"),
+        on_event=on_event,
+        should_cancel=stop.is_set,
     )
     assert cancelled.finish_reason == "cancelled" and 4 <= cancelled.new_tokens < 50
     again = engine.chat(msgs, GREEDY, DecodeOptions("fast"))

@@ -150,6 +150,7 @@ class MessageWidget(QFrame):
         self.stats = dict(stats or {})
         self.partial = partial
         self.streaming = False
+        self.waiting = ""  # while a reply waits for the engine: why
         self.draft_spans: list[list[int]] = [list(s) for s in self.stats.get("draft_spans", [])]
         self._dirty = True
         self.render_count = 0  # how often this message was rendered (streaming must touch only the last)
@@ -216,6 +217,11 @@ class MessageWidget(QFrame):
     def dirty(self) -> bool:
         return self._dirty
 
+    def set_waiting(self, why: str) -> None:
+        """A reply the engine has not started yet says why it waits ("waiting for the speed lab")."""
+        self.waiting = why
+        self.badge.setText(why or ("generating…" if self.streaming else self.badge.text()))
+
     def render(self) -> None:
         self._dirty = False
         self.render_count += 1
@@ -230,7 +236,7 @@ class MessageWidget(QFrame):
         self.stats_label.setText(format_stats(self.stats))
         self.stats_label.setVisible(bool(self.stats))
         if self.streaming:
-            self.badge.setText("generating…")
+            self.badge.setText(self.waiting or "generating…")
         elif self.partial:
             self.badge.setText("partial")
         else:

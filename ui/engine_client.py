@@ -1,15 +1,13 @@
-"""Awaitable engine tasks on top of ``EngineThread``, for qasync slots.
+"""Awaitable engine requests on top of ``EngineThread``, for qasync slots.
 
-``await client.run(task)`` resolves when the worker finishes the task. Token
-events from the decode loop go through an ``EventChannel``: the worker appends
-to a buffer and sends at most one wake-up signal until the UI has drained it, so
-a fast model never floods the UI thread's event queue.
+``await client.run(task)`` resolves when the engine has run the job; ``await client.generate(request,
+on_events)`` when the generation ends, with ``on_events(list)`` called on the UI thread as its events arrive.
+Each returns a future whose ``request_id`` cancels that request alone (``client.cancel(future)``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -19,77 +17,68 @@ from .worker import EngineThread
 
 
 class TaskFailed(Exception):
-    """The task raised; ``str()`` is the message for the user, ``original`` the exception."""
+    """The request failed; ``str()`` is the message for the user, ``original`` the exception."""
 
     def __init__(self, message: str, original: BaseException | None = None):
         super().__init__(message)
         self.original = original
 
 
-class EventChannel:
-    """Many events from the worker, few wake-ups on the UI thread."""
-
-    def __init__(self, on_events: Callable[[list], None]):
-        self._on_events = on_events
-        self._lock = threading.Lock()
-        self._buffer: list = []
-        self._woken = False
-        self.report: Optional[Callable[[object], None]] = None
-        # Set by the UI when the user stops this reply; the decode loop reads it every step. The engine's
-        # own flag is cleared when a task starts, so a stop pressed while the reply still waited would be lost.
-        self.cancelled = False
-
-    def push(self, event) -> None:  # worker thread
-        with self._lock:
-            self._buffer.append(event)
-            if self._woken:
-                return
-            self._woken = True
-        self.report(self)
-
-    def drain(self) -> None:  # UI thread
-        with self._lock:
-            events, self._buffer, self._woken = self._buffer, [], False
-        if events:
-            self._on_events(events)
-
-
 class EngineClient(QObject):
     def __init__(self, thread: EngineThread, parent=None):
         super().__init__(parent)
         self.thread = thread
-        self._pending: dict[int, tuple[asyncio.Future, Optional[Callable[[object], None]]]] = {}
-        thread.progress.connect(self._on_progress)
+        self._pending: dict[int, tuple[asyncio.Future, Optional[Callable[[list], None]]]] = {}
+        thread.events.connect(self._on_events)
         thread.done.connect(self._on_done)
         thread.failed.connect(self._on_failed)
 
-    def run(self, fn, on_progress: Optional[Callable[[object], None]] = None) -> asyncio.Future:
+    def run(
+        self, fn, on_progress: Optional[Callable[[object], None]] = None, label: str = "", interrupt: bool = False
+    ) -> asyncio.Future:
+        """Run the job ``fn(engine, report)``; ``on_progress(obj)`` for each object it reports."""
+        each = (lambda events: [on_progress(ev) for ev in events]) if on_progress is not None else None
+        return self._track(lambda: self.thread.submit(fn, label, interrupt), each)
+
+    def generate(self, request, on_events: Optional[Callable[[list], None]] = None) -> asyncio.Future:
+        """Queue a generation; the future's result is its GenerationResult (raises TaskFailed if it cannot be
+        taken or fails)."""
+        return self._track(lambda: self.thread.submit_generation(request), on_events)
+
+    def _track(self, submit, on_events) -> asyncio.Future:
         future = asyncio.get_event_loop().create_future()
-        task_id = self.thread.submit(fn)
-        self._pending[task_id] = (future, on_progress)
+        future.request_id = None
+        try:
+            future.request_id = submit()
+        except Exception as exc:  # Busy, Refused, or the engine shutting down: said at once, as a failure
+            from .worker import user_message
+
+            future.set_exception(TaskFailed(user_message(exc), exc))
+            return future
+        self._pending[future.request_id] = (future, on_events)
         return future
 
-    def cancel(self) -> None:
-        self.thread.cancel()
+    def cancel(self, future: Optional[asyncio.Future]) -> None:
+        """Stop the request behind ``future`` (and nothing else)."""
+        request_id = getattr(future, "request_id", None)
+        if request_id is not None:
+            self.thread.cancel(request_id)
 
     def busy(self) -> bool:
         return bool(self._pending)
 
-    def _on_progress(self, task_id: int, obj: Any) -> None:
-        if isinstance(obj, EventChannel):
-            obj.drain()
-            return
-        entry = self._pending.get(task_id)
+    def _on_events(self, request_id: int, events: list) -> None:
+        entry = self._pending.get(request_id)
         if entry and entry[1] is not None:
-            entry[1](obj)
+            entry[1](events)
 
-    def _on_done(self, task_id: int, value: Any) -> None:
-        entry = self._pending.pop(task_id, None)
+    def _on_done(self, request_id: int, value: Any) -> None:
+        entry = self._pending.pop(request_id, None)
         if entry and not entry[0].done():
             entry[0].set_result(value)
 
-    def _on_failed(self, task_id: int, message: str, exc: Any) -> None:
-        entry = self._pending.pop(task_id, None)
+    def _on_failed(self, request_id: int, message: str, exc: Any) -> None:
+        entry = self._pending.pop(request_id, None)
         if entry and not entry[0].done():
             entry[0].set_exception(TaskFailed(message, exc))
 
@@ -135,7 +124,14 @@ def load_task(
 
         share = 0.75 if (with_draft and draft_model) else 1.0
         spec = resolve_precision(precision, engine.device)
-        loaded = engine.load(model, spec, lambda f, phase: report(LoadProgress(f * share, phase)), opt_in=is_trusted)
+        cancelled = getattr(report, "cancelled", None)  # this load's own cancel (the load bar's button)
+        loaded = engine.load(
+            model,
+            spec,
+            lambda f, phase: report(LoadProgress(f * share, phase)),
+            opt_in=is_trusted,
+            should_cancel=cancelled,
+        )
         info = ModelInfo(
             loaded.name,
             loaded.device,
@@ -151,6 +147,7 @@ def load_task(
                     draft_model,
                     dspec,
                     lambda f, phase: report(LoadProgress(share + f * (1 - share), f"draft: {phase}")),
+                    cancelled,
                 )
                 info.draft_name = draft.name
             except Cancelled:
@@ -235,31 +232,5 @@ def unload_task():
     def task(engine, report):
         engine.unload()
         return None
-
-    return task
-
-
-def chat_task(messages: list[dict], sampling: dict, options: dict, context: Optional[int], channel: EventChannel):
-    def task(engine, report):
-        from redline.inference import DecodeOptions, SamplingSettings
-
-        channel.report = report
-        opts = dict(options)
-        if opts.get("strategy") == "speculative" and engine.draft is None:
-            from redline.inference import IncompatibleDraft
-
-            raise IncompatibleDraft(
-                "Speculative decoding needs a draft model, and none is loaded.",
-                "Choose a draft model in Settings (a small model of the same family), "
-                "or pick another strategy such as prompt-lookup.",
-            )
-        return engine.chat(
-            messages,
-            SamplingSettings(**sampling),
-            DecodeOptions(**opts),
-            on_event=channel.push,
-            context=context,
-            request_cancelled=lambda: channel.cancelled,
-        )
 
     return task

@@ -219,9 +219,18 @@ class GaugesPanel(QFrame):
         self.tokens_label.setText("0")
         self.latency_label.setText("—")
 
-    def live(self, tokens_per_s_1s: float, ttft_ms: Optional[float], new_tokens: int) -> None:
+    def live(
+        self,
+        tokens_per_s_1s: float,
+        ttft_ms: Optional[float],
+        new_tokens: int,
+        engine_tokens_per_s: Optional[float] = None,
+    ) -> None:
+        """This chat's reply: its rolling speed, TTFT and tokens; ``engine_tokens_per_s`` is what the engine
+        writes in all when other replies run at the same time (shown under the gauge)."""
         self.rate_updates += 1
-        self.gauge.set_value(tokens_per_s_1s, "tok/s (1 s)")
+        total = engine_tokens_per_s if engine_tokens_per_s and engine_tokens_per_s > tokens_per_s_1s + 0.05 else None
+        self.gauge.set_value(tokens_per_s_1s, "tok/s (1 s)" if total is None else f"tok/s · engine {total:.1f}")
         if ttft_ms is not None:
             self.ttft_label.setText(f"{ttft_ms:.0f} ms")
         self.tokens_label.setText(str(new_tokens))

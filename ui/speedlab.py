@@ -1,14 +1,13 @@
 """The speed lab panel: run configurations side by side, watch them stream, compare and export.
 
-The run itself is ``inference.bench.runner.run_bench`` submitted to the engine thread as
-one task; its progress events (phases, output tokens, finished rows) come back
-through ``EngineThread.progress``. The panel never calls the engine except
-``cancel()``. Past runs are JSON files in a folder the caller hands in.
+The run itself is ``run_bench`` submitted to the engine service as one job (it has the engine to itself
+while it runs: chat replies asked meanwhile wait, and say so); its progress events (phases, output
+tokens, finished rows) come back through ``EngineThread.progress``. Cancel stops this run and nothing
+else. Past runs are JSON files in a folder the caller hands in.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -54,6 +53,7 @@ from redline.inference import (
     BenchSweepRow,
     BenchToken,
     ConfigResult,
+    Queued,
     RedlineError,
     builtin_prompt_sets,
     list_reports,
@@ -138,7 +138,6 @@ class SpeedLabPanel(QWidget):
         self.report: Optional[BenchReport] = None  # the run shown (live or reopened)
         self.shown: list[ConfigResult] = []  # rows in the table and charts (several runs when comparing)
         self._task: Optional[int] = None
-        self._cancel: Optional[threading.Event] = None
         self._columns: list[QPlainTextEdit] = []
         self._build(model)
         worker.progress.connect(self._on_progress)
@@ -332,8 +331,6 @@ class SpeedLabPanel(QWidget):
         except RedlineError as exc:
             self.status_label.setText(f"<b>Cannot run:</b> {exc}")
             return None
-        self._cancel = threading.Event()
-        cancel = self._cancel
         self._reset_outputs(spec)
         self.report = None
         self.shown = []
@@ -344,15 +341,15 @@ class SpeedLabPanel(QWidget):
         self.status_label.setText("Starting…")
 
         def task(engine, report):
-            return run_bench(engine, spec, report, cancel, restore_model=True)
+            return run_bench(engine, spec, report, report.cancelled, restore_model=True)
 
-        self._task = self.worker.submit(task)
+        self._task = self.worker.submit(task, label="the speed lab")
         return self._task
 
     def cancel(self) -> None:
-        if self._cancel is not None:
-            self._cancel.set()
-        self.worker.cancel()
+        """Stop this run after the current step (a chat reply is never touched)."""
+        if self._task is not None:
+            self.worker.cancel(self._task)
         self.status_label.setText("Cancelling after the current step…")
 
     def running(self) -> bool:
@@ -379,7 +376,9 @@ class SpeedLabPanel(QWidget):
     def _on_progress(self, task_id: int, ev) -> None:
         if task_id != self._task:
             return
-        if isinstance(ev, BenchToken):
+        if isinstance(ev, Queued):  # a chat reply (or a load) has the engine: the run waits, and says so
+            self.status_label.setText(f"Waiting to start: {ev.reason}.")
+        elif isinstance(ev, BenchToken):
             if ev.index < len(self._columns):
                 col = self._columns[ev.index]
                 col.moveCursor(QTextCursor.MoveOperation.End)

@@ -1,27 +1,26 @@
-"""The engine's worker thread and the only way the UI talks to it.
+"""The engine service, seen from the UI thread: the only way the window talks to the engine.
 
-One long-lived ``Engine`` lives on one QThread. The UI submits *tasks* —
-plain functions ``fn(engine, report)`` — through a queued signal; they run one
-after another on the worker thread. ``report(obj)`` sends progress (token
-events, load progress, bench rows) back to the UI thread as a queued signal.
-A task's return value arrives as ``done(task_id, value)``; an exception as
-``failed(task_id, message, exception)``. The UI never waits on the engine:
-cancellation is ``engine.cancel()``, a thread-safe flag the decode loop and the
-loader check.
+``EngineThread`` owns one ``redline.inference.EngineService``, whose scheduler thread owns the model (torch and
+transformers import there, never on the UI thread). The window submits generations (``submit_generation``)
+and jobs (``submit``: ``fn(engine, report)`` run with the engine to itself, e.g. a load or a speed-lab run);
+each gets an id, its own events and its own cancel (``cancel(id)``: it stops that request and no other).
+
+Events reach the UI thread without flooding its event queue: on the scheduler thread they are appended to the
+request's buffer and at most one wake-up signal is pending per request; the UI thread drains the buffer and
+emits ``events(id, list)`` (and ``progress(id, obj)`` for each), then ``done(id, value)`` or
+``failed(id, message, exception)`` at the end. The UI never waits on the engine.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import threading
-import traceback
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Signal, Slot
 
-from redline.inference import RedlineError
+from redline.inference import Completed, EngineService, Failed, FinishedEvent, RedlineError, Started
 
 Task = Callable[[Any, Callable[[object], None]], object]
 
@@ -33,7 +32,7 @@ ENGINE_NICE = 5
 
 def yield_to_the_ui() -> None:
     """Lower the calling (engine) thread's priority, before torch creates its worker threads, which inherit it.
-    Linux takes a niceness per thread; elsewhere the QThread's LowPriority (see EngineThread) does this."""
+    Linux takes a niceness per thread; elsewhere the threads run at the app's priority."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -45,92 +44,104 @@ def yield_to_the_ui() -> None:
         pass
 
 
-class _Runner(QObject):
-    progress = Signal(int, object)
-    done = Signal(int, object)
-    failed = Signal(int, str, object)
-    started = Signal(int)
-
-    def __init__(self, engine_factory: Callable[[], Any]):
-        super().__init__()
-        self._engine_factory = engine_factory
-        self.engine = None
-
-    @Slot(int, object)
-    def run(self, task_id: int, fn: Task) -> None:
-        if self.engine is None:
-            # Created on the worker thread: torch and transformers import here, not on the UI thread.
-            yield_to_the_ui()
-            try:
-                self.engine = self._engine_factory()
-            except Exception as exc:  # pragma: no cover - only if torch itself is broken
-                self.failed.emit(task_id, f"The engine could not start: {exc}", exc)
-                return
-        self.started.emit(task_id)
-        try:
-            value = fn(self.engine, lambda obj: self.progress.emit(task_id, obj))
-        except Exception as exc:
-            message = str(exc) if isinstance(exc, RedlineError) else f"{type(exc).__name__}: {exc}"
-            exc.__redline_traceback__ = traceback.format_exc()
-            self.failed.emit(task_id, message, exc)
-            return
-        self.done.emit(task_id, value)
+def user_message(exc: BaseException) -> str:
+    """A RedlineError is written for the user (what happened, what to change); anything else is a bug,
+    named by its type."""
+    return str(exc) if isinstance(exc, RedlineError) else f"{type(exc).__name__}: {exc}"
 
 
 class EngineThread(QObject):
-    """Owns the worker thread. Signals are delivered on the UI thread."""
+    """Owns the engine service. Signals are delivered on the UI thread."""
 
-    progress = Signal(int, object)  # task id, reported object
-    done = Signal(int, object)  # task id, return value
-    failed = Signal(int, str, object)  # task id, message for the user, exception
-    started = Signal(int)  # task id (the worker picked it up)
-    _submit = Signal(int, object)
+    events = Signal(int, object)  # request id, list of events (in order)
+    progress = Signal(int, object)  # request id, one event or one object a job reported
+    done = Signal(int, object)  # request id, a job's value or a generation's GenerationResult
+    failed = Signal(int, str, object)  # request id, message for the user, exception
+    started = Signal(int)  # request id (the scheduler took it up)
+    _wake = Signal(int)
 
-    def __init__(self, engine_factory: Callable[[], Any] | None = None, parent: QObject | None = None):
+    def __init__(
+        self,
+        engine_factory: Callable[[], Any] | None = None,
+        parent: QObject | None = None,
+        max_active: int | None = None,
+    ):
         super().__init__(parent)
-        if engine_factory is None:
-
-            def engine_factory():
-                from redline.inference import Engine
-
-                return Engine()
-
-        self._ids = itertools.count(1)
-        self._thread = QThread()
-        self._thread.setObjectName("redline-engine")
-        self._runner = _Runner(engine_factory)
-        self._runner.moveToThread(self._thread)
-        self._submit.connect(self._runner.run)  # queued: the runner lives on another thread
-        self._runner.progress.connect(self.progress)
-        self._runner.done.connect(self.done)
-        self._runner.failed.connect(self.failed)
-        self._runner.started.connect(self.started)
-        self._pending: set[int] = set()
-        self.done.connect(lambda tid, _v: self._pending.discard(tid))
-        self.failed.connect(lambda tid, _m, _e: self._pending.discard(tid))
-        self._thread.start(QThread.LowPriority)  # Windows and macOS honour it; Linux: yield_to_the_ui
+        kwargs = {"max_active": max_active} if max_active else {}
+        self.service = EngineService(engine_factory, on_thread_start=yield_to_the_ui, **kwargs)
+        self._lock = threading.Lock()
+        self._buffers: dict[int, list] = {}
+        self._handles: dict[int, Any] = {}
+        self._wake.connect(self._drain)  # queued: emitted on the scheduler thread
 
     @property
     def engine(self):
-        """The engine object, for thread-safe calls only (``cancel()``); None until the first task runs."""
-        return self._runner.engine
+        """The engine object, for reading what is loaded (never for calling it); None until it exists."""
+        return self.service.engine
 
-    def submit(self, fn: Task) -> int:
-        task_id = next(self._ids)
-        self._pending.add(task_id)
-        self._submit.emit(task_id, fn)
-        return task_id
+    def submit(self, fn: Task, label: str = "", interrupt: bool = False) -> int:
+        """Run ``fn(engine, report)`` on the engine's thread, in order with everything else."""
+        return self._follow(self.service.call(fn, label, interrupt))
+
+    def submit_generation(self, request) -> int:
+        """Queue a generation (raises Busy or Refused at once when it cannot be taken)."""
+        return self._follow(self.service.submit(request))
+
+    def cancel(self, request_id: int) -> None:
+        handle = self._handles.get(request_id)
+        if handle is not None:
+            handle.cancel()
 
     def busy(self) -> bool:
-        return bool(self._pending)
+        return bool(self._handles)
 
-    def cancel(self) -> None:
-        engine = self._runner.engine
-        if engine is not None:
-            engine.cancel()
+    def status(self) -> dict:
+        return self.service.status()
+
+    def stopped(self) -> bool:
+        """True once the scheduler thread has ended."""
+        return self.service.stopped()
 
     def shutdown(self, timeout_ms: int = 2000) -> bool:
-        """Cancel what runs, stop the thread; True if it stopped within the timeout."""
-        self.cancel()
-        self._thread.quit()
-        return self._thread.wait(timeout_ms)
+        """Cancel everything and stop the scheduler; True if it stopped within the timeout."""
+        return self.service.shutdown(timeout_ms / 1000)
+
+    # -- from the scheduler's thread to this one --------------------------------------------------------
+    def _follow(self, handle) -> int:
+        self._handles[handle.id] = handle
+        handle.subscribe(lambda event, hid=handle.id: self._push(hid, event))
+        return handle.id
+
+    def _push(self, request_id: int, event) -> None:  # the scheduler's thread
+        with self._lock:
+            buffer = self._buffers.get(request_id)
+            if buffer is not None:
+                buffer.append(event)
+                return
+            self._buffers[request_id] = [event]
+        self._wake.emit(request_id)
+
+    @Slot(int)
+    def _drain(self, request_id: int) -> None:  # the UI thread
+        with self._lock:
+            events = self._buffers.pop(request_id, [])
+        if not events:
+            return
+        final = events[-1] if isinstance(events[-1], (FinishedEvent, Completed, Failed)) else None
+        body = events[:-1] if final is not None else events
+        for ev in body:
+            if isinstance(ev, Started):
+                self.started.emit(request_id)
+        if body:
+            self.events.emit(request_id, body)
+            for ev in body:
+                self.progress.emit(request_id, ev)
+        if final is None:
+            return
+        self._handles.pop(request_id, None)
+        if isinstance(final, Failed):
+            self.failed.emit(request_id, user_message(final.error), final.error)
+        elif isinstance(final, FinishedEvent):
+            self.done.emit(request_id, final.result)
+        else:
+            self.done.emit(request_id, final.value)

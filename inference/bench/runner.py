@@ -17,7 +17,6 @@ import datetime as _dt
 import importlib.metadata
 import platform
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
@@ -121,19 +120,16 @@ def machine_info(device: Optional[str] = None) -> dict:
     }
 
 
-class _Cancel:
-    """Cancel requested either through the run's own event or the engine's flag.
+class _Latch:
+    """Once the run is cancelled it stays cancelled (a cancel between two generations is not lost)."""
 
-    The engine clears its flag at the start of every load and generation; the
-    run's event stays set, so a cancel between two generations is not lost."""
-
-    def __init__(self, engine: Engine, event: Optional[threading.Event]):
-        self.engine, self.event = engine, event or threading.Event()
+    def __init__(self, should_cancel: Optional[Callable[[], bool]]):
+        self.should_cancel, self.seen = should_cancel, False
 
     def __call__(self) -> bool:
-        if self.engine.cancelled():
-            self.event.set()
-        return self.event.is_set()
+        if not self.seen and self.should_cancel is not None and self.should_cancel():
+            self.seen = True
+        return self.seen
 
 
 def _render_prompts(tokenizer, spec: BenchSpec) -> list[list[int]]:
@@ -152,8 +148,8 @@ def _divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 class _Models:
     """Loads what a configuration needs, reusing the loaded target (and draft) when they match."""
 
-    def __init__(self, engine: Engine, model: str):
-        self.engine, self.model = engine, model
+    def __init__(self, engine: Engine, model: str, cancelled: Callable[[], bool]):
+        self.engine, self.model, self.cancelled = engine, model, cancelled
         self.source = resolve(model)
 
     def ensure(self, config: BenchConfig, progress: Callable[[float, str], None]) -> tuple[float, bool]:
@@ -163,13 +159,13 @@ class _Models:
         load_s = 0.0
         if eng.target is None or eng.target.source != self.source or eng.target.precision != spec:
             reused = False
-            eng.load(self.model, spec, progress)
+            eng.load(self.model, spec, progress, should_cancel=self.cancelled)
         load_s += eng.target.load_seconds
         if config.strategy == "speculative":
             dspec = config.draft_precision_spec(eng.device)
             if eng.draft is None or eng.draft.source != resolve(config.draft) or eng.draft.precision != dspec:
                 reused = False
-                eng.load_draft(config.draft, dspec, progress)
+                eng.load_draft(config.draft, dspec, progress, self.cancelled)
             load_s += eng.draft.load_seconds
         elif eng.draft is not None:
             eng.unload_draft()  # fair memory figures: a draft another row needed is not this row's
@@ -243,21 +239,20 @@ def run_bench(
     engine: Engine,
     spec: BenchSpec,
     progress: Optional[ProgressCallback] = None,
-    cancel_event: Optional[threading.Event] = None,
+    should_cancel: Optional[Callable[[], bool]] = None,
     restore_model: bool = False,
 ) -> BenchReport:
     """Run every configuration of ``spec`` on ``engine``, one after another; never raises for a row's failure.
 
     ``progress`` receives BenchStarted, BenchPhase, BenchToken, BenchRow and BenchSweepRow events on the
-    calling thread. ``cancel_event`` (or ``engine.cancel()``) stops the run; finished rows are kept.
+    calling thread. ``should_cancel`` (the run's own cancel handle) stops the run; finished rows are kept.
     ``restore_model`` reloads the model the engine had before the run (the GUI's chat model)."""
     emit = progress or (lambda ev: None)
-    engine.clear_cancel()  # a stale cancel from an earlier chat reply must not stop this run
-    cancelled = _Cancel(engine, cancel_event)
+    cancelled = _Latch(should_cancel)
     started = time.perf_counter()
     previous = (engine.target.source.spec, engine.target.precision) if engine.target is not None else None
     previous_draft = (engine.draft.source.spec, engine.draft.precision) if engine.draft is not None else None
-    models = _Models(engine, spec.model)
+    models = _Models(engine, spec.model, cancelled)
     report = BenchReport(
         spec=spec.to_dict(),
         machine=machine_info(engine.device),

@@ -1,8 +1,15 @@
-"""The ``fast`` strategy's loop, in gpt-fast's shape: prefill once, then one token per step from the
-fast decoder's preallocated cache (``fastpath.py``), with the same sampling transformations generate()
-applies (transformers' own logits processors) and the same streaming contract."""
+"""The ``fast`` strategy's loop, in gpt-fast's shape: prefill once, then one token per step from the fast
+decoder's paged cache (``fastpath.py``), with the same sampling transformations generate() applies
+(transformers' own logits processors) and the same streaming contract.
+
+A ``FastSequence`` is one sequence's state: its prompt, how much of it is prefilled, its sampling,
+stopping and streaming. ``run_fast`` drives one sequence; the engine's scheduler drives several at once
+through the same class (continuous batching: each decode step runs every active sequence's token).
+"""
 
 from __future__ import annotations
+
+from typing import Optional
 
 from redline.inference.decoding.hf import CancelCriteria
 from redline.inference.decoding.options import eos_token_ids
@@ -32,64 +39,98 @@ def logits_processors(cfg):
     return procs
 
 
-def prefill(dec, prompt: list[int]):
-    """Run the whole prompt once; the logits of its last position."""
-    import torch
+class FastSequence:
+    """One sequence on the fast decoder. The token history, the end-of-sequence ids and the sampling live
+    on the model's device: the one host synchronisation per token is reading the new id to stream it."""
 
-    return dec.forward(torch.tensor(prompt, dtype=torch.long, device=dec.device), 0)
+    def __init__(
+        self,
+        dec,
+        seq: int,
+        prompt: list[int],
+        cfg,
+        collector,
+        cancel: CancelCriteria,
+        max_new: int,
+        generator=None,
+        extra_processor=None,
+    ):
+        import torch
 
+        self.dec, self.seq, self.prompt, self.cfg = dec, seq, prompt, cfg
+        self.collector, self.cancel, self.max_new = collector, cancel, max_new
+        self.generator = generator  # per-sequence randomness, so a seed repeats whatever else runs beside it
+        self.procs = logits_processors(cfg)
+        if extra_processor is not None:  # e.g. a grammar that constrains the output
+            self.procs.append(extra_processor)
+        self.eos = eos_token_ids(cfg)
+        self.eos_ids = torch.tensor(self.eos, dtype=torch.long, device=dec.device) if self.eos else None
+        self.min_new = cfg.min_new_tokens or 0
+        self.history = torch.tensor([prompt], dtype=torch.long, device=dec.device)
+        self.prefilled = 0  # prompt positions in the cache
+        self.steps = 0  # new tokens chosen
+        self.next_token = None  # the token the next decode step feeds (a one-element tensor on the device)
+        self.done = False
+        collector.put(self.history)  # generate() hands the streamer the prompt first; keep the same contract
 
-def decode_one_token(dec, token, pos: int):
-    """One step: the new token (a one-element tensor on the device) at position ``pos``; the next logits."""
-    return dec.forward(token.view(1), pos)
+    @property
+    def position(self) -> int:
+        """Where the next token goes in the cache."""
+        return len(self.prompt) + self.steps - 1
 
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
 
-def sample(scores, cfg):
-    """The next token id as a one-element tensor on the scores' device (sampling stays on the device)."""
-    import torch
+    def prefill(self, chunk: Optional[int] = None) -> None:
+        """Read the next ``chunk`` prompt tokens (all of them by default); after the last, choose the first
+        new token."""
+        import torch
 
-    if cfg.do_sample:
-        return torch.multinomial(torch.softmax(scores, dim=-1), 1)[0]
-    return torch.argmax(scores, dim=-1)
+        end = len(self.prompt) if chunk is None else min(len(self.prompt), self.prefilled + chunk)
+        tokens = torch.tensor(self.prompt[self.prefilled : end], dtype=torch.long, device=self.dec.device)
+        logits = self.dec.prefill(tokens, self.prefilled, self.seq)
+        self.prefilled = end
+        if not self.prefilling:
+            self.accept(logits)
 
+    def sample(self, scores):
+        import torch
 
-def decode_n_tokens(dec, logits, history, pos: int, cfg, collector, cancel: CancelCriteria, max_new: int) -> None:
-    """Pick a token from ``logits``, stream it, feed it back; until end of sequence, a stop string, the
-    length, or a cancel. The token history, the end-of-sequence ids and the sampling live on the model's
-    device: the one host synchronisation per token is reading the new id to stream it."""
-    import torch
+        if self.cfg.do_sample:
+            return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=self.generator)[0]
+        return torch.argmax(scores, dim=-1)
 
-    procs = logits_processors(cfg)
-    eos = eos_token_ids(cfg)
-    eos_ids = torch.tensor(eos, dtype=torch.long, device=logits.device) if eos else None
-    min_new = cfg.min_new_tokens or 0
-    for step in range(max_new):
+    def accept(self, logits) -> None:
+        """Choose the next token from ``logits`` (fp32, [vocab]), stream it, and decide whether to go on."""
+        import torch
+
         scores = logits[None]
-        if step < min_new and eos_ids is not None:  # as MinNewTokensLengthLogitsProcessor does in generate()
+        if self.steps < self.min_new and self.eos_ids is not None:  # as MinNewTokensLengthLogitsProcessor does
             scores = scores.clone()
-            scores[:, eos_ids] = -float("inf")
-        if procs:
-            scores = procs(history, scores)
-        next_id = sample(scores, cfg)
+            scores[:, self.eos_ids] = -float("inf")
+        if self.procs:
+            scores = self.procs(self.history, scores)
+        next_id = self.sample(scores)
         tok = int(next_id)
-        collector.put(next_id)
-        if procs:
-            history = torch.cat([history, next_id.view(1, 1)], dim=1)
-        if (tok in eos and step >= min_new) or collector.decoder.stopped_at_string or step == max_new - 1:
-            return
-        if cancel.check():
-            return
-        logits = decode_one_token(dec, next_id, pos)
-        pos += 1
+        self.collector.put(next_id)
+        self.history = torch.cat([self.history, next_id.view(1, 1)], dim=1)
+        step = self.steps
+        self.steps += 1
+        self.next_token = next_id
+        if (tok in self.eos and step >= self.min_new) or self.collector.decoder.stopped_at_string:
+            self.done = True
+        elif self.steps >= self.max_new or self.cancel.check():
+            self.done = True
 
 
 def run_fast(target: LoadedModel, prompt: list[int], cfg, collector, cancel: CancelCriteria, max_new: int) -> None:
-    import torch
-
+    """One sequence, start to end: prefill, then one decode step per token."""
     from redline.inference.decoding.fastpath import get_decoder
 
     dec = get_decoder(target, len(prompt) + max_new)
-    history = torch.tensor([prompt], dtype=torch.long, device=dec.device)
-    collector.put(history)  # generate() hands the streamer the prompt first; keep the same contract
-    logits = prefill(dec, prompt)
-    decode_n_tokens(dec, logits, history, len(prompt), cfg, collector, cancel, max_new)
+    seq = FastSequence(dec, 0, prompt, cfg, collector, cancel, max_new)
+    seq.prefill()
+    while not seq.done:
+        logits = dec.step(seq.next_token.view(1), [seq.position], [seq.seq])
+        seq.accept(logits[0])

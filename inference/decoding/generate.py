@@ -67,6 +67,46 @@ def describe_failure(exc: BaseException, prompt_tokens: int, max_new: int, notes
     return f"Generation failed: {type(exc).__name__}: {exc}"
 
 
+def finalize(
+    result: GenerationResult,
+    collector: TokenCollector,
+    decoder: DeltaDecoder,
+    cfg,
+    cancelled: bool,
+    total_s: float,
+    on_event: Optional[EventFn],
+) -> None:
+    """What every generation does when its tokens are in: why it ended, its text (the last delta streamed), its
+    token ids and timing."""
+    new_ids = collector.ids
+    if result.finish_reason != "error" and new_ids and new_ids[-1] in eos_token_ids(cfg) and not cancelled:
+        result.finish_reason = "eos"
+    text, last_delta = decoder.finish(new_ids)
+    if decoder.stopped_at_string and result.finish_reason in ("length", "eos"):
+        result.finish_reason = "stop"
+    if last_delta and on_event is not None:
+        on_event(TokenEvent(len(new_ids), -1, last_delta, total_s, False))
+    result.text = text
+    result.token_ids = new_ids
+    result.new_tokens = len(new_ids)
+    result.from_draft = collector.from_draft
+    result.total_s = total_s
+    fill_timing(result, collector.chunks)
+
+
+def new_result(target: LoadedModel, prompt_tokens: int, options: DecodeOptions) -> GenerationResult:
+    return GenerationResult(
+        text="",
+        token_ids=[],
+        prompt_tokens=prompt_tokens,
+        new_tokens=0,
+        finish_reason="error",
+        strategy=options.strategy,
+        precision=target.precision.label(),
+        device=target.device,
+    )
+
+
 def generate(
     target: LoadedModel,
     input_ids: Sequence[int],
@@ -84,16 +124,7 @@ def generate(
     sampling = sampling or SamplingSettings()
     options = options or DecodeOptions()
     prompt = [int(t) for t in input_ids]
-    result = GenerationResult(
-        text="",
-        token_ids=[],
-        prompt_tokens=len(prompt),
-        new_tokens=0,
-        finish_reason="error",
-        strategy=options.strategy,
-        precision=target.precision.label(),
-        device=target.device,
-    )
+    result = new_result(target, len(prompt), options)
     max_new = new_tokens_allowed(
         len(prompt), context_limit or target.context_limit, sampling.max_new_tokens, result.notes
     )
@@ -145,21 +176,7 @@ def generate(
             undo()
     end = time.perf_counter()
 
-    new_ids = collector.ids
-    if result.finish_reason != "error" and new_ids and new_ids[-1] in eos_token_ids(cfg) and not cancel.cancelled:
-        result.finish_reason = "eos"
-    text, last_delta = decoder.finish(new_ids)
-    if decoder.stopped_at_string and result.finish_reason in ("length", "eos"):
-        result.finish_reason = "stop"
-    if last_delta and on_event is not None:
-        on_event(TokenEvent(len(new_ids), -1, last_delta, end - start, False))
-
-    result.text = text
-    result.token_ids = new_ids
-    result.new_tokens = len(new_ids)
-    result.from_draft = collector.from_draft
-    result.total_s = end - start
-    fill_timing(result, collector.chunks)
+    finalize(result, collector, decoder, cfg, cancel.cancelled, end - start, on_event)
     if speculative:
         result.draft_proposed = stats.proposed
         result.draft_accepted = stats.accepted

@@ -67,6 +67,7 @@ class ConversationController(QObject):
         w.replies.detach_widgets()
         if self.conversation_id is None:
             w.chat_view.clear()
+            w.update_controls()
             return
         cid, store = self.conversation_id, w.store
         page = store.messages(cid, limit=PAGE)
@@ -77,6 +78,7 @@ class ConversationController(QObject):
             lambda before, after, n: store.messages(cid, limit=n, before_position=before, after_position=after),
         )
         w.replies.reattach(cid)
+        w.update_controls()  # Send and Stop follow the chat on screen
 
     def deleted(self, conversation_id: int) -> None:
         self.window.replies.stop_in(conversation_id)

@@ -127,7 +127,7 @@ class MainWindow(QMainWindow):
 
     def update_controls(self) -> None:
         """Send and Stop, and the chat's placeholder line, follow the model and the replies."""
-        generating = self.replies.busy()
+        generating = self.replies.busy_in(self.conversation_id)  # this chat's reply; others may run too
         self.send_button.setEnabled(not generating)
         self.stop_button.setEnabled(generating)
         if self.loaded is None:
@@ -224,12 +224,13 @@ class MainWindow(QMainWindow):
         self.replies.edit_message(message_id)
 
     def stop(self) -> None:
-        self.replies.stop()
+        """Stop the reply of the chat on screen (replies in other chats go on)."""
+        self.replies.stop_in(self.conversation_id)
 
     def escape(self) -> None:
-        """Esc: stop the reply, else cancel loading, else leave editing."""
-        if self.replies.busy():
-            self.replies.stop()
+        """Esc: stop this chat's reply, else cancel loading, else leave editing."""
+        if self.replies.busy_in(self.conversation_id):
+            self.stop()
         elif self.loading:
             self.cancel_load()
         elif self.editing_message_id is not None:
@@ -256,6 +257,6 @@ class MainWindow(QMainWindow):
         self.has_shut_down = True
         self.replies.shutdown()
         if self.loading:
-            self.client.cancel()
+            self.client.cancel(self.models._load_future)
         self.sampler.shutdown(500)
         return self.engine.shutdown(timeout_ms)

@@ -50,6 +50,8 @@ class ModelController(QObject):
         self.window = window
         self.loaded: Optional[ModelInfo] = None
         self.loading = False
+        self.unloading = False
+        self._load_future = None  # the load now running: its own cancel (the load bar's button)
         self.last_load_error: Optional[str] = None  # why the last load_model() returned None
 
     # -- what the window shows about the model --------------------------------------
@@ -129,7 +131,9 @@ class ModelController(QObject):
         )
         ask_opt_in = None
         try:
-            info = await w.client.run(task, self._on_load_progress)
+            # A load takes the engine: replies still being written stop with a note saying so.
+            self._load_future = w.client.run(task, self._on_load_progress, label="the model to load", interrupt=True)
+            info = await self._load_future
         except TaskFailed as exc:
             if w.has_shut_down:
                 return
@@ -196,11 +200,15 @@ class ModelController(QObject):
         if self.loading:
             return
         w.replies.stop_all()
+        self.unloading = True
+        self._refresh()
         try:
-            await w.client.run(unload_task())
+            await w.client.run(unload_task(), label="the model to unload", interrupt=True)
         except TaskFailed as exc:  # pragma: no cover - unload does not raise in practice
             w.banner.show_message(f"Unloading failed: {exc}", "error")
             return
+        finally:
+            self.unloading = False
         if w.has_shut_down:
             return
         self.loaded = None
@@ -212,7 +220,7 @@ class ModelController(QObject):
     def cancel_load(self) -> None:
         w = self.window
         if self.loading:
-            w.client.cancel()
+            w.client.cancel(self._load_future)
             w.load_bar.set_progress(w.load_bar.bar.value() / 1000, "Cancelling…")
 
     def _on_load_progress(self, obj) -> None:

@@ -1,10 +1,10 @@
 """Replies in the window: sending a message, regenerating or editing one, stopping a reply, and what the
 database holds while a reply is written.
 
-Each reply is a ``Reply``: its conversation and message, its own event stream (an ``EventChannel`` whose
-events are handed to that reply, never to "the current one"), its text so far and the widget showing it.
-Nothing here assumes that only one reply runs at a time except ``busy()``, which keeps Send and
-Regenerate off while one does (the engine runs one task at a time).
+Each reply is a ``Reply``: its conversation and message, its own request to the engine (its events are
+handed to that reply, never to "the current one"; its cancel stops it and nothing else), its text so far
+and the widget showing it. Several chats can be answered at once — the engine decodes their replies
+together — but one conversation waits for its own reply before the next message (``busy_in``).
 
 The database is written from here, on the UI thread, in small transactions: the user's message when sent,
 the assistant's as soon as its reply starts (marked partial), updated about once a second while it grows,
@@ -20,14 +20,25 @@ from typing import Optional
 from PySide6.QtCore import QObject, QTimer
 from qasync import asyncSlot
 
-from redline.inference import StatsEvent, TokenEvent
+from redline.inference import (
+    DecodeOptions,
+    GenerationRequest,
+    PrefillProgress,
+    Queued,
+    SamplingSettings,
+    Started,
+    StatsEvent,
+    TokenEvent,
+)
 from redline.ui.chat_view import MessageWidget
-from redline.ui.engine_client import EventChannel, TaskFailed, chat_task
+from redline.ui.engine_client import TaskFailed
 from redline.ui.markdown import append_reply
 
 SAVE_INTERVAL_S = 1.0  # how often a growing reply is written to the database
 STILL_LOADING = "The model is still loading; your message stays in the box. Send it once loading ends."
 NOT_LOADED = "No model is loaded. Load one first; your message stays in the box."
+UNLOADING = "The model is being unloaded; your message stays in the box. Load a model to send it."
+STILL_ANSWERING = "This chat's reply is still being written; your message stays in the box. Stop it (Esc) or wait."
 
 STATS_KEYS = (
     "new_tokens",
@@ -67,20 +78,18 @@ class Reply:
     message_id: int
     model: str = ""
     position: int = 0  # the reply's place in its conversation
-    channel: Optional[EventChannel] = None  # this reply's events; ``channel.cancelled`` is its stop request
+    future: object = None  # this reply's request to the engine (cancel it to stop this reply alone)
     text: str = ""
     draft_spans: list = field(default_factory=list)
     widget: Optional[MessageWidget] = None
     last_token_time: Optional[float] = 0.0
     last_save: float = field(default_factory=time.monotonic)
     finished: bool = False
+    waiting: str = ""  # why the engine has not started it yet ("waiting for the speed lab"), while it waits
+    tokens_per_s: float = 0.0  # its own rolling speed
 
     def append(self, delta: str, from_draft: bool) -> None:
         self.text = append_reply(self.text, self.draft_spans, delta, from_draft)
-
-    def request_stop(self) -> None:
-        """Holds even if the reply has not started on the engine thread yet."""
-        self.channel.cancelled = True
 
 
 class ReplyController(QObject):
@@ -93,8 +102,12 @@ class ReplyController(QObject):
 
     # -- which replies run ------------------------------------------------------------
     def busy(self) -> bool:
-        """A reply is being written: Send and Regenerate wait (the engine runs one task at a time)."""
+        """Some reply is being written (in any chat)."""
         return bool(self._running)
+
+    def busy_in(self, conversation_id: Optional[int]) -> bool:
+        """A reply is being written in this conversation: its next message waits for it."""
+        return any(r.conversation_id == conversation_id for r in self._running)
 
     @property
     def current(self) -> Optional[Reply]:
@@ -109,8 +122,7 @@ class ReplyController(QObject):
         """Stop ``reply`` (by default the current one); what was generated is kept."""
         reply = reply or self.current
         if reply is not None and not reply.finished:
-            reply.request_stop()
-            self.window.client.cancel()
+            self.window.client.cancel(reply.future)  # this reply's own request: no other stops
 
     def stop_in(self, conversation_id: int) -> None:
         for reply in self.running():
@@ -124,10 +136,11 @@ class ReplyController(QObject):
     # -- editing a sent message ------------------------------------------------------------
     def edit_message(self, message_id: int) -> None:
         w = self.window
-        if self.busy():
-            return
         m = w.store.message(message_id)
         if m is None:
+            return
+        if self.busy_in(m.conversation_id):
+            w.banner.show_message(STILL_ANSWERING, "info")
             return
         self.editing_message_id = message_id
         w.edit_bar.show()
@@ -143,7 +156,13 @@ class ReplyController(QObject):
     async def send(self) -> None:
         w = self.window
         text = w.input.message_text().strip()
-        if not text or self.busy():
+        if not text:
+            return
+        if self.busy_in(w.conversation_id):
+            w.banner.show_message(STILL_ANSWERING, "info")
+            return
+        if w.models.unloading:
+            w.banner.show_message(UNLOADING, "warning")
             return
         if w.loaded is None:
             if w.loading:
@@ -155,7 +174,7 @@ class ReplyController(QObject):
                     [("Use the starter model", w.use_starter), ("Open settings", w.show_settings)],
                 )
             return
-        if w.banner.label.text() in (STILL_LOADING, NOT_LOADED):
+        if w.banner.label.text() in (STILL_LOADING, NOT_LOADED, UNLOADING, STILL_ANSWERING):
             w.banner.hide()  # the message it held back is going out now: the notice is stale
         if self.editing_message_id is not None:
             w.store.delete_from(self.editing_message_id)
@@ -170,10 +189,14 @@ class ReplyController(QObject):
     @asyncSlot(int)
     async def regenerate(self, message_id: int) -> None:
         w = self.window
-        if self.busy() or w.loaded is None:
+        if w.loaded is None:
+            w.banner.show_message(NOT_LOADED, "warning", [("Use the starter model", w.use_starter)])
             return
         m = w.store.message(message_id)
         if m is None or m.role != "assistant":
+            return
+        if self.busy_in(m.conversation_id):
+            w.banner.show_message(STILL_ANSWERING, "info")
             return
         w.store.delete_from(message_id)
         if w.chats.showing(m.conversation_id):
@@ -195,7 +218,6 @@ class ReplyController(QObject):
             stats={"finish_reason": "interrupted", "model": w.loaded.name},
         )
         reply = Reply(conversation_id, placeholder.id, model=w.loaded.name, position=placeholder.position)
-        reply.channel = EventChannel(lambda events: self._on_events(reply, events))
         self._running.append(reply)
         if w.chats.showing(conversation_id):
             # Only the new reply's widget is built; earlier ones stay as they are. In the next event-loop turn:
@@ -204,7 +226,7 @@ class ReplyController(QObject):
         w.gauges.start_reply()
         w.sampler.set_fast(True)
         w.update_controls()
-        sampling = dict(
+        sampling = SamplingSettings(
             max_new_tokens=s.max_new_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
@@ -212,13 +234,22 @@ class ReplyController(QObject):
             repetition_penalty=s.repetition_penalty,
             seed=s.seed,
         )
-        options = dict(strategy=s.strategy, num_draft_tokens=s.num_draft_tokens)
+        options = DecodeOptions(strategy=s.strategy, num_draft_tokens=s.num_draft_tokens)
         result, error = None, None
-        try:
-            result = await w.client.run(chat_task(messages, sampling, options, s.context_length, reply.channel))
-        except TaskFailed as exc:
-            error = str(exc)
-        reply.channel.drain()
+        if options.strategy == "speculative" and (w.loaded is None or not w.loaded.draft_name):
+            error = (
+                "Speculative decoding needs a draft model, and none is loaded. Choose a draft model in Settings "
+                "(a small model of the same family), or pick another strategy such as prompt-lookup."
+            )
+        else:
+            request = GenerationRequest(
+                messages=messages, sampling=sampling, options=options, context=s.context_length, client="chat"
+            )
+            reply.future = w.client.generate(request, lambda events: self._on_events(reply, events))
+            try:
+                result = await reply.future
+            except TaskFailed as exc:
+                error = str(exc)
         if w.has_shut_down:
             return
         self._finish(reply, result, error)
@@ -230,14 +261,28 @@ class ReplyController(QObject):
         w = self.window
         latencies = []
         for ev in events:
-            if isinstance(ev, TokenEvent):
+            if isinstance(ev, Queued):
+                reply.waiting = ev.reason
+                self._show_waiting(reply)
+            elif isinstance(ev, Started):
+                reply.waiting = ""
+                self._show_waiting(reply)
+            elif isinstance(ev, PrefillProgress):
+                reply.waiting = f"reading the prompt: {ev.done:,} of {ev.total:,} tokens"
+                self._show_waiting(reply)
+            elif isinstance(ev, TokenEvent):
+                if reply.waiting:
+                    reply.waiting = ""
+                    self._show_waiting(reply)
                 reply.append(ev.text, ev.from_draft)
                 if ev.token_id >= 0:
                     if reply.last_token_time is not None and ev.index > 0 and ev.time_s > reply.last_token_time:
                         latencies.append((ev.time_s - reply.last_token_time) * 1000)
                     reply.last_token_time = ev.time_s
             elif isinstance(ev, StatsEvent):
-                w.gauges.live(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens)
+                reply.tokens_per_s = ev.tokens_per_s_1s
+                if reply.conversation_id == w.conversation_id:  # the gauges show the chat on screen
+                    w.gauges.live(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens, self.total_tokens_per_s())
         w.gauges.add_latencies(latencies)
         widget = self._stream_widget(reply)
         if widget is not None:
@@ -249,9 +294,21 @@ class ReplyController(QObject):
             reply.last_save = now
             w.store.update_message(reply.message_id, reply.text, partial=True)
 
+    def total_tokens_per_s(self) -> float:
+        """What the engine writes in all, over every reply running."""
+        return sum(r.tokens_per_s for r in self._running)
+
+    def _show_waiting(self, reply: Reply) -> None:
+        """A reply the engine has not started yet says so in its bubble (and why) instead of "generating…"."""
+        widget = self._stream_widget(reply)
+        if widget is not None and hasattr(widget, "set_waiting"):
+            widget.set_waiting(reply.waiting)
+
     # -- the widget showing a reply -------------------------------------------------------
     def _attach_stream(self, reply: Reply, widget: MessageWidget) -> None:
         widget.streaming = True
+        widget.stats = {}  # the stored placeholder's "interrupted" is for a reply that did not end; this one runs
+        widget.waiting = reply.waiting
         widget.text = reply.text
         widget.draft_spans = reply.draft_spans
         widget.render()
@@ -345,8 +402,7 @@ class ReplyController(QObject):
         """The window closes: each reply still running stops, and is saved as it stands (partial)."""
         w = self.window
         for reply in self.running():
-            w.client.cancel()
-            reply.channel.drain()
+            w.client.cancel(reply.future)
             w.store.update_message(
                 reply.message_id,
                 reply.text,

@@ -1,0 +1,365 @@
+"""The engine service: one scheduler thread owns the Engine (the model); everything else submits requests.
+
+Order: requests run in the order they arrive. Generations on the fast path (``batcher.Batcher``) run
+together — while one streams, the next joins at the following step, up to ``max_active`` at once — so no
+request waits for another to end. Everything else needs the engine alone and runs one at a time: loads,
+unloads, draft changes, other jobs (the speed lab, the wizard's checks) and generations on strategies that
+cannot batch (speculative, prompt lookup, the transformers strategies, models the fast path does not
+support). Such a request at the front of the queue lets the running batch finish, then runs; the requests
+behind it are told what they wait for (``Queued``).
+
+A load asked with ``interrupt=True`` (the window's model switch) stops the running generations at their next
+step instead of waiting for them; each ends as "cancelled" with a note saying why.
+
+Admission: at most ``max_queued`` requests wait; one more is refused at once with ``Busy``. A request that can
+never fit (more new tokens than the model's context or the KV budget allows) is refused with ``Refused``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from redline.inference.errors import Cancelled, RedlineError
+from redline.inference.events import FinishedEvent
+from redline.inference.service.batcher import Batcher
+from redline.inference.service.requests import (
+    Busy,
+    GenerationRequest,
+    Progress,
+    Queued,
+    Refused,
+    RequestHandle,
+    Started,
+)
+
+MAX_ACTIVE = 4  # sequences decoded together
+MAX_QUEUED = 32  # requests waiting beyond those
+
+
+@dataclass
+class _Job:
+    handle: RequestHandle
+    submitted: float
+    request: Optional[GenerationRequest] = None  # a generation
+    fn: Optional[Callable[[Any, Callable[[Any], None]], Any]] = None  # anything else: fn(engine, report)
+    label: str = ""  # what others wait for while it runs ("the speed lab", "a model load")
+    interrupt: bool = False
+
+
+class EngineService:
+    def __init__(
+        self,
+        engine_factory: Optional[Callable[[], Any]] = None,
+        max_active: int = MAX_ACTIVE,
+        max_queued: int = MAX_QUEUED,
+        on_thread_start: Optional[Callable[[], None]] = None,
+        start: bool = True,
+    ):
+        self._engine_factory = engine_factory
+        self.max_active, self.max_queued = max_active, max_queued
+        self._on_thread_start = on_thread_start
+        self._queue: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._running: Optional[_Job] = None  # the exclusive job now running
+        self._batcher: Optional[Batcher] = None
+        self.engine = None  # created on the scheduler thread (torch imports there)
+        self.engine_error: Optional[BaseException] = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="redline-engine", daemon=True)
+        if start:
+            self._thread.start()
+
+    # -- submitting ---------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a generation; its handle streams TokenEvents, StatsEvents and a FinishedEvent."""
+        self._check_fits(request)
+        return self._enqueue(_Job(RequestHandle("generate", request), time.perf_counter(), request=request))
+
+    def call(
+        self,
+        fn: Callable[[Any, Callable[[Any], None]], Any],
+        label: str = "",
+        interrupt: bool = False,
+        kind: str = "job",
+    ) -> RequestHandle:
+        """Run ``fn(engine, report)`` on the engine's thread with the engine to itself; ``report(obj)`` sends
+        ``obj`` as an event. Its handle ends with Completed(value) or Failed(error)."""
+        return self._enqueue(_Job(RequestHandle(kind), time.perf_counter(), fn=fn, label=label, interrupt=interrupt))
+
+    def load(
+        self,
+        model: str,
+        precision,
+        draft: Optional[str] = None,
+        draft_precision=None,
+        opt_in=None,
+        interrupt: bool = True,
+    ) -> RequestHandle:
+        """Load ``model`` (and a draft), with Progress events; the handle's value is the LoadedModel."""
+
+        def job(engine, report):
+            return _load(engine, report, model, precision, draft, draft_precision, opt_in)
+
+        return self.call(job, "a model load", interrupt, "load")
+
+    def unload(self, interrupt: bool = True) -> RequestHandle:
+        return self.call(lambda engine, report: engine.unload(), "the model to unload", interrupt, "unload")
+
+    def _enqueue(self, job: _Job) -> RequestHandle:
+        with self._cond:
+            if self._stopping:
+                raise RedlineError("The engine is shutting down.", "Start Redline again.")
+            if len(self._queue) >= self.max_queued:
+                raise Busy(
+                    f"The engine is busy: {len(self._queue)} requests are waiting already.",
+                    "Try again in a moment.",
+                )
+            ahead_jobs = list(self._queue)
+            self._queue.append(job)
+            running = self._running
+            self._cond.notify_all()
+        if ahead_jobs or running is not None:
+            job.handle.emit(Queued(len(ahead_jobs) + (1 if running else 0), self._wait_reason(ahead_jobs)))
+        return job.handle
+
+    def _check_fits(self, request: GenerationRequest) -> None:
+        engine = self.engine
+        target = getattr(engine, "target", None) if engine is not None else None
+        if target is None:
+            return
+        limit = min(request.context or target.context_limit, target.context_limit)
+        if request.input_ids is not None and len(request.input_ids) >= limit:
+            raise Refused(
+                f"The prompt has {len(request.input_ids)} tokens, which fills the context of {limit}.",
+                "Shorten the prompt or raise the context length.",
+            )
+        if request.sampling.max_new_tokens < 1:
+            raise Refused("The request asks for no new tokens.", "Ask for at least one.")
+
+    # -- what is going on ---------------------------------------------------------------------------
+    def status(self) -> dict:
+        with self._cond:
+            return {
+                "queued": len(self._queue),
+                "active": len(self._batcher) if self._batcher is not None else 0,
+                "running": self._running.label if self._running else None,
+                "model": getattr(getattr(self.engine, "target", None), "name", None),
+            }
+
+    def _wait_reason(self, ahead: list) -> str:
+        """Why a request with ``ahead`` before it waits: the job that has the engine (or will have it first),
+        or a full batch."""
+        running = self._running
+        if running is not None:
+            return f"waiting for {running.label}" if running.label else "waiting for the engine"
+        exclusive = next((j for j in ahead if j.request is None or not self._batchable(j.request)), None)
+        if exclusive is not None:
+            return f"waiting for {exclusive.label}" if exclusive.label else "waiting for another request to finish"
+        if self._batcher is not None and not self._batcher.has_room():
+            return f"waiting: {self.max_active} replies are being written (the most at once)"
+        return "waiting in line"
+
+    def wait_ready(self, timeout: Optional[float] = None) -> bool:
+        """True once the engine exists on its thread (made with the first request; or it failed to start: see
+        ``engine_error``)."""
+        return self._ready.wait(timeout)
+
+    # -- stopping -----------------------------------------------------------------------------------
+    def stopped(self) -> bool:
+        return not self._thread.is_alive()
+
+    def shutdown(self, timeout: Optional[float] = 5.0) -> bool:
+        """Cancel everything running or queued and stop the thread; True if it stopped within ``timeout``."""
+        with self._cond:
+            self._stopping = True
+            jobs = list(self._queue)
+            if self._running is not None:
+                jobs.append(self._running)
+            self._cond.notify_all()
+        for job in jobs:
+            job.handle.cancel()
+        if self._batcher is not None:
+            self._batcher.cancel_all("Stopped: Redline is closing.")
+        if not self._thread.is_alive():
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the scheduler thread -----------------------------------------------------------------------
+    def _ensure_engine(self) -> None:
+        """The Engine is made on this thread when the first request arrives (torch imports then, not at start)."""
+        if self.engine is not None or self.engine_error is not None:
+            return
+        try:
+            if self._engine_factory is None:
+                from redline.inference.engine import Engine
+
+                self.engine = Engine()
+            else:
+                self.engine = self._engine_factory()
+        except Exception as exc:  # pragma: no cover - only if torch itself is broken
+            self.engine_error = exc
+        finally:
+            self._ready.set()
+
+    def _main(self) -> None:
+        if self._on_thread_start is not None:
+            self._on_thread_start()
+        while True:
+            with self._cond:
+                while not self._queue and not self._batch_busy() and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and not self._batch_busy():
+                    leftover = list(self._queue)
+                    self._queue.clear()
+                    break
+            self._step()
+        for job in leftover:
+            self._end_unstarted(job, "Redline is closing.")
+
+    def _batch_busy(self) -> bool:
+        return self._batcher is not None and len(self._batcher) > 0
+
+    def _step(self) -> None:
+        self._ensure_engine()
+        self._drop_cancelled()
+        head = self._queue[0] if self._queue else None
+        if head is not None and head.interrupt and self._batch_busy():
+            self._batcher.cancel_all(f"Stopped so that {head.label or 'another task'} could start.")
+        while head is not None and head.request is not None and self._batchable(head.request):
+            if self._batcher is None or self._batcher.target is not self.engine.target:
+                self._batcher = Batcher(self.engine.target, self.max_active)
+            if not self._batcher.has_room():
+                break
+            self._pop(head)
+            try:
+                self._batcher.add(head.handle, head.request, head.submitted)
+            except Exception as exc:
+                head.handle.fail(exc)
+            head = self._queue[0] if self._queue else None
+        if self._batch_busy():
+            self._batcher.step()
+            return
+        if head is not None:
+            self._pop(head)
+            self._run_exclusive(head)
+
+    def _batchable(self, request: GenerationRequest) -> bool:
+        engine = self.engine
+        target = getattr(engine, "target", None)
+        if target is None or getattr(target, "model", None) is None or request.options.strategy != "fast":
+            return False
+        from redline.inference.decoding.fastpath import supports
+
+        return supports(target.model) is None
+
+    def _pop(self, job: _Job) -> None:
+        with self._cond:
+            self._queue.remove(job)
+            waiting = list(self._queue)
+        for i, other in enumerate(waiting):  # everyone behind moves up
+            other.handle.emit(Queued(i + (1 if self._batch_busy() else 0), self._wait_reason(waiting[:i])))
+
+    def _drop_cancelled(self) -> None:
+        with self._cond:
+            gone = [job for job in self._queue if job.handle.cancelled]
+            for job in gone:
+                self._queue.remove(job)
+        for job in gone:
+            self._end_unstarted(job, "Cancelled before it started.")
+
+    def _end_unstarted(self, job: _Job, why: str) -> None:
+        if job.request is None:
+            job.handle.fail(Cancelled(why))
+            return
+        from redline.inference.events import GenerationResult
+
+        job.handle.finish(
+            GenerationResult(
+                text="",
+                token_ids=[],
+                prompt_tokens=0,
+                new_tokens=0,
+                finish_reason="cancelled",
+                strategy=job.request.options.strategy,
+                precision="",
+                notes=[why],
+            )
+        )
+
+    def _run_exclusive(self, job: _Job) -> None:
+        with self._cond:
+            self._running = job
+        handle = job.handle
+        handle.emit(Started())
+        try:
+            if self.engine is None:
+                raise RedlineError(f"The engine could not start: {self.engine_error}")
+            if job.request is not None:
+                r = job.request
+                run = self.engine.chat if r.messages is not None else self.engine.generate_ids
+
+                def forward(event):  # the FinishedEvent goes out below, with the engine's memory check in it
+                    if not isinstance(event, FinishedEvent):
+                        handle.emit(event)
+
+                result = run(
+                    r.messages if r.messages is not None else r.input_ids,
+                    r.sampling,
+                    r.options,
+                    on_event=forward,
+                    context=r.context,
+                    should_cancel=lambda: handle.cancelled,
+                )
+                handle.finish(result)
+            else:
+                handle.complete(job.fn(self.engine, Reporter(handle)))
+        except Exception as exc:  # the request's failure is its own; the service goes on
+            handle.fail(exc)
+        finally:
+            with self._cond:
+                self._running = None
+            if self._batcher is not None and self.engine is not None and self._batcher.target is not self.engine.target:
+                self._batcher = None  # the model changed: the old batcher's decoder goes with it
+
+
+class Reporter:
+    """What a job is handed to report with: ``report(obj)`` sends ``obj`` as an event of the job's handle;
+    ``report.cancelled()`` says whether the job was asked to stop (its own cancel, no one else's)."""
+
+    def __init__(self, handle: RequestHandle):
+        self.handle = handle
+
+    def __call__(self, obj: Any) -> None:
+        self.handle.emit(obj)
+
+    def cancelled(self) -> bool:
+        return self.handle.cancelled
+
+
+def _load(engine, report, model, precision, draft, draft_precision, opt_in) -> Any:
+    """A load job: the target, then (if asked) its draft; progress as Progress events."""
+    share = 0.75 if draft else 1.0
+    cancelled = report.cancelled
+    loaded = engine.load(
+        model, precision, lambda f, phase: report(Progress(f * share, phase)), opt_in=opt_in, should_cancel=cancelled
+    )
+    if draft:
+        engine.load_draft(
+            draft,
+            draft_precision,
+            lambda f, phase: report(Progress(share + f * (1 - share), f"draft: {phase}")),
+            cancelled,
+        )
+    else:
+        engine.unload_draft()
+    report(Progress(1.0, "Loaded"))
+    return loaded
+
+
+__all__ = ["Busy", "EngineService", "Refused", "Started"]
