@@ -124,11 +124,27 @@ class FastSequence:
             self.done = True
 
 
-def run_fast(target: LoadedModel, prompt: list[int], cfg, collector, cancel: CancelCriteria, max_new: int) -> None:
-    """One sequence, start to end: prefill, then one decode step per token."""
+def wants_compile(option: Optional[bool], device: str) -> bool:
+    """``compile`` None means: on for CUDA (a small model is launch-bound there), off on a CPU, where the native
+    kernels leave little for the compiler (measured: docs/performance.md)."""
+    return option if option is not None else device.startswith("cuda")
+
+
+def run_fast(
+    target: LoadedModel,
+    prompt: list[int],
+    cfg,
+    collector,
+    cancel: CancelCriteria,
+    max_new: int,
+    compile: Optional[bool] = None,
+) -> None:
+    """One sequence, start to end: prefill, then one decode step per token (compiled once that is ready)."""
     from redline.inference.decoding.fastpath import get_decoder
 
     dec = get_decoder(target, len(prompt) + max_new)
+    if wants_compile(compile, target.device):
+        dec.compile_in_background(1)
     seq = FastSequence(dec, 0, prompt, cfg, collector, cancel, max_new)
     seq.prefill()
     while not seq.done:

@@ -202,6 +202,7 @@ class FastDecoder:
         )
         self.max_context = 0
         self.ensure_context(max_context or 256)
+        self.compiled = None  # a CompiledStep once compiling is asked for (decoding/compiled.py)
 
     def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
         return w.detach().to(self.act_dtype) if w.dtype != self.act_dtype else w.detach()
@@ -285,51 +286,87 @@ class FastDecoder:
             self.kv.reserve(seq, p + 1)
         self.ensure_context(max(positions) + 1)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        x = self._embed(tokens)  # [B, H]
         if self.kv.paged:
-            pages = self.kv.table(seqs)
+            where = self.kv.table(seqs)
         else:
-            slots = torch.tensor([self.kv.tables[s][0] for s in seqs], device=self.device)
+            where = torch.tensor([self.kv.tables[s][0] for s in seqs], dtype=torch.long, device=self.device)
+        inputs = (tokens, pos, where, self.kv.k, self.kv.v, self.cos, self.sin)
+        compiled = self.compiled
+        if compiled is not None and compiled.ready() and compiled.batch == len(seqs):
+            out = compiled(*inputs)
+            if out is not None:
+                return out
+        return self.decode_graph(*inputs)
+
+    def decode_graph(self, tokens, pos, where, k_pool, v_pool, cos, sin) -> torch.Tensor:
+        """The decode step as a function of tensors alone (what torch.compile compiles): ``where`` is the page
+        table [B, pages] (paged cache) or each sequence's slot [B] (one page per sequence)."""
+        x = self._embed(tokens)  # [B, H]
         for i, L in enumerate(self.layers):
             h = ops.rms_norm(x, L.ln1, L.eps1)
             qkv = self._qk_norms(L.qkv(h), L)
             if self.kv.paged:
                 attn = ops.attend(
-                    qkv,
-                    self.cos,
-                    self.sin,
-                    self.kv.k[i],
-                    self.kv.v[i],
-                    pages,
-                    pos,
-                    self.n_heads,
-                    self.n_kv,
-                    self.scaling,
+                    qkv, cos, sin, k_pool[i], v_pool[i], where, pos, self.n_heads, self.n_kv, self.scaling
                 )
             else:
-                attn = self._attend_static(qkv, i, slots, pos)
+                attn = self._attend_static(qkv, k_pool[i], v_pool[i], where, pos, cos, sin)
             x = x + L.o(attn.to(x.dtype))
             x = self._mlp(x, L)
         return self._logits(x)
 
-    def _attend_static(self, qkv, layer: int, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
-        if slots.numel() == 1 and int(slots[0]) == 0:
-            k_sel, v_sel = k_cache[:1], v_cache[:1]
-            out = reference.attend_static(
-                qkv, self.cos, self.sin, k_sel, v_sel, pos, self.n_heads, self.n_kv, self.scaling
-            )
-            return out
-        k_sel, v_sel = k_cache[slots], v_cache[slots]
-        out = reference.attend_static(qkv, self.cos, self.sin, k_sel, v_sel, pos, self.n_heads, self.n_kv, self.scaling)
-        k_cache[slots], v_cache[slots] = k_sel, v_sel
+    def _attend_static(self, qkv, k_cache, v_cache, slots, pos, cos, sin) -> torch.Tensor:
+        """One page per sequence: gather the sequences' slots, attend with static shapes, write the slots back."""
+        k_sel, v_sel = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+        out = reference.attend_static(qkv, cos, sin, k_sel, v_sel, pos, self.n_heads, self.n_kv, self.scaling)
+        k_cache.index_copy_(0, slots, k_sel)
+        v_cache.index_copy_(0, slots, v_sel)
         return out
+
+    def scratch_inputs(self, batch: int):
+        """Inputs shaped like a decode step's, on scratch cache pools (compiling must not touch the real cache)."""
+        tokens = torch.zeros(batch, dtype=torch.long, device=self.device)
+        pos = torch.arange(batch, dtype=torch.long, device=self.device)
+        k, v = torch.zeros_like(self.kv.k), torch.zeros_like(self.kv.v)
+        if self.kv.paged:
+            where = torch.zeros(batch, max(2, self.kv.pages // 2), dtype=torch.int32, device=self.device)
+        else:
+            where = torch.zeros(batch, dtype=torch.long, device=self.device)
+        return tokens, pos, where, k, v, self.cos.clone(), self.sin.clone()
+
+    def weights_signature(self) -> str:
+        """The weights' dtypes and layouts (what a compiled step depends on, beside the shapes)."""
+        from redline.inference.loading.weight_only import PackedLinear
+
+        mods = [self.model.lm_head] + [
+            m
+            for layer in self.model.model.layers
+            for m in layer.modules()
+            if isinstance(m, (PackedLinear, torch.nn.Linear))
+        ]
+        kinds = sorted(
+            {
+                f"{type(m).__name__}:{getattr(m, 'layout', '')}:{getattr(m, 'bits', '')}:"
+                f"{getattr(getattr(m, 'weight', None), 'dtype', '')}"
+                for m in mods
+            }
+        )
+        return ";".join(kinds)
 
     def forward(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Positions start.. of the one chat sequence: a prefill, or one token (a decode step)."""
         if tokens.shape[0] == 1 and start > 0:
             return self.step(tokens, [start], [0])[0]
         return self.prefill(tokens, start)
+
+    def compile_in_background(self, batch: int = 1):
+        """Start compiling the decode step for ``batch`` sequences; eager until it is ready."""
+        from redline.inference.decoding.compiled import CompiledStep
+
+        if self.compiled is None or self.compiled.batch != batch:
+            self.compiled = CompiledStep(self, batch)
+        self.compiled.start()
+        return self.compiled
 
     def release(self) -> None:
         """Forget every sequence (a new reply starts from position 0)."""

@@ -161,7 +161,7 @@ def generate(
     try:
         with PeakMemory(target.device) as peak, torch.inference_mode():
             if use_fast:
-                run_fast(target, prompt, cfg, collector, cancel, max_new)
+                run_fast(target, prompt, cfg, collector, cancel, max_new, options.compile)
             else:
                 hf.run_generate(target, prompt, cfg, collector, cancel, gen_kwargs)
         sync(target.device)

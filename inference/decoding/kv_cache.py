@@ -1,8 +1,8 @@
 """The fast path's KV cache: pages of keys and values that sequences take as they grow.
 
 Memory follows the tokens in use, not the longest context times the most sequences: a sequence holds
-``ceil(length / page)`` pages, freed when it ends, and the pool grows (doubling) only when every page is
-taken. Two shapes of the same idea:
+``ceil(length / page)`` pages, freed when it ends, and the pool grows (by an eighth) only when every page
+is taken. Two shapes of the same idea:
 
 - small pages (64 tokens) where Redline's native attention kernel reads them through a page table (CPU);
 - one page per sequence, as long as its context, where attention runs on torch's operators with static
@@ -77,7 +77,9 @@ class PagedKV:
         if needed <= 0:
             return
         if needed > len(self.free):
-            grow = max(needed - len(self.free), self.pages)
+            # Grow by an eighth (at least what is needed): memory stays close to the tokens in use, and the
+            # copies a growth costs stay few.
+            grow = max(needed - len(self.free), self.pages // 8, 1)
             self.free.extend(range(self.pages, self.pages + grow))
             self._allocate(self.pages + grow)
         for _ in range(needed):

@@ -38,7 +38,7 @@ class DecodeOptions:
     num_draft_tokens: int = 5  # speculative: tokens the draft proposes per step
     draft_schedule: str = "constant"  # or "heuristic" (transformers grows/shrinks k by acceptance)
     lookup_tokens: int = 10  # prompt-lookup: tokens copied per match
-    compile: Optional[bool] = None  # static: None = on for CUDA, off for CPU
+    compile: Optional[bool] = None  # static and fast: None = on for CUDA, off for CPU
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:

@@ -102,6 +102,7 @@ def ensure_built():
             try:
                 _load_or_build()
                 _state.update(loaded=True, reason=None)
+                register_fakes()
                 return torch.ops.redline
             except Exception as exc:  # a failed build means the torch operators, never a broken reply
                 reason = f"building them failed ({type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]})"
@@ -158,3 +159,24 @@ def _load_or_build() -> None:
         verbose=False,
     )
     _state.update(from_cache=False, build_seconds=round(time.perf_counter() - started, 1))
+
+
+def register_fakes() -> None:
+    """Shapes of the native operators' outputs, so torch.compile can trace a step that calls them."""
+    import torch
+
+    if _state.get("fakes"):
+        return
+
+    def rows(x, n):
+        return x.new_empty((*x.shape[:-1], n), dtype=torch.float32)
+
+    torch.library.register_fake("redline::linear_bf16")(lambda x, w: rows(x, w.shape[0]))
+    torch.library.register_fake("redline::linear_q8")(lambda x, w, s: rows(x, w.shape[0]))
+    torch.library.register_fake("redline::linear_q4")(lambda x, w, s, m: rows(x, w.shape[0]))
+    torch.library.register_fake("redline::rms_norm")(lambda x, w, eps: torch.empty_like(x))
+    torch.library.register_fake("redline::silu_mul")(lambda g: g.new_empty((*g.shape[:-1], g.shape[-1] // 2)))
+    torch.library.register_fake("redline::attend")(
+        lambda qkv, cos, sin, kp, vp, pages, pos, h, hkv, scale: qkv.new_empty((pos.shape[0], h * kp.shape[-1]))
+    )
+    _state["fakes"] = True

@@ -97,6 +97,10 @@ class Batcher:
             generator = torch.Generator(device=self.dec.device)
             generator.manual_seed(request.sampling.seed)
         self.dec.ensure_context(len(prompt) + max_new)
+        from redline.inference.decoding.fast_loop import wants_compile
+
+        if wants_compile(request.options.compile, self.target.device):
+            self.dec.compile_in_background(1)  # batch-1 steps (one reply at a time) use it once it is ready
         seq = FastSequence(
             self.dec, handle.id, prompt, cfg, collector, cancel, max_new, generator, request.logits_processor
         )

@@ -149,7 +149,15 @@ class EngineService:
                 "active": len(self._batcher) if self._batcher is not None else 0,
                 "running": self._running.label if self._running else None,
                 "model": getattr(getattr(self.engine, "target", None), "name", None),
+                "compile": self._compile_status(),
             }
+
+    def _compile_status(self) -> Optional[dict]:
+        """The fast path's compiled step: compiling in the background, ready, or failed (with why)."""
+        target = getattr(self.engine, "target", None)
+        dec = getattr(target, "fast_decoder", None) if target is not None else None
+        compiled = getattr(dec, "compiled", None)
+        return compiled.status() if compiled is not None else None
 
     def _wait_reason(self, ahead: list) -> str:
         """Why a request with ``ahead`` before it waits: the job that has the engine (or will have it first),
