@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_CONSTRAINTS ?=
 MODEL ?= starter
 
-.PHONY: run test test-fast lint lint-imports clean-venv screenshots install-desktop dist bench-app
+.PHONY: run test test-fast lint lint-imports gpu-check gpu-wheels clean-venv screenshots install-desktop dist bench-app
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,3 +74,13 @@ install-desktop: $(VENV)/.installed
 	QT_QPA_PLATFORM=offscreen $(BIN)/python packaging/linux/render_icons.py $(XDG_DATA_HOME)/icons
 	update-desktop-database $(XDG_DATA_HOME)/applications 2>/dev/null || true
 	@echo "Installed $(APP_ID) for the current user; it appears in your desktop's application menu."
+
+# Every CUDA path with its figures (tools/gpu_check.py): on a GPU machine, under 8 minutes; results in $(OUT).
+# `make test` runs its --dry-run (the same code on the CPU). See docs/performance.md, "Checking a GPU".
+OUT ?= gpu-check-out
+gpu-check: $(VENV)/.installed
+	$(BIN)/python tools/gpu_check.py --out $(OUT)
+
+# The wheels a bare GPU machine lacks (it has torch and transformers, no package index): carried as wheels/.
+gpu-wheels: $(VENV)/.installed
+	$(BIN)/python -m pip download --no-deps -d wheels bitsandbytes gguf platformdirs
