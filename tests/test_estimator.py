@@ -456,17 +456,24 @@ def test_starter_folder_config_gives_the_shipped_shape(starter_dir):
         assert getattr(folder, key) == getattr(shipped, key), key
 
 
-def test_weight_only_q8_q4_bytes():
-    """q8/q4 (torch's packed kernels) pack every Linear, a tied head as its own copy."""
+def test_weight_only_q8_q4_bytes(monkeypatch):
+    """q8/q4 pack every Linear, a tied head as its own copy. q8's scales: one per row in torch's layout (CUDA,
+    CPUs without Redline's kernels), one fp16 per 32 weights in GGUF's blocks (x86-64 CPUs with AVX2)."""
     from types import SimpleNamespace
+
+    from redline.inference.memory import estimator
 
     shape = shape_of(STARTER_CONFIG)
     p, v, h = shape.parameters, 49152, 576
     q = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
     rows = 30 * (576 + 192 + 192 + 576 + 1536 + 1536 + 576) + v
     spec = SimpleNamespace(name="q8", compute_dtype="bf16", quantised=False, skip_modules=(), label=lambda: "q8")
-    q8 = weights_bytes(shape, spec, "cpu")
+    q8 = weights_bytes(shape, spec, "cuda")
     assert q8.quantised == q + v * h and q8.constants == rows * 2 and q8.unquantised == (p - q) * 2
+    monkeypatch.setattr(estimator, "_q8_in_blocks", lambda device: True)
+    q8_blocks = weights_bytes(shape, spec, "cpu")
+    assert q8_blocks.quantised == q8.quantised
+    assert q8_blocks.constants == sum(o * (i // 32) * 2 for _, i, o, _b in shape.linears)
     spec.name = "q4"
     q4 = weights_bytes(shape, spec, "cpu")
     assert q4.quantised == (q + v * h) // 2 and q4.unquantised == (p - q) * 2

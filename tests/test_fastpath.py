@@ -11,11 +11,13 @@ from redline.inference.events import TokenEvent
 from redline.inference.loading.precision import PrecisionSpec, parse_precision
 
 GREEDY = SamplingSettings(max_new_tokens=20, temperature=0)
+# The decode loop's tests run on every device this machine has: the CPU, and CUDA when there is one.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    eng = Engine(device="cpu")
+@pytest.fixture(scope="module", params=DEVICES)
+def engine(tiny_model_dir, request):
+    eng = Engine(device=request.param)
     eng.load(str(tiny_model_dir), PrecisionSpec("fp32"))
     return eng
 
@@ -42,8 +44,9 @@ def test_fast_matches_kv_up_to_a_full_context(engine, monkeypatch):
     assert fast.finish_reason == "length"
 
 
-def test_fast_cache_grows_between_turns(tiny_model_dir):
-    engine = Engine(device="cpu")
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_cache_grows_between_turns(tiny_model_dir, device):
+    engine = Engine(device=device)
     engine.load(str(tiny_model_dir), PrecisionSpec("fp32"))
     short = engine.chat([{"role": "user", "content": "hi"}], GREEDY, DecodeOptions("fast"))
     dec = engine.target.fast_decoder

@@ -252,8 +252,8 @@ class WeightBytes:
         return self.quantised + self.constants + self.unquantised
 
 
-WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/loading/weight_only.py, where present)
-Q4_GROUP = 32  # weight_only.INT4_GROUP: one bf16 (scale, zero) pair per 32 weights
+WEIGHT_ONLY = ("q8", "q4")  # Redline's weight-only int8/int4 layers (inference/loading/weight_only.py)
+Q4_GROUP = 32  # weight_only.INT4_GROUP / block_quant.BLOCK: 32 weights share their scale (and zero or min)
 
 
 def compute_dtype(spec: PrecisionSpec, device: str) -> str:
@@ -271,7 +271,7 @@ def compute_dtype(spec: PrecisionSpec, device: str) -> str:
 def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> WeightBytes:
     dtype = compute_dtype(spec, device)
     if spec.name in WEIGHT_ONLY:
-        return _weight_only_bytes(shape, spec, dtype)
+        return _weight_only_bytes(shape, spec, dtype, device)
     if not spec.quantised:
         return WeightBytes(0, 0, shape.parameters * DTYPE_BYTES[dtype], dtype, 0)
     # The same rule transformers applies (HfQuantizer.get_modules_to_not_convert):
@@ -297,10 +297,21 @@ def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -
     return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
 
 
-def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str) -> WeightBytes:
+def _q8_in_blocks(device: str) -> bool:
+    """On an x86-64 CPU with AVX2 q8 keeps GGUF's blocks (an fp16 scale per 32 weights) for Redline's kernels;
+    elsewhere torch's per-row int8 layout (weight_only.py)."""
+    if device.startswith("cuda"):
+        return False
+    from redline.inference.kernels.native import cpu_supports_kernels
+
+    return cpu_supports_kernels() is None
+
+
+def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, device: str = "cpu") -> WeightBytes:
     """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
     a tied head gets its own packed copy while the embedding table stays for lookups."""
     bits = 8 if spec.name == "q8" else 4
+    blocks = bits == 8 and _q8_in_blocks(device)
     q_params = packed = scales = 0
     tied_extra = 0
     for name, fan_in, fan_out, _bias in shape.linears:
@@ -312,7 +323,12 @@ def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str) -> We
         else:
             q_params += n
         packed += n if bits == 8 else n // 2
-        scales += fan_out * DTYPE_BYTES[dtype] if bits == 8 else fan_out * (fan_in // Q4_GROUP) * 2 * 2
+        if bits == 4:
+            scales += fan_out * (fan_in // Q4_GROUP) * 2 * 2  # two 16-bit numbers per 32 weights
+        elif blocks and fan_in % Q4_GROUP == 0:
+            scales += fan_out * (fan_in // Q4_GROUP) * 2  # an fp16 scale per 32 weights
+        else:
+            scales += fan_out * DTYPE_BYTES[dtype]  # one scale per row
     unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
     return WeightBytes(packed, scales, unquantised, dtype, q_params + tied_extra)
 
