@@ -98,6 +98,11 @@ class ModelShape:
     keep_in_fp32: list[str] = field(default_factory=list)
     tied_linears: list[str] = field(default_factory=list)  # linears whose weight is tied to another
     checkpoint_bytes: Optional[int] = None  # size of the weight files when known, else derived
+    # Layers a GGUF keeps quantised ([name, in_features, out_features, bits, has mins]): how the ``gguf``
+    # precision (as the file is) loads them. Empty for ordinary models.
+    packed: list[list] = field(default_factory=list)
+    file_bytes: Optional[int] = None  # the .gguf file's size
+    file_types: dict[str, int] = field(default_factory=dict)  # GGUF tensor types and how many of each
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -253,12 +258,22 @@ class WeightBytes:
 
 
 WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/loading/weight_only.py, where present)
+AS_FILE = "gguf"  # a converted GGUF's quantised layers as stored (inference/loading/packed.py)
 Q4_GROUP = 32  # weight_only.INT4_GROUP: one bf16 (scale, zero) pair per 32 weights
+
+
+def packed_layer_bytes(bits: int, fan_in: int, fan_out: int, dtype: str) -> int:
+    """What one PackedLinear holds (``weight_only.PackedLinear``'s buffers): int8 rows with one scale per
+    output row in the compute dtype, or int4 packed two per byte with a bf16 (scale, zero) pair per 32."""
+    n = fan_in * fan_out
+    if bits == 8:
+        return n + fan_out * DTYPE_BYTES[dtype]
+    return n // 2 + fan_out * (fan_in // Q4_GROUP) * 2 * 2
 
 
 def compute_dtype(spec: PrecisionSpec, device: str) -> str:
     """The dtype activations and the KV cache are kept in, as the loader sets it up."""
-    if spec.name in WEIGHT_ONLY:
+    if spec.name in WEIGHT_ONLY or spec.name == AS_FILE:
         return _canonical(spec.compute_dtype)
     if not spec.quantised:
         return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.name]
@@ -270,6 +285,8 @@ def compute_dtype(spec: PrecisionSpec, device: str) -> str:
 
 def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> WeightBytes:
     dtype = compute_dtype(spec, device)
+    if spec.name == AS_FILE:
+        return _as_file_bytes(shape, dtype)
     if spec.name in WEIGHT_ONLY:
         return _weight_only_bytes(shape, spec, dtype)
     if not spec.quantised:
@@ -297,6 +314,27 @@ def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -
     return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
 
 
+def _as_file_bytes(shape: ModelShape, dtype: str) -> WeightBytes:
+    """``gguf``: the layers the GGUF keeps quantised at their own bits, everything else in the compute dtype
+    (a tied head the file keeps packed is a layer of its own, the embedding table stays for lookups)."""
+    if not shape.packed:
+        raise ModelLoadError(
+            f"{shape.name} holds no quantised GGUF layers, so 'gguf' (as the file is) does not apply.",
+            "Choose bf16, fp16, q8, q4, int8 or nf4.",
+        )
+    tied = set(shape.tied_linears)
+    q_params = packed = tied_extra = 0
+    for name, fan_in, fan_out, bits, _mins in shape.packed:
+        n = fan_in * fan_out
+        if name in tied:
+            tied_extra += n
+        else:
+            q_params += n
+        packed += packed_layer_bytes(int(bits), fan_in, fan_out, dtype)
+    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
+    return WeightBytes(packed, 0, unquantised, dtype, q_params + tied_extra)
+
+
 def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str) -> WeightBytes:
     """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
     a tied head gets its own packed copy while the embedding table stays for lookups."""
@@ -312,7 +350,7 @@ def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str) -> We
         else:
             q_params += n
         packed += n if bits == 8 else n // 2
-        scales += fan_out * DTYPE_BYTES[dtype] if bits == 8 else fan_out * (fan_in // Q4_GROUP) * 2 * 2
+        scales += packed_layer_bytes(bits, fan_in, fan_out, dtype) - (n if bits == 8 else n // 2)
     unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
     return WeightBytes(packed, scales, unquantised, dtype, q_params + tied_extra)
 
@@ -356,8 +394,12 @@ def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: 
         return 0
     mapped = shape.checkpoint_size()
     views = weights.unquantised if weights.unquantised_dtype == _canonical(shape.stored_dtype) else 0
+    if shape.packed:
+        views = 0  # a packed folder's loader copies every tensor out of the mapping (inference/loading/packed.py)
     extra = max(0, mapped - views)
-    if spec.name in ("nf4", "fp4") or spec.name in WEIGHT_ONLY:
+    if shape.packed and (spec.name in WEIGHT_ONLY or spec.name == AS_FILE):
+        pass  # layers are built one at a time from their blocks; only the mapping's pages add up
+    elif spec.name in ("nf4", "fp4") or spec.name in WEIGHT_ONLY:
         # q8/q4 load the whole model in the compute dtype first, then pack it layer by layer.
         extra += weights.quantised_params * DTYPE_BYTES[weights.unquantised_dtype]
     elif spec.name == "int8":

