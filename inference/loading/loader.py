@@ -95,7 +95,7 @@ def is_oom(exc: BaseException) -> bool:
 
 def _oom_cause(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text if len(text) <= 120 else text[:117] + "..."
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def out_of_memory(
@@ -122,7 +122,8 @@ def out_of_memory(
         return OutOfMemory(message, generic)
     hint = (
         f"The estimator puts loading it at about {format_bytes(load_bytes)} ({format_bytes(e.total_bytes)} with a "
-        f"{context}-token chat), and {target.label} has {format_bytes(target.available_bytes)}. {advice.text}"
+        f"{context}-token chat), and {format_bytes(target.available_bytes)} is available ({target.label}). "
+        f"{advice.text}"
     )
     return OutOfMemory(message, hint)
 
