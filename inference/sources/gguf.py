@@ -39,7 +39,7 @@ from redline.inference.units import MB, format_bytes
 
 COMPLETE_MARKER = ".redline-complete"
 CONVERSION_VERSION = 2  # 1: whole-model fp32 through transformers; 2: streamed, bf16, quantised kept
-MIN_SHARD_BYTES = 16 * MB  # below this, shards are not worth splitting
+MIN_SHARD_BYTES = 1 * MB  # tiny models: not one shard per tensor
 FLOAT_NAMES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -67,6 +67,7 @@ class TensorPlan:
     mins: bool = False  # 4-bit asymmetric blocks (Q4_1, Q4_K)
     how: str = ""
     row_heads: Optional[int] = None  # heads to undo llama.cpp's Q/K permutation with
+    streamed: bool = False  # the processor leaves it as it is (or only reorders rows): de-quantised in row chunks
     out_dtype: str = "bfloat16"  # float output
     out_bytes: int = 0
 
@@ -228,16 +229,19 @@ def plan_gguf(path: Path, keep_quantised: bool = True, dtype: Optional[str] = No
             tp.bits, tp.how = gt.kept_as(t.tensor_type)
             tp.mins = tp.bits == 4 and gt.asymmetric(t.tensor_type)
             tp.out_bytes = gt.block_weights_bytes(t.tensor_type, *shape)
-            if issubclass(processor_cls, LlamaTensorProcessor) and heads and kv_heads:
-                if ".attn_q." in t.name:
-                    tp.row_heads = int(heads)
-                elif ".attn_k." in t.name:
-                    tp.row_heads = int(kv_heads)
         else:
             from gguf import GGMLQuantizationType as T
 
             tp.out_dtype = "float32" if (len(shape) == 1 and t.tensor_type == T.F32) else float_dtype
             tp.out_bytes = numel * FLOAT_NAMES[tp.out_dtype]
+        if issubclass(processor_cls, LlamaTensorProcessor) and heads and kv_heads and len(shape) == 2:
+            if ".attn_q." in t.name:
+                tp.row_heads = int(heads)
+            elif ".attn_k." in t.name:
+                tp.row_heads = int(kv_heads)
+        tp.streamed = identity_for_linears and not (
+            processor_cls.__name__ in ("Gemma2TensorProcessor", "NemotronTensorProcessor") and "norm" in t.name
+        )
         plan.tensors.append(tp)
     # Tied embeddings: the output head reads the same table; keep a packed copy of it for the head, as
     # llama.cpp computes the logits from the quantised table (the embedding itself stays a float lookup).
@@ -350,6 +354,39 @@ class _Progress:
         )
 
 
+ROW_CHUNK_VALUES = 1 << 18  # values de-quantised at a time (1 MB of float32)
+
+
+def _float_rows(data, tp: TensorPlan):
+    """A tensor de-quantised a few rows at a time straight into its output dtype, rows put where transformers'
+    processor would put them (Q/K), so only the output and one chunk's float32 exist at once."""
+    import numpy as np
+    import torch
+
+    from redline.inference.sources import gguf_tensors as gt
+
+    out = torch.empty(tp.shape, dtype=getattr(torch, tp.out_dtype))
+    if len(tp.shape) != 2:
+        values = np.array(gt.dequantize(data, tp.qtype), dtype=np.float32).reshape(tp.shape)
+        out.copy_(torch.from_numpy(values))
+        return out
+    rows, cols = tp.shape
+    where = None
+    if tp.row_heads:
+        order = gt.llama_row_permutation(rows, tp.row_heads)  # HF row i is GGUF row order[i]
+        where = torch.from_numpy(np.argsort(order))  # GGUF row j goes to HF row where[j]
+    step = max(1, ROW_CHUNK_VALUES // max(1, cols))
+    raw = np.asarray(data).reshape(rows, -1)
+    for r0 in range(0, rows, step):
+        chunk = np.array(gt.dequantize(raw[r0 : r0 + step], tp.qtype), dtype=np.float32).reshape(-1, cols)
+        values = torch.from_numpy(chunk).to(out.dtype)
+        if where is None:
+            out[r0 : r0 + len(values)] = values
+        else:
+            out.index_copy_(0, where[r0 : r0 + len(values)], values)
+    return out
+
+
 def _write_tensors(plan: GGUFPlan, reader, writer: ShardWriter, report: _Progress, should_cancel) -> dict:
     import numpy as np
     import torch
@@ -386,6 +423,8 @@ def _write_tensors(plan: GGUFPlan, reader, writer: ShardWriter, report: _Progres
         rt = by_name[tp.gguf_name]
         if tp.packed_module:
             add_packed(tp, rt)
+        elif tp.streamed and tp.hf_name:
+            writer.add(tp.hf_name, _float_rows(rt.data, tp))
         else:
             values = (
                 gt.dequantize(rt.data, tp.qtype).reshape(tp.shape) if tp.shape else gt.dequantize(rt.data, tp.qtype)
@@ -450,7 +489,13 @@ def convert_gguf(
         report = _Progress(progress, plan.file_bytes, 0.08, 0.97)
         report.step(0)
         try:
-            manifest = _write_tensors(plan, reader, writer, report, should_cancel)
+            from redline.inference.memory.policy import returning_freed_memory, weights_in_own_mappings
+
+            # Each tensor's buffers in mappings of their own, handed back whole when freed, so the process
+            # does not keep the pages of every tensor it has converted.
+            with weights_in_own_mappings(), returning_freed_memory():
+                manifest = _write_tensors(plan, reader, writer, report, should_cancel)
+                writer.flush()
         except (RedlineError, Cancelled):
             raise
         except Exception as exc:
