@@ -294,7 +294,7 @@ def check_bound(result: dict, model_f32_bytes: int) -> None:
     if not result["hwm_reset"]:
         pytest.skip("this kernel does not let a process reset its peak-RSS counter")
     bound = 3 * result["largest_tensor_f32_bytes"]
-    assert bound < model_f32_bytes / 2, "the bound must be well below what holding the model would take"
+    assert bound < model_f32_bytes, "the bound must be below what holding the model in float32 takes"
     grown = result["tensor_phase_peak_rss"] - result["tensor_phase_baseline_rss"]
     assert grown <= bound, result
 
