@@ -1,12 +1,15 @@
 """Convert one GGUF in a fresh process and report its memory as JSON (tests/test_gguf.py; docs/models.md).
 
-    python tests/convert_probe.py FILE.gguf OUT_FOLDER [keep|dequantise]
+    python tests/convert_probe.py FILE.gguf OUT_FOLDER [keep|dequantise] [OTHER_GGUF_PY]
+
+``OTHER_GGUF_PY``: convert with that copy of ``inference/sources/gguf.py`` instead (its ``convert_gguf(path,
+dest, progress)``), e.g. the old whole-model converter: ``git show 086b0c1:inference/sources/gguf.py > old.py``.
 
 - ``runtime_rss``: resident memory once torch, transformers and gguf are imported (before anything is read);
 - ``tensor_phase_baseline_rss``: resident memory when the tensor phase starts (metadata and tokenizer done);
-  the kernel's peak counter (VmHWM) is reset there (``/proc/self/clear_refs``), so
-- ``tensor_phase_peak_rss`` is the peak over the tensor phase alone, and ``peak_rss`` (ru_maxrss) the peak of
-  the whole process;
+  the kernel's peak counter (VmHWM, which ru_maxrss also reads) is reset there (``/proc/self/clear_refs``), so
+- ``tensor_phase_peak_rss`` is the peak over the tensor phase alone, ``metadata_phase_peak_rss`` the peak
+  before it, and ``peak_rss`` the larger of the two: the peak of the whole process;
 - ``largest_tensor_f32_bytes``: the largest tensor as float32 (what ``gguf.quants.dequantize`` returns).
 """
 
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import resource
 import sys
 import time
 from pathlib import Path
@@ -33,7 +35,17 @@ def main() -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    from redline.inference.sources.gguf import convert_gguf
+    if len(sys.argv) > 4:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("other_gguf", sys.argv[4])
+        other = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(other)
+
+        def convert_gguf(src, out, progress, keep_quantised):
+            return other.convert_gguf(src, out, progress)
+    else:
+        from redline.inference.sources.gguf import convert_gguf
 
     runtime = status("VmRSS")
     marks: dict = {}
@@ -41,6 +53,7 @@ def main() -> None:
     def progress(fraction: float, phase: str) -> None:
         if phase.startswith("Converting GGUF") and "tensor_phase_baseline_rss" not in marks:
             marks["tensor_phase_baseline_rss"] = status("VmRSS")
+            marks["metadata_phase_peak_rss"] = status("VmHWM")
             marks["metadata_seconds"] = time.perf_counter() - t0
             try:
                 Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
@@ -54,13 +67,14 @@ def main() -> None:
     t0 = time.perf_counter()
     convert_gguf(src, out, progress, keep_quantised=keep)
     seconds = time.perf_counter() - t0
+    tensor_peak = status("VmHWM")
     weights = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     print(
         json.dumps(
             {
                 "runtime_rss": runtime,
-                "tensor_phase_peak_rss": status("VmHWM"),
-                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "tensor_phase_peak_rss": tensor_peak,
+                "peak_rss": max(tensor_peak, marks.get("metadata_phase_peak_rss", 0)),
                 "largest_tensor_f32_bytes": largest,
                 "convert_seconds": round(seconds, 2),
                 "process_seconds": round(time.perf_counter() - started, 2),
