@@ -423,8 +423,9 @@ def _write_tensors(plan: GGUFPlan, reader, writer: ShardWriter, report: _Progres
         rt = by_name[tp.gguf_name]
         if tp.packed_module:
             add_packed(tp, rt)
-        elif tp.streamed and tp.hf_name:
-            writer.add(tp.hf_name, _float_rows(rt.data, tp))
+        elif tp.streamed:
+            if tp.hf_name:  # tensors transformers has no parameter for (e.g. Llama 3's rope_freqs) are left out
+                writer.add(tp.hf_name, _float_rows(rt.data, tp))
         else:
             values = (
                 gt.dequantize(rt.data, tp.qtype).reshape(tp.shape) if tp.shape else gt.dequantize(rt.data, tp.qtype)

@@ -54,6 +54,8 @@ from redline.inference import (
 from redline.ui.engine_client import TaskFailed
 
 SHOWN_PRECISIONS = ("bf16", "fp16", "fp32", "int8", "nf4", "fp4", "q8", "q4")
+# A GGUF whose layers stay quantised: as the file is first; bitsandbytes is refused for such a folder.
+PACKED_SHOWN = ("gguf", "bf16", "fp16", "fp32", "q8", "q4")
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)
 MIN_CONTEXT = 256
 OK, BAD, CLOSE = "#1b7f3b", "#c0182b", "#b26a00"
@@ -66,6 +68,7 @@ TIPS = {
     "recent": "A model you loaded before.",
     "folder": "A folder holding a Hugging Face model: config.json, *.safetensors weights and the tokenizer.",
     "gguf": "A .gguf file from llama.cpp, LM Studio or Ollama; Redline converts it once and caches the result.",
+    "as_file": "As the file is: the GGUF's quantised layers kept at their own 4 or 8 bits (the smallest load).",
     "hub": "A Hugging Face hub id such as HuggingFaceTB/SmolLM2-360M-Instruct: the local cache first, else a download.",
     "browse_folder": "Choose the folder that holds config.json.",
     "browse_gguf": "Choose a .gguf file.",
@@ -538,7 +541,8 @@ class ConfigPage(QWizardPage):
             return
         planner = self.planner()
         ctx = self.context.value()
-        self.estimates = [planner.estimate(parse_precision(p), ctx) for p in SHOWN_PRECISIONS]
+        self.shown = PACKED_SHOWN if self.wiz.model.shape.packed else SHOWN_PRECISIONS
+        self.estimates = [planner.estimate(parse_precision(p), ctx) for p in self.shown]
         self.suggestion = suggest(planner, ctx)
         self._filling = True
         self.table.setRowCount(len(self.estimates))
@@ -557,7 +561,7 @@ class ConfigPage(QWizardPage):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment((Qt.AlignLeft if col == 0 else Qt.AlignRight) | Qt.AlignVCenter)
                 if col == 0:
-                    item.setToolTip(TIPS[SHOWN_PRECISIONS[row]])
+                    item.setToolTip(TIPS["as_file"] if self.shown[row] == "gguf" else TIPS[self.shown[row]])
                 if col == len(cells) - 1:
                     color = fit_color(e)
                     item.setForeground(QColor(color))
@@ -577,10 +581,13 @@ class ConfigPage(QWizardPage):
         want = self._user_row or (s.precision if fits_now else None)
         self._select(want)
 
+    def _shown(self) -> tuple:
+        return getattr(self, "shown", SHOWN_PRECISIONS)
+
     def _select(self, precision: Optional[str]) -> None:
         self._filling = True
-        if precision in SHOWN_PRECISIONS:
-            self.table.selectRow(SHOWN_PRECISIONS.index(precision))
+        if precision in self._shown():
+            self.table.selectRow(self._shown().index(precision))
         else:
             self.table.clearSelection()
         self._filling = False
@@ -590,7 +597,7 @@ class ConfigPage(QWizardPage):
         if self._filling:
             return
         row = self.selected_row()
-        self._user_row = SHOWN_PRECISIONS[row] if row is not None else None
+        self._user_row = self._shown()[row] if row is not None else None
         self._describe_choice()
 
     def _apply_fix(self) -> None:
@@ -604,7 +611,7 @@ class ConfigPage(QWizardPage):
 
     def selected_precision(self) -> Optional[str]:
         row = self.selected_row()
-        return SHOWN_PRECISIONS[row] if row is not None else None
+        return self._shown()[row] if row is not None else None
 
     def _describe_choice(self) -> None:
         row = self.selected_row()
