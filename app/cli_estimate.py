@@ -17,6 +17,7 @@ from redline.inference import (
     detect_target,
     format_bytes,
     parse_precision,
+    precisions_for,
     read_shape,
     suggest,
 )
@@ -88,7 +89,7 @@ def build_report(args) -> dict:
     correction = correction_bytes(target.device, key=target.calibration_key) if target.calibration_key else 0
     draft_spec = parse_precision(args.draft_precision) if args.draft_precision else None
     planner = Planner(shape, target, args.batch, draft, draft_spec, correction)
-    names = [p for p in PRECISIONS] if args.precision in ("all", "auto") else [args.precision]
+    names = precisions_for(shape) if args.precision in ("all", "auto") else [args.precision]
     estimates = [planner.estimate(parse_precision(p), context) for p in names]
     advice = suggest(planner, context, None if args.precision in ("all", "auto") else args.precision)
     notes = []
@@ -96,6 +97,16 @@ def build_report(args) -> dict:
         notes.append(f"The model was trained for at most {shape.max_positions} tokens; {context} is beyond that.")
     if correction:
         notes.append(f"Includes a correction of {_mb(correction)} learned from loads measured on this machine.")
+    if shape.file_types:
+        types = ", ".join(f"{k} ×{v}" for k, v in sorted(shape.file_types.items(), key=lambda kv: (-kv[1], kv[0])))
+        bits: dict[int, int] = {}
+        for row in shape.packed:
+            bits[int(row[3])] = bits.get(int(row[3]), 0) + 1
+        kept = ", ".join(f"q{b} ×{n}" for b, n in sorted(bits.items())) or "none"
+        notes.append(
+            f"GGUF file {format_bytes(shape.file_bytes)}; tensors {types}; layers kept quantised: {kept} "
+            "(gguf = as the file is)."
+        )
     report = {
         "model": shape.name,
         "architecture": shape.architecture,

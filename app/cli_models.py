@@ -11,6 +11,7 @@ from redline.inference import (
     RedlineError,
     format_bytes,
     is_converted,
+    legacy_starter_folder,
     models_dir,
     resolve_model,
     starter_folder,
@@ -67,6 +68,12 @@ def run_list(args) -> int:
         print(f"{name:<40} {size_text:>10}  {how}")
     if rows[0][2] is None:
         print("\nThe starter is fetched on first use, or now with: redline models pull starter")
+    old = legacy_starter_folder()
+    if old is not None:
+        print(
+            f"\n{old} ({format_bytes(folder_size(old))}) is an earlier Redline's fp32 copy of the starter; it is "
+            "no longer used and can be deleted."
+        )
     return 0
 
 

@@ -51,7 +51,7 @@ from redline.inference.hardware.probe import torch_cuda_build
 from redline.inference.loading.precision import PRECISIONS, PrecisionSpec, parse_precision, resolve_precision
 from redline.inference.memory.calibration import correction_bytes, measured_peak_bytes, predict_loaded
 from redline.inference.memory.estimator import Estimate, accuracy_margin
-from redline.inference.memory.fit import Planner, Target, detect_target, suggest
+from redline.inference.memory.fit import Planner, Target, detect_target, precisions_for, suggest
 from redline.inference.memory.measured import snapshot as memory_snapshot
 from redline.inference.memory.model_shapes import read_shape
 from redline.inference.paths import models_dir
@@ -72,7 +72,7 @@ from redline.inference.sources.describe import describe as describe_model
 from redline.inference.sources.gguf import is_complete as is_converted
 from redline.inference.sources.resolve import ACCEPTED_FORMS
 from redline.inference.sources.resolve import resolve as resolve_model
-from redline.inference.sources.starter import STARTER_NAME, starter_folder
+from redline.inference.sources.starter import STARTER_NAME, legacy_starter_folder, starter_folder
 from redline.inference.units import GB, MB, format_bytes
 
 __all__ = [
@@ -105,6 +105,7 @@ __all__ = [
     "GenerationResult",
     "IncompatibleDraft",
     "is_converted",
+    "legacy_starter_folder",
     "list_reports",
     "load_prompt_set",
     "load_report",
@@ -122,6 +123,7 @@ __all__ = [
     "Planner",
     "PRECISIONS",
     "PrecisionSpec",
+    "precisions_for",
     "predict_loaded",
     "probe_machine",
     "PromptSet",

@@ -515,5 +515,6 @@ def test_gguf_metadata_source(tmp_path, monkeypatch):
     shape = read_shape(str(path))
     assert (shape.layers, shape.heads, shape.kv_heads, shape.head_dim, shape.max_positions) == (2, 4, 2, 16, 512)
     assert shape.parameters == llama_formula(64, 128, 2, 4, 2, 100, tied=bool(shape.tied_linears))
-    assert shape.stored_dtype == "float32"  # Redline loads a GGUF through its float32 conversion
+    assert shape.stored_dtype == "bfloat16"  # Redline converts a float32 GGUF to bf16 unless asked for fp32
+    assert shape.packed == [] and shape.file_types == {"F32": 1}  # nothing quantised to keep
     assert not any((tmp_path / "cache").rglob("*.safetensors"))

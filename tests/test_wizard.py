@@ -220,9 +220,11 @@ def test_config_table_lists_every_engine_precision(qtbot, tiny_model_dir):
     qtbot.waitUntil(lambda: wiz.machine is not None, timeout=60_000)
     next_page(qtbot, wiz)
     cfg = wiz.config_page
-    assert [cfg.table.item(r, 0).text() for r in range(cfg.table.rowCount())] == list(PRECISIONS)
+    # Every engine precision but "gguf" (as the file is), which only a GGUF folder with quantised layers offers.
+    everything_but_as_file = [p for p in PRECISIONS if p != "gguf"]
+    assert [cfg.table.item(r, 0).text() for r in range(cfg.table.rowCount())] == everything_but_as_file
     draft = wiz.draft_page.draft_precision
-    assert [draft.itemText(i) for i in range(draft.count())] == list(PRECISIONS)
+    assert [draft.itemText(i) for i in range(draft.count())] == everything_but_as_file
     wiz.reject()
     window.shutdown()
 
@@ -274,4 +276,29 @@ def test_presets_menu_dialog_and_settings_panel(qtbot):
     assert panel.context_length.value() == 512 and panel.apply_button.isEnabled()
     assert "reloaded" in panel.reload_note.text()
     dialog.reject()
+    window.shutdown()
+
+
+def test_gguf_rows_start_with_the_file_as_it_is(qtbot, tmp_path, monkeypatch):
+    """A GGUF whose layers stay quantised: 'gguf (as the file is)' is the first row and the suggestion;
+    bitsandbytes rows are not offered (the loader refuses them for such a file)."""
+    from conftest import build_tiny_model
+    from gguf_helpers import write_llama_gguf
+
+    monkeypatch.setenv("REDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    folder = build_tiny_model(tmp_path / "tiny", hidden=128, layers=1, heads=4, kv_heads=2)
+    gguf_file = write_llama_gguf(folder, tmp_path / "tiny-q4.gguf", {"attn_": "Q4_0", "ffn_": "Q8_0"})
+    window = open_window(qtbot)
+    wiz = window.open_wizard()
+    page = wiz.model_page
+    type_into(qtbot, page.picker.gguf, str(gguf_file))
+    qtbot.waitUntil(page.isComplete, timeout=120_000)
+    next_page(qtbot, wiz)
+    qtbot.waitUntil(lambda: wiz.machine is not None, timeout=60_000)
+    next_page(qtbot, wiz)
+    cfg = wiz.config_page
+    rows = [cfg.table.item(r, 0).text() for r in range(cfg.table.rowCount())]
+    assert rows == ["gguf (as the file is)", "bf16", "fp16", "fp32", "q8", "q4"]
+    assert cfg.selected_precision() == "gguf" and cfg.why.text().startswith("gguf fits with")
+    wiz.reject()
     window.shutdown()

@@ -90,7 +90,10 @@ class SettingsPanel(QWidget):
         self.model.setToolTip("'starter', a model folder, a .gguf file or a hub id (owner/name)")
         form.addRow("Model", self._with_browse(self.model))
         self.precision = self._combo(PRECISION_CHOICES, editable=True)
-        self.precision.setToolTip("auto = bf16 where supported; mixed precision: e.g. nf4+keep=lm_head")
+        self.precision.setToolTip(
+            "auto = bf16 where supported (for a quantised GGUF: gguf, as the file is); mixed precision: e.g. "
+            "nf4+keep=lm_head"
+        )
         form.addRow("Precision", self.precision)
         self.strategy = self._combo(STRATEGY_CHOICES)
         form.addRow("Strategy", self.strategy)

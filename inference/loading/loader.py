@@ -11,7 +11,9 @@ from typing import Any, Optional
 
 from redline.inference.errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError
 from redline.inference.hardware.probe import default_device
+from redline.inference.loading.packed import check_precision, file_bits, load_packed, read_manifest
 from redline.inference.loading.precision import (
+    AS_FILE,
     WEIGHT_ONLY,
     PrecisionSpec,
     check_supported,
@@ -61,15 +63,69 @@ class LoadedModel:
         return int(getattr(cfg, "max_position_embeddings", 0) or 4096)
 
 
+OOM_TEXTS = (
+    "out of memory",  # torch.OutOfMemoryError, CUDA and MPS
+    "can't allocate memory",  # torch's DefaultCPUAllocator
+    "cannot allocate memory",  # ENOMEM as the OS words it (safetensors' mmap, Rust's io errors)
+    "bad_alloc",  # std::bad_alloc from C++ code
+    "os error 12",
+    "errno 12",
+)
+
+
 def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is an allocation failure rather than a broken file."""
+    import errno
+
     import torch
 
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in text or "can't allocate memory" in text or isinstance(exc, MemoryError)
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+            return True
+        text = str(exc).lower()
+        if any(t in text for t in OOM_TEXTS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _oom_cause(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def out_of_memory(
+    source: ModelSource, precision: PrecisionSpec, device: str, folder: Optional[Path], exc
+) -> OutOfMemory:
+    """Say that memory ran out, what the estimator says this load needs, and what fits instead."""
+    message = f"Ran out of memory while loading {source.name} in {precision.label()} on {device} ({_oom_cause(exc)})."
+    generic = "Choose a smaller precision (q4, nf4 or int8), close other programs, or pick a smaller model."
+    if folder is None:
+        return OutOfMemory(message, generic)
+    try:
+        from redline.inference.memory.fit import Planner, detect_target, suggest
+        from redline.inference.memory.model_shapes import shape_for_folder
+        from redline.inference.units import format_bytes
+
+        shape = shape_for_folder(folder, source.name)
+        context = min(shape.max_positions, 4096)
+        target = detect_target(device="cpu" if device == "cpu" else device)
+        planner = Planner(shape, target)
+        e = planner.estimate(precision, context)
+        load_bytes = e.weights_bytes + e.loading_bytes + e.overhead_bytes
+        advice = suggest(planner, context, precision.name)
+    except Exception:  # the diagnosis must not hide the failure
+        return OutOfMemory(message, generic)
+    hint = (
+        f"The estimator puts loading it at about {format_bytes(load_bytes)} ({format_bytes(e.total_bytes)} with a "
+        f"{context}-token chat), and {format_bytes(target.available_bytes)} is available ({target.label}). "
+        f"{advice.text}"
     )
+    return OutOfMemory(message, hint)
 
 
 def free_memory(device: str) -> None:
@@ -168,6 +224,28 @@ def load_tokenizer(folder: Path, trust_remote_code: bool = False):
     return tok
 
 
+def _load_float(folder, precision, device, kwargs, progress, should_cancel, trust_remote_code, allow_pickle):
+    """An ordinary transformers folder, through ``from_pretrained`` (and packed after loading for q8/q4)."""
+    from transformers import AutoModelForCausalLM
+
+    with transformers_progress(progress, 0.35, 0.95, "Loading weights", should_cancel):
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder),
+            trust_remote_code=trust_remote_code,
+            use_safetensors=None if allow_pickle else True,
+            weights_only=True,  # even with the pickle opt-in, never unpickle arbitrary objects
+            **kwargs,
+        )
+    model.eval()
+    if precision.name in WEIGHT_ONLY:
+        progress(0.96, "Quantising weights")
+        from redline.inference.loading.weight_only import quantize_model
+
+        quantize_model(model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype), device=device)
+        model.to(device)  # what stayed unquantised (embeddings, norms) follows the packed layers
+    return model
+
+
 def load_model(
     source: ModelSource,
     precision: PrecisionSpec,
@@ -178,8 +256,6 @@ def load_model(
     allow_pickle: bool = False,
 ) -> LoadedModel:
     """Load ``source`` at ``precision``. Raises a RedlineError subclass with a fix on failure."""
-    from transformers import AutoModelForCausalLM
-
     device = device or default_device()
     baseline_rss = process_rss()
     notes = []
@@ -194,33 +270,38 @@ def load_model(
     folder = source.prepare(fetch_progress, should_cancel)
     check_cancel(should_cancel)
     progress(0.3, "Reading config")
-    load_config(folder, trust_remote_code)
+    config = load_config(folder, trust_remote_code)
     check_weights(folder, allow_pickle)
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        check_precision(manifest, precision.name, folder)
+        if precision.auto:
+            # "auto" for a folder that keeps a GGUF's quantisation: as the file is.
+            precision = PrecisionSpec(AS_FILE, compute_dtype="bf16", skip_modules=precision.skip_modules, auto=True)
+            check_supported(precision, device)
+        notes.append(f"Quantised layers from the GGUF: {file_bits(manifest)} ({len(manifest['modules'])} layers).")
     tokenizer = load_tokenizer(folder, trust_remote_code)
     check_cancel(should_cancel)
-    kwargs = from_pretrained_kwargs(precision, device)
+    kwargs = from_pretrained_kwargs(precision, device) if manifest is None else {}
     rss_before = process_rss()
     model = None
     try:
         # Weights in mappings of their own, which go back to the system whole when the model is unloaded.
         with PeakMemory(device) as peak, weights_in_own_mappings():
-            with transformers_progress(progress, 0.35, 0.95, "Loading weights", should_cancel):
-                model = AutoModelForCausalLM.from_pretrained(
-                    str(folder),
-                    trust_remote_code=trust_remote_code,
-                    use_safetensors=None if allow_pickle else True,
-                    weights_only=True,  # even with the pickle opt-in, never unpickle arbitrary objects
-                    **kwargs,
+            if manifest is not None:
+                model = load_packed(
+                    folder,
+                    config,
+                    manifest,
+                    precision,
+                    device,
+                    lambda f, phase: progress(0.35 + 0.6 * f, phase),
+                    should_cancel,
                 )
-            model.eval()
-            if precision.name in WEIGHT_ONLY:
-                progress(0.96, "Quantising weights")
-                from redline.inference.loading.weight_only import quantize_model
-
-                quantize_model(
-                    model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype), device=device
+            else:
+                model = _load_float(
+                    folder, precision, device, kwargs, progress, should_cancel, trust_remote_code, allow_pickle
                 )
-                model.to(device)  # what stayed unquantised (embeddings, norms) follows the packed layers
                 gc.collect()
     except Cancelled:
         with returning_freed_memory():
@@ -234,11 +315,7 @@ def load_model(
             model = None
             free_memory(device)
         if is_oom(exc):
-            raise OutOfMemory(
-                f"Out of memory while loading {source.name} in {precision.name}.",
-                "Choose a smaller precision (int8 or nf4), close other programs using the GPU, "
-                "or pick a smaller model.",
-            ) from exc
+            raise out_of_memory(source, precision, device, folder, exc) from exc
         raise ModelLoadError(
             f"Could not load the weights of {source.name} ({type(exc).__name__}: {exc}).",
             "The weight files may be truncated or corrupt; download the model again.",

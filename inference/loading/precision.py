@@ -6,6 +6,8 @@ quantisation exposed). Mixed precision keeps named modules unquantised
 (bitsandbytes ``llm_int8_skip_modules``, which also applies to 4-bit).
 q8/q4 are weight-only int8/int4 on torch's packed kernels: built for speed at
 batch 1 (bitsandbytes is the memory-saving option; its kernels are slow there).
+gguf keeps a converted GGUF's quantised layers as the file has them (4 or 8 bits
+per layer, on the same kernels); ``auto`` means gguf for such a folder.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ class _Once(logging.Filter):
 
 logging.getLogger("bitsandbytes.autograd._functions").addFilter(_Once("MatMul8bitLt: inputs will be cast"))
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "q8", "q4")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "q8", "q4", "gguf")
 QUANTISED = ("int8", "nf4", "fp4")  # bitsandbytes
 WEIGHT_ONLY = ("q8", "q4")  # torch's packed weight-only kernels (inference/loading/weight_only.py)
+AS_FILE = "gguf"  # a converted GGUF's quantised layers as stored (inference/loading/packed.py)
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -51,6 +54,7 @@ class PrecisionSpec:
     double_quant: bool = True  # 4-bit only: quantise the quantisation constants too
     int8_threshold: float = 6.0  # int8 only: outlier threshold (LLM.int8 default)
     skip_modules: tuple[str, ...] = field(default_factory=tuple)  # mixed precision
+    auto: bool = False  # the user asked for ``auto``: a folder that keeps a GGUF's quantisation loads as ``gguf``
 
     def __post_init__(self):
         if self.name not in PRECISIONS:
@@ -68,6 +72,8 @@ class PrecisionSpec:
 
     def label(self) -> str:
         text = self.name
+        if self.name == AS_FILE:
+            text += " (as the file is)"
         if self.skip_modules:
             text += " (keeps " + ",".join(self.skip_modules) + ")"
         return text
@@ -113,7 +119,7 @@ def resolve_precision(text: str, device: str) -> PrecisionSpec:
     """Parse a precision as the user wrote it, ``auto`` (and ``auto+keep=…``) included, for ``device``."""
     name, plus, rest = text.strip().partition("+")
     if name.lower() == "auto":
-        text = default_precision(device) + plus + rest
+        return parse_precision(default_precision(device) + plus + rest, auto=True)
     return parse_precision(text)
 
 
@@ -144,10 +150,15 @@ def check_supported(spec: PrecisionSpec, device: str) -> Optional[str]:
                 f"bitsandbytes is installed but does not load on this machine ({exc}).",
                 "Choose fp16, bf16 or fp32, or reinstall bitsandbytes for your CUDA version.",
             ) from exc
-    if spec.name == "q4" and spec.compute_dtype != "bf16":
-        raise UnsupportedConfiguration("q4 computes in bf16 only (torch's int4 kernels).", "Use q4 or q4+compute=bf16.")
+    if spec.name in ("q4", AS_FILE) and spec.compute_dtype != "bf16":
+        raise UnsupportedConfiguration(
+            f"{spec.name} computes in bf16 only (torch's int4 kernels).",
+            f"Use {spec.name} or {spec.name}+compute=bf16.",
+        )
     if device.startswith("cuda"):
-        if spec.name == "bf16" or ((spec.quantised or spec.name in WEIGHT_ONLY) and spec.compute_dtype == "bf16"):
+        if spec.name == "bf16" or (
+            (spec.quantised or spec.name in WEIGHT_ONLY or spec.name == AS_FILE) and spec.compute_dtype == "bf16"
+        ):
             if not torch.cuda.is_bf16_supported():
                 raise UnsupportedConfiguration(
                     "This GPU does not support bf16.", "Choose fp16 (or a 4-bit precision with compute=fp16)."
@@ -162,6 +173,11 @@ def from_pretrained_kwargs(spec: PrecisionSpec, device: str) -> dict:
     """Keyword arguments for ``AutoModelForCausalLM.from_pretrained``."""
     import torch
 
+    if spec.name == AS_FILE:
+        raise UnsupportedConfiguration(
+            "The gguf precision loads a folder converted from a quantised GGUF file; this model holds float weights.",
+            "Choose auto, bf16, fp16, fp32, q8, q4, int8 or nf4.",
+        )
     if spec.name in WEIGHT_ONLY:
         # Loaded in host memory in the compute dtype, then packed layer by layer onto the device
         # (loader.py), so the GPU never holds the unquantised copy.

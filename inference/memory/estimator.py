@@ -98,6 +98,11 @@ class ModelShape:
     keep_in_fp32: list[str] = field(default_factory=list)
     tied_linears: list[str] = field(default_factory=list)  # linears whose weight is tied to another
     checkpoint_bytes: Optional[int] = None  # size of the weight files when known, else derived
+    # Layers a GGUF keeps quantised ([name, in_features, out_features, bits, has mins]): how the ``gguf``
+    # precision (as the file is) loads them. Empty for ordinary models.
+    packed: list[list] = field(default_factory=list)
+    file_bytes: Optional[int] = None  # the .gguf file's size
+    file_types: dict[str, int] = field(default_factory=dict)  # GGUF tensor types and how many of each
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -253,12 +258,29 @@ class WeightBytes:
 
 
 WEIGHT_ONLY = ("q8", "q4")  # Redline's weight-only int8/int4 layers (inference/loading/weight_only.py)
+AS_FILE = "gguf"  # a converted GGUF's quantised layers as stored (inference/loading/packed.py)
 Q4_GROUP = 32  # weight_only.INT4_GROUP / block_quant.BLOCK: 32 weights share their scale (and zero or min)
+
+
+def packed_layer_bytes(
+    bits: int, fan_in: int, fan_out: int, dtype: str, blocks: bool = False, mins: bool = True
+) -> int:
+    """What one PackedLinear holds (``weight_only.PackedLinear``'s buffers). In GGUF's blocks (``blocks``, on a
+    CPU with Redline's kernels): an fp16 scale per 32 weights, and for 4 bits an fp16 min too unless the blocks
+    are symmetric (Q4_0). In torch's layouts: int8 rows with one scale per row in the compute dtype, or int4
+    with a bf16 (scale, zero) pair per 32."""
+    n = fan_in * fan_out
+    groups = fan_out * (fan_in // Q4_GROUP)
+    if blocks and fan_in % Q4_GROUP == 0:
+        return (n if bits == 8 else n // 2) + groups * 2 * (2 if bits == 4 and mins else 1)
+    if bits == 8:
+        return n + fan_out * DTYPE_BYTES[dtype]
+    return n // 2 + groups * 2 * 2
 
 
 def compute_dtype(spec: PrecisionSpec, device: str) -> str:
     """The dtype activations and the KV cache are kept in, as the loader sets it up."""
-    if spec.name in WEIGHT_ONLY:
+    if spec.name in WEIGHT_ONLY or spec.name == AS_FILE:
         return _canonical(spec.compute_dtype)
     if not spec.quantised:
         return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.name]
@@ -270,6 +292,8 @@ def compute_dtype(spec: PrecisionSpec, device: str) -> str:
 
 def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> WeightBytes:
     dtype = compute_dtype(spec, device)
+    if spec.name == AS_FILE:
+        return _as_file_bytes(shape, dtype, device)
     if spec.name in WEIGHT_ONLY:
         return _weight_only_bytes(shape, spec, dtype, device)
     if not spec.quantised:
@@ -307,11 +331,33 @@ def _q8_in_blocks(device: str) -> bool:
     return cpu_supports_kernels() is None
 
 
+def _as_file_bytes(shape: ModelShape, dtype: str, device: str = "cpu") -> WeightBytes:
+    """``gguf``: the layers the GGUF keeps quantised at their own bits, everything else in the compute dtype
+    (a tied head the file keeps packed is a layer of its own, the embedding table stays for lookups)."""
+    if not shape.packed:
+        raise ModelLoadError(
+            f"{shape.name} holds no quantised GGUF layers, so 'gguf' (as the file is) does not apply.",
+            "Choose bf16, fp16, q8, q4, int8 or nf4.",
+        )
+    tied = set(shape.tied_linears)
+    blocks = _q8_in_blocks(device)  # the file's own blocks, kept as they are where Redline's kernels run
+    q_params = packed = tied_extra = 0
+    for name, fan_in, fan_out, bits, _mins in shape.packed:
+        n = fan_in * fan_out
+        if name in tied:
+            tied_extra += n
+        else:
+            q_params += n
+        packed += packed_layer_bytes(int(bits), fan_in, fan_out, dtype, blocks, bool(_mins))
+    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
+    return WeightBytes(packed, 0, unquantised, dtype, q_params + tied_extra)
+
+
 def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, device: str = "cpu") -> WeightBytes:
     """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
     a tied head gets its own packed copy while the embedding table stays for lookups."""
     bits = 8 if spec.name == "q8" else 4
-    blocks = bits == 8 and _q8_in_blocks(device)
+    blocks = _q8_in_blocks(device)
     q_params = packed = scales = 0
     tied_extra = 0
     for name, fan_in, fan_out, _bias in shape.linears:
@@ -323,12 +369,7 @@ def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, devic
         else:
             q_params += n
         packed += n if bits == 8 else n // 2
-        if bits == 4:
-            scales += fan_out * (fan_in // Q4_GROUP) * 2 * 2  # two 16-bit numbers per 32 weights
-        elif blocks and fan_in % Q4_GROUP == 0:
-            scales += fan_out * (fan_in // Q4_GROUP) * 2  # an fp16 scale per 32 weights
-        else:
-            scales += fan_out * DTYPE_BYTES[dtype]  # one scale per row
+        scales += packed_layer_bytes(bits, fan_in, fan_out, dtype, blocks) - (n if bits == 8 else n // 2)
     unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
     return WeightBytes(packed, scales, unquantised, dtype, q_params + tied_extra)
 
@@ -372,8 +413,12 @@ def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: 
         return 0
     mapped = shape.checkpoint_size()
     views = weights.unquantised if weights.unquantised_dtype == _canonical(shape.stored_dtype) else 0
+    if shape.packed:
+        views = 0  # a packed folder's loader copies every tensor out of the mapping (inference/loading/packed.py)
     extra = max(0, mapped - views)
-    if spec.name in ("nf4", "fp4") or spec.name in WEIGHT_ONLY:
+    if shape.packed and (spec.name in WEIGHT_ONLY or spec.name == AS_FILE):
+        pass  # layers are built one at a time from their blocks; only the mapping's pages add up
+    elif spec.name in ("nf4", "fp4") or spec.name in WEIGHT_ONLY:
         # q8/q4 load the whole model in the compute dtype first, then pack it layer by layer.
         extra += weights.quantised_params * DTYPE_BYTES[weights.unquantised_dtype]
     elif spec.name == "int8":

@@ -5,7 +5,8 @@ bound (10 % or 300 MB) is at most the memory available, so "fits" holds even
 when the prediction is off by as much as it may be.
 
 The suggestion ranks bf16 (fp16 on cards without bf16), then int8, then nf4:
-highest precision first; then, for that precision, the longest context. fp32
+highest precision first; then, for that precision, the longest context. For a
+GGUF whose layers stay quantised it ranks gguf (as the file is), then q4. fp32
 (twice the memory of bf16 for no gain at inference) and fp4 (the same memory
 as nf4, lower quality) are estimated but never suggested.
 """
@@ -23,6 +24,21 @@ from redline.inference.memory.estimator import GB, Estimate, ModelShape, estimat
 from redline.inference.units import format_bytes
 
 SUGGESTED = ("bf16", "int8", "nf4")
+# A GGUF whose layers stay quantised: as the file is first, then everything at 4 bits. bitsandbytes is not
+# offered (it quantises from a float checkpoint, which such a conversion does not hold).
+SUGGESTED_PACKED = ("gguf", "q4")
+PACKED_PRECISIONS = ("gguf", "fp32", "fp16", "bf16", "q8", "q4")
+
+
+def precisions_for(shape: ModelShape) -> list[str]:
+    """The precisions ``shape`` can be loaded in, for an estimate of each."""
+    from redline.inference.loading.precision import PRECISIONS
+
+    if shape.packed:
+        return list(PACKED_PRECISIONS)
+    return [p for p in PRECISIONS if p != "gguf"]
+
+
 MIN_CONTEXT = 256  # shorter than this is not a useful chat
 
 
@@ -56,6 +72,39 @@ def _nvml_bf16(index: int) -> Optional[bool]:
         return None
 
 
+def _read_int(path: str) -> Optional[int]:
+    try:
+        text = open(path, encoding="ascii").read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def process_memory_limit() -> Optional[tuple[int, str]]:
+    """What this process may still allocate when something tighter than the machine's free RAM binds it: an
+    address-space limit (``ulimit -v``, RLIMIT_AS; its headroom is the limit less the address space already
+    mapped) or a container's memory limit (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
+    limits: list[tuple[int, str]] = []
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            vms = psutil.Process().memory_info().vms
+            limits.append((max(0, soft - vms), "this process's address-space limit (ulimit -v)"))
+    except (ImportError, OSError, ValueError):
+        pass  # no RLIMIT_AS here (Windows)
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < (1 << 60):
+            limits.append((max(0, limit - usage), "this container's memory limit"))
+            break
+    return min(limits) if limits else None
+
+
 def detect_target(
     free_gb: Optional[float] = None, gpu: Optional[str] = None, reclaimable_bytes: int = 0, device: Optional[str] = None
 ) -> Target:
@@ -87,7 +136,13 @@ def detect_target(
         avail, bf16, label = int(free), torch.cuda.is_bf16_supported(), f"this GPU ({torch.cuda.get_device_name()})"
     else:
         vm = psutil.virtual_memory()
-        avail = int(free_gb * GB) if free_gb is not None else int(vm.available) + reclaimable_bytes
+        if free_gb is not None:
+            avail = int(free_gb * GB)
+            return Target("cpu", avail, "this machine's free RAM", "cpu", True, None, "this machine has free")
+        avail = int(vm.available) + reclaimable_bytes
+        limit = process_memory_limit()
+        if limit is not None and limit[0] + reclaimable_bytes < avail:
+            return Target("cpu", limit[0] + reclaimable_bytes, limit[1], "cpu", True, None, "that limit leaves")
         return Target("cpu", avail, "this machine's free RAM", "cpu", True, None, "this machine has free")
     if free_gb is not None:
         avail = int(free_gb * GB)
@@ -179,7 +234,7 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
     """
     t = planner.target
     half = "bf16" if t.bf16 else "fp16"
-    ladder = [half if p == "bf16" else p for p in SUGGESTED]
+    ladder = list(SUGGESTED_PACKED) if planner.shape.packed else [half if p == "bf16" else p for p in SUGGESTED]
     if precision and precision not in ("all", "auto"):
         name = parse_precision(precision).name
         name = {"bf16": half, "fp16": half, "fp32": half, "fp4": "nf4"}.get(name, name)

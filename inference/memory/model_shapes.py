@@ -2,7 +2,8 @@
 
 - a folder: its ``config.json`` (weight files are only sized, never opened);
 - a hub id: ``config.json`` alone, from the local cache or downloaded;
-- a ``.gguf`` file: its metadata, turned into a config by transformers;
+- a ``.gguf`` file: its metadata, turned into a config by transformers, and its tensors' real types (from
+  the reader's tensor table; no weights read), which say what the conversion keeps quantised;
 - ``starter``: its folder once fetched, else the config embedded below.
 """
 
@@ -20,7 +21,7 @@ from redline.inference.sources.resolve import ModelSource, resolve
 
 STARTER_SHAPE_FILE = Path(__file__).with_name("starter_shape.json")
 # SmolLM2-135M-Instruct's config.json, so the starter can be estimated before its first fetch.
-# The converted starter folder holds float32 safetensors (de-quantised from the GGUF).
+# The converted starter folder holds bf16 safetensors (de-quantised from the GGUF; the hub's copy is bf16 too).
 STARTER_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -41,7 +42,7 @@ STARTER_CONFIG = {
     "rope_theta": 100000.0,
     "tie_word_embeddings": True,
     "vocab_size": 49152,
-    "dtype": "float32",
+    "dtype": "bfloat16",
 }
 
 # Each group: the field the estimate needs, and the other names architectures use for it.
@@ -83,6 +84,14 @@ def _folder_shape(folder: Path, name: str, checkpoint_bytes: Optional[int]) -> M
     shape = cached_shape(data, build, shape_cache_file())
     shape.name = name
     shape.checkpoint_bytes = checkpoint_bytes
+    from redline.inference.loading.packed import read_manifest
+
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        shape.packed = [
+            [n, int(m["in_features"]), int(m["out_features"]), int(m["bits"]), bool(m.get("mins"))]
+            for n, m in sorted(manifest["modules"].items())
+        ]
     return shape
 
 
@@ -103,6 +112,12 @@ def _starter_shape(source: ModelSource) -> ModelShape:
     shape.name = source.name
     if folder is not None:
         shape.checkpoint_bytes = _weights_size(folder)
+        try:
+            stored = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("dtype")
+        except (OSError, ValueError):
+            stored = None
+        if isinstance(stored, str):
+            shape.stored_dtype = stored.removeprefix("torch.")
     return shape
 
 
@@ -127,29 +142,29 @@ def _hub_config_folder(repo_id: str) -> Path:
         ) from exc
 
 
+GGUF_SHAPE_VERSION = 2  # 2: the tensors' types and what the conversion keeps quantised
+
+
 def _gguf_shape(source: ModelSource) -> ModelShape:
     path = source.path
     st = path.stat()
-    key = {"gguf": str(path), "size": st.st_size, "mtime": int(st.st_mtime)}
+    key = {"gguf": str(path), "size": st.st_size, "mtime": int(st.st_mtime), "v": GGUF_SHAPE_VERSION}
 
     def build() -> ModelShape:
-        from transformers import AutoConfig
+        from redline.inference.sources.gguf import plan_gguf
 
-        try:
-            cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        except Exception as exc:
-            raise ModelLoadError(
-                f"Could not read the metadata of {path} ({type(exc).__name__}: {exc}).",
-                "The file may be truncated or of an architecture transformers cannot read.",
-            ) from exc
-        check_fields(cfg.to_dict(), str(path))
-        return shape_from_config(cfg, name=source.name, source=str(path))
+        plan = plan_gguf(path)  # metadata and the tensor table only
+        check_fields(plan.config.to_dict(), str(path))
+        shape = shape_from_config(plan.config, name=source.name, source=str(path))
+        shape.stored_dtype = plan.float_dtype
+        shape.checkpoint_bytes = plan.output_bytes  # the converted folder's weights
+        shape.file_bytes = st.st_size
+        shape.file_types = plan.type_counts()
+        shape.packed = [[t.packed_module, t.shape[1], t.shape[0], t.bits, t.mins] for t in plan.packed()]
+        return shape
 
     shape = cached_shape(key, build, shape_cache_file())
     shape.name = source.name
-    # Redline converts a GGUF once into float32 safetensors and loads those.
-    shape.stored_dtype = "float32"
-    shape.checkpoint_bytes = None
     return shape
 
 

@@ -59,7 +59,7 @@ class ModelSource:
             cached = _hub_cached_folder(self.spec)
             if cached is not None:
                 return cached
-            return _hub_download(self.spec, progress)
+            return _hub_download(self.spec, progress, should_cancel)
         raise ModelSourceError(f"Unknown model source kind {self.kind!r}.")
 
 
@@ -100,25 +100,7 @@ def _hub_cached_folder(repo_id: str) -> Optional[Path]:
     return folder if (folder / "config.json").is_file() else None
 
 
-def _hub_download(repo_id: str, progress: ProgressFn) -> Path:
-    from huggingface_hub import snapshot_download
+def _hub_download(repo_id: str, progress: ProgressFn, should_cancel: Optional[CancelFn] = None) -> Path:
+    from redline.inference.sources.hub import download
 
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ModelSourceError(
-            f"{repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.",
-            "Unset HF_HUB_OFFLINE to download it, or pass a local folder.",
-        )
-    progress(0.0, f"Downloading {repo_id}")
-    try:
-        folder = Path(
-            snapshot_download(
-                repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"], etag_timeout=5
-            )
-        )
-    except Exception as exc:
-        raise ModelSourceError(
-            f"Could not download {repo_id} from the Hugging Face hub ({type(exc).__name__}: {exc}).",
-            "Check the id and your connection, or pass a local model folder or .gguf file.",
-        ) from exc
-    progress(1.0, "Downloaded")
-    return folder
+    return download(repo_id, progress, should_cancel)

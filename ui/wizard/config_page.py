@@ -25,6 +25,12 @@ from redline.inference import PRECISIONS, Planner, format_bytes, parse_precision
 from redline.ui.wizard.labels import BAD, CLOSE, OK, PALE, colored, wrap_label
 from redline.ui.wizard.tips import TIPS, with_tip
 
+AS_FILE = "gguf"  # a converted GGUF's quantised layers as stored: only offered for such a folder
+# Any model: every precision but "as the file is"; a GGUF whose layers stay quantised: that first, then what it
+# can be converted to (bitsandbytes needs a float checkpoint).
+SHOWN = tuple(p for p in PRECISIONS if p != AS_FILE)
+PACKED_SHOWN = (AS_FILE, "bf16", "fp16", "fp32", "q8", "q4")
+
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)
 MIN_CONTEXT = 256
 
@@ -114,6 +120,7 @@ class ConfigPage(QWizardPage):
         self.slider.setPageStep(max(1, top // MIN_CONTEXT // 16))
         self._filling = False
         self._user_row = None
+        self.shown = SHOWN  # the precisions in the table, in its order
         start = self.wiz.context or min(top, DEFAULT_CONTEXT_CAP)
         t = self.wiz.target
         self.header.setText(
@@ -135,7 +142,8 @@ class ConfigPage(QWizardPage):
             return
         planner = self.planner()
         ctx = self.context.value()
-        self.estimates = [planner.estimate(parse_precision(p), ctx) for p in PRECISIONS]
+        self.shown = PACKED_SHOWN if getattr(self.wiz.model.shape, "packed", None) else SHOWN
+        self.estimates = [planner.estimate(parse_precision(p), ctx) for p in self.shown]
         self.suggestion = suggest(planner, ctx)
         self._filling = True
         self.table.setRowCount(len(self.estimates))
@@ -154,7 +162,7 @@ class ConfigPage(QWizardPage):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment((Qt.AlignLeft if col == 0 else Qt.AlignRight) | Qt.AlignVCenter)
                 if col == 0:
-                    item.setToolTip(TIPS[PRECISIONS[row]])
+                    item.setToolTip(TIPS["as_file"] if self.shown[row] == AS_FILE else TIPS[self.shown[row]])
                 if col == len(cells) - 1:
                     color = fit_color(e)
                     item.setForeground(QColor(color))
@@ -176,8 +184,8 @@ class ConfigPage(QWizardPage):
 
     def _select(self, precision: Optional[str]) -> None:
         self._filling = True
-        if precision in PRECISIONS:
-            self.table.selectRow(PRECISIONS.index(precision))
+        if precision in self.shown:
+            self.table.selectRow(self.shown.index(precision))
         else:
             self.table.clearSelection()
         self._filling = False
@@ -187,7 +195,7 @@ class ConfigPage(QWizardPage):
         if self._filling:
             return
         row = self.selected_row()
-        self._user_row = PRECISIONS[row] if row is not None else None
+        self._user_row = self.shown[row] if row is not None else None
         self._describe_choice()
 
     def _apply_fix(self) -> None:
@@ -201,7 +209,7 @@ class ConfigPage(QWizardPage):
 
     def selected_precision(self) -> Optional[str]:
         row = self.selected_row()
-        return PRECISIONS[row] if row is not None else None
+        return self.shown[row] if row is not None else None
 
     def _describe_choice(self) -> None:
         row = self.selected_row()

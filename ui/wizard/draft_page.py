@@ -15,8 +15,9 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from redline.inference import PRECISIONS, Planner, format_bytes, parse_precision
+from redline.inference import Planner, format_bytes, parse_precision
 from redline.ui.engine_client import TaskFailed
+from redline.ui.wizard.config_page import SHOWN
 from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
 from redline.ui.wizard.model_picker import CheckedPicker, ModelPicker
 from redline.ui.wizard.tips import with_tip
@@ -45,7 +46,7 @@ class DraftPage(QWizardPage, CheckedPicker):
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldsStayAtSizeHint)
         self.draft_precision = with_tip(QComboBox(), "draft_precision")
-        self.draft_precision.addItems(PRECISIONS)
+        self.draft_precision.addItems(SHOWN)
         form.addRow("Draft pr&ecision:", self.draft_precision)
         self.tokens = with_tip(QSpinBox(), "draft_tokens")
         self.tokens.setRange(1, 16)

@@ -8,6 +8,7 @@ TIPS = {
     "recent": "A model you loaded before.",
     "folder": "A folder holding a Hugging Face model: config.json, *.safetensors weights and the tokenizer.",
     "gguf": "A .gguf file from llama.cpp, LM Studio or Ollama; Redline converts it once and caches the result.",
+    "as_file": "As the file is: the GGUF's quantised layers kept at their own 4 or 8 bits (the smallest load).",
     "hub": "A Hugging Face hub id such as HuggingFaceTB/SmolLM2-360M-Instruct: the local cache first, else a download.",
     "browse_folder": "Choose the folder that holds config.json.",
     "browse_gguf": "Choose a .gguf file.",
