@@ -100,15 +100,19 @@ def run_gui(model: Optional[str] = None, engine_factory=None) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     window = build_window(model, engine_factory=engine_factory)
-    store = window.store
     window.show()
     window.start(model)
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
     with loop:
         loop.run_until_complete(closed.wait())
+    return finish_quit(window)
+
+
+def finish_quit(window) -> int:
+    """After the window has closed: stop the engine (closing did; this asks what it found), close the store."""
     stopped = window.shutdown()
-    store.close()
+    window.store.close()
     if not stopped:
         # The engine did not stop within the time allowed (a step longer than that, or a load that
         # cannot be interrupted). The reply is saved; leave now instead of freezing on exit.

@@ -137,6 +137,13 @@ class Store:
             self._conn.close()
             raise
 
+    def drop_empty_partial_replies(self) -> int:
+        """Assistant messages that never got a token (the app was killed or closed before the first one): an
+        empty bubble marked "partial" helps no one. Returns how many went."""
+        with self._conn:
+            cur = self._conn.execute("DELETE FROM messages WHERE role = 'assistant' AND partial = 1 AND content = ''")
+        return cur.rowcount
+
     def close(self) -> None:
         self._conn.close()
 
@@ -323,7 +330,9 @@ def open_store(path: Optional[Path] = None) -> tuple[Store, Optional[str]]:
     a corrupt or locked database: the user's data is kept and the app still starts."""
     path = Path(path) if path else default_db_path()
     try:
-        return Store(path), None
+        store = Store(path)
+        store.drop_empty_partial_replies()  # left by a kill before a reply's first token
+        return store, None
     except DatabaseLocked:
         return Store(IN_MEMORY), (
             f"The conversation database {path} is locked by another program (another Redline window?). "

@@ -44,7 +44,7 @@ from redline.inference.errors import (
     StarterUnavailable,
     UnsupportedConfiguration,
 )
-from redline.inference.events import FinishedEvent, GenerationResult, StatsEvent, TokenEvent
+from redline.inference.events import FinishedEvent, GenerationResult, Notice, PrefillProgress, StatsEvent, TokenEvent
 from redline.inference.hardware.gpus import CONSUMER_GPUS
 from redline.inference.hardware.probe import probe as probe_machine
 from redline.inference.hardware.probe import torch_cuda_build
@@ -60,7 +60,6 @@ from redline.inference.service.requests import (
     Completed,
     Failed,
     GenerationRequest,
-    PrefillProgress,
     Progress,
     Queued,
     Refused,
@@ -103,6 +102,7 @@ __all__ = [
     "format_config",
     "GB",
     "GenerationResult",
+    "Notice",
     "IncompatibleDraft",
     "is_converted",
     "legacy_starter_folder",

@@ -14,7 +14,7 @@ from redline.inference.decoding.generate import generate, new_result
 from redline.inference.decoding.hf import check_draft
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.errors import IncompatibleDraft, NeedsOptIn, RedlineError
-from redline.inference.events import EventFn, GenerationResult
+from redline.inference.events import EventFn, GenerationResult, Notice
 from redline.inference.hardware.probe import default_device
 from redline.inference.loading.loader import LoadedModel, free_memory, load_model
 from redline.inference.loading.precision import PrecisionSpec
@@ -161,6 +161,9 @@ class Engine:
         request = GenerationRequest(messages=messages, sampling=sampling, options=options, context=context)
         prepared = new_result(target, 0, options)
         prompt, context = prepare_prompt(target, request, prepared)
+        if on_event is not None:
+            for note in prepared.notes:  # said before the reply starts
+                on_event(Notice(note))
         result = generate(target, prompt, sampling, options, self.draft, on_event, should_cancel, context)
         result.notes[:0] = prepared.notes
         result.dropped_messages = prepared.dropped_messages

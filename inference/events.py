@@ -64,9 +64,24 @@ class GenerationResult:
 
 
 @dataclass
+class PrefillProgress:
+    """A long prompt being read: ``done`` of ``total`` tokens (read in chunks, the cancel checked between)."""
+
+    done: int
+    total: int
+
+
+@dataclass
+class Notice:
+    """Something the user should know before the reply comes, e.g. that part of a long message was left out."""
+
+    text: str
+
+
+@dataclass
 class FinishedEvent:
     result: GenerationResult
 
 
-Event = Union[TokenEvent, StatsEvent, FinishedEvent]
+Event = Union[TokenEvent, StatsEvent, Notice, FinishedEvent]
 EventFn = Callable[[Event], None]

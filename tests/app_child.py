@@ -20,8 +20,12 @@ def main() -> int:
     app = QApplication(sys.argv[:1])
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    window = build_window(engine_factory=SlowEngine)
+    import os
+
+    prefill_s = float(os.environ.get("REDLINE_TEST_PREFILL_S", "0"))
+    window = build_window(engine_factory=lambda: SlowEngine(prefill_s=prefill_s))
     window.show()
+    quit_after = int(os.environ.get("REDLINE_TEST_QUIT_AFTER_MS", "0"))
 
     def send_when_loaded(_info):
         window.input.setPlainText(sys.argv[1] if len(sys.argv) > 1 else "Tell me everything.")
@@ -29,6 +33,16 @@ def main() -> int:
         print("sent", flush=True)
 
     window.model_loaded.connect(lambda info: QTimer.singleShot(0, lambda: send_when_loaded(info)))
+    if quit_after:  # as Ctrl+Q does: the window closes, then the app finishes as run_gui does
+        from redline.app.gui import finish_quit
+
+        closed = asyncio.Event()
+        app.setQuitOnLastWindowClosed(False)
+        window.model_loaded.connect(lambda _info: QTimer.singleShot(quit_after, lambda: (window.close(), closed.set())))
+        window.start()
+        with loop:
+            loop.run_until_complete(closed.wait())
+        return finish_quit(window)
     window.start()
     with loop:
         loop.run_forever()

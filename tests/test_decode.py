@@ -146,16 +146,31 @@ def test_context_overflow_drops_oldest_turns_keeps_system(engine):
     assert "You are terse." in text and "Last question?" in text and "Question 0:" not in text
 
 
-def test_single_message_longer_than_context_keeps_its_end(engine):
-    long = "lazy dog " * 400 + "FINAL WORDS"
+def test_single_message_longer_than_context_keeps_its_start_and_end(engine):
+    """'Summarize this text:' and a long paste: the instruction at the start and the end both reach the
+    model, the middle is left out with a marker, and the user is told how much — before the reply starts."""
+    from redline.inference.decoding.prompt import build_prompt
+    from redline.inference.events import Notice
+
+    long = "Summarize this text: " + "lazy dog " * 400 + "FINAL WORDS"
+    events = []
     result = engine.chat(
         [{"role": "user", "content": long}],
         SamplingSettings(max_new_tokens=4, temperature=0),
         DecodeOptions("kv"),
+        on_event=events.append,
         context=128,
     )
     assert result.prompt_tokens <= 124
-    assert any("only its end" in n for n in result.notes)
+    [cut] = [n for n in result.notes if "left out" in n]
+    assert "first" in cut and "last" in cut
+    notices = [i for i, e in enumerate(events) if isinstance(e, Notice)]
+    tokens = [i for i, e in enumerate(events) if type(e).__name__ == "TokenEvent"]
+    assert notices and tokens and notices[0] < tokens[0]  # said before the first token
+    sent = engine.target.tokenizer.decode(
+        build_prompt(engine.target.tokenizer, [{"role": "user", "content": long}], 128, 4).input_ids
+    )
+    assert "Summarize this text" in sent and "FINAL WORDS" in sent and "left out to fit the context" in sent
 
 
 def test_stop_string_ends_reply_before_it(engine):

@@ -63,7 +63,8 @@ def test_five_megabyte_paste_is_handled(qtbot, tiny_model_dir):
         result = blocker.args[0]
         assert send_s < 1.0, f"sending took {send_s:.2f} s on the UI thread"
         assert result is not None and result.new_tokens > 0
-        assert any("only its end" in n for n in result.notes)  # the truncation rule is shown
+        assert any("left out" in n for n in result.notes)  # what was left out is said
+        assert "left out" in w.banner.label.text()  # and shown in the window
         stored = [m.content for m in w.store.messages(w.conversation_id) if m.role == "user"]
         assert stored == [junk.strip()]  # the whole paste is kept
     finally:

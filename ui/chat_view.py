@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .markdown import SafeDocument, append_reply, code_blocks, render
+from .markdown import SafeDocument, append_reply, code_blocks, hard_line_breaks, render
 
 RENDER_INTERVAL_MS = 100
 PAGE = 12  # message widgets built when a conversation opens (fills a tall window)
@@ -231,7 +231,7 @@ class MessageWidget(QFrame):
                 shown[:SHOWN_CHARS] + f"\n\n*… {len(self.text) - SHOWN_CHARS:,} more characters not shown "
                 "(the whole message is saved and exported).*"
             )
-        render(self.browser.document(), shown, self.draft_spans)
+        render(self.browser.document(), hard_line_breaks(shown) if self.role == "user" else shown, self.draft_spans)
         self.browser._fit()
         self.stats_label.setText(format_stats(self.stats))
         self.stats_label.setVisible(bool(self.stats))

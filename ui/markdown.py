@@ -68,6 +68,22 @@ def render(doc: QTextDocument, text: str, draft_spans: Sequence[Sequence[int]] =
         _tint(doc, text, draft_spans)
 
 
+def hard_line_breaks(text: str) -> str:
+    """What a person typed or pasted keeps its line breaks: in Markdown a single newline joins two lines into one
+    paragraph, so outside fenced code every line break becomes a hard one."""
+    out, fenced = [], False
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        fence = line.lstrip().startswith(("```", "~~~"))
+        if fence:
+            fenced = not fenced
+        last = i == len(lines) - 1
+        following = lines[i + 1].strip() if not last else ""
+        keep = fence or fenced or last or not line.strip() or not following or following.startswith(("```", "~~~"))
+        out.append(line if keep else line + "\\")
+    return "\n".join(out)
+
+
 def code_blocks(doc: QTextDocument) -> list[tuple[str, str]]:
     """(language, code) for each fenced or indented code block, in order."""
     blocks: list[tuple[str, list[str]]] = []

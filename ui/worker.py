@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from redline.inference import Completed, EngineService, Failed, FinishedEvent, RedlineError, Started
 
@@ -72,7 +72,9 @@ class EngineThread(QObject):
         self._lock = threading.Lock()
         self._buffers: dict[int, list] = {}
         self._handles: dict[int, Any] = {}
-        self._wake.connect(self._drain)  # queued: emitted on the scheduler thread
+        # Always queued, also when an event is pushed from this thread (a request's first events are replayed
+        # while it is submitted): the submitter learns its request's id before any event reaches it.
+        self._wake.connect(self._drain, Qt.QueuedConnection)
 
     @property
     def engine(self):

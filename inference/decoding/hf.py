@@ -7,6 +7,7 @@ knobs live on the *draft's* generation_config: passed to ``generate()`` they wou
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -151,19 +152,52 @@ def use_draft(
     return undo
 
 
+PREFILL_CHUNK = 256  # prompt tokens per forward pass when a long prompt is read ahead of generate()
+
+
 def run_generate(
     target: LoadedModel, prompt: list[int], cfg, collector, cancel: CancelCriteria, gen_kwargs: dict
 ) -> None:
-    """One call of transformers' generate(), streaming into ``collector``."""
+    """One call of transformers' generate(), streaming into ``collector``.
+
+    With the dynamic KV cache (``kv``), a long prompt is read first in chunks, the cancel checked and progress
+    reported between them, so Stop works within a chunk's time and the window can show how far reading got;
+    generate() then goes on from that cache. Other strategies read the prompt in one pass, inside generate()."""
     import torch
     from transformers import StoppingCriteriaList
 
-    ids = torch.tensor([prompt], dtype=torch.long, device=target.model.device)
-    target.model.generate(
+    model = target.model
+    ids = torch.tensor([prompt], dtype=torch.long, device=model.device)
+    kwargs = dict(gen_kwargs)
+    chunked = (
+        len(prompt) > PREFILL_CHUNK
+        and cfg.use_cache
+        and getattr(cfg, "cache_implementation", None) in (None, "dynamic")
+        and "assistant_model" not in kwargs
+        and not getattr(cfg, "prompt_lookup_num_tokens", None)
+    )
+    if chunked:
+        from transformers import DynamicCache
+
+        from redline.inference.events import PrefillProgress
+
+        cache = DynamicCache(config=model.config)
+        # transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40).
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        read = len(prompt) - 1  # generate() reads the last prompt token itself and picks the first new one
+        for start in range(0, read, PREFILL_CHUNK):
+            end = min(read, start + PREFILL_CHUNK)
+            model(input_ids=ids[:, start:end], use_cache=True, **{name: cache})
+            if collector.on_event is not None:
+                collector.on_event(PrefillProgress(end, len(prompt)))
+            if cancel.check():
+                return
+        kwargs[name] = cache
+    model.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
         generation_config=cfg,
         streamer=collector,
         stopping_criteria=StoppingCriteriaList([cancel]),
-        **gen_kwargs,
+        **kwargs,
     )

@@ -3,7 +3,9 @@
 A model without a chat template gets a plain documented fallback:
 ``System: …`` / ``User: …`` / ``Assistant: …`` lines, ending with
 ``Assistant:``. A conversation longer than the context drops the oldest turns
-(never the system prompt) and says how many were dropped.
+(never the system prompt) and says how many were dropped. A single message
+longer than the context keeps its start and its end and leaves out the middle,
+with a marker in the text and a sentence for the user saying how much.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Sequence
 from redline.inference.errors import UnsupportedConfiguration
 
 FALLBACK_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+HEAD_TOKENS = 1024  # of an over-long message, at most this much of its start is kept (the rest of the room: its end)
+MARKER_TOKENS = 24  # room for the "[… N tokens left out …]" marker
 
 
 @dataclass
@@ -22,6 +26,7 @@ class ChatPrompt:
     dropped_messages: int
     used_template: bool
     truncated_last: bool = False
+    cut: str = ""  # how the last message was shortened, in a sentence for the user ("" when it was not)
 
 
 def _render(tokenizer, messages: Sequence[dict]) -> tuple[list[int], bool]:
@@ -60,20 +65,32 @@ def build_prompt(tokenizer, messages: Sequence[dict], context: int, reserve_new_
                 dropped += 1
             continue
         break
-    # A single message is longer than the context: keep its end, which holds the question.
+    # A single message is longer than the context. Its start usually says what to do ("Summarize this:") and its
+    # end what is asked last, so both are kept and the middle is left out, with a marker the model can read.
     last = dict(turns[-1])
     content_ids = tokenizer(last["content"], add_special_tokens=False)["input_ids"]
     overhead = len(ids) - len(content_ids)
-    keep = budget - overhead
-    if keep <= 0:
+    keep = budget - overhead - MARKER_TOKENS
+    if keep <= 1:
         raise UnsupportedConfiguration(
             f"The system prompt alone does not fit the context of {context} tokens.",
             "Shorten the system prompt or raise the context length.",
         )
-    last["content"] = tokenizer.decode(content_ids[-keep:], skip_special_tokens=True)
-    ids, templ = _render(tokenizer, system + [last])
-    while len(ids) > budget and keep > 1:  # re-tokenising can shift the count slightly
-        keep -= max(1, len(ids) - budget)
-        last["content"] = tokenizer.decode(content_ids[-keep:], skip_special_tokens=True)
+    while True:
+        head = min(keep // 3, HEAD_TOKENS)
+        tail = keep - head
+        left_out = len(content_ids) - head - tail
+        last["content"] = (
+            tokenizer.decode(content_ids[:head], skip_special_tokens=True)
+            + f"\n\n[… {left_out:,} tokens of this message left out to fit the context …]\n\n"
+            + tokenizer.decode(content_ids[-tail:], skip_special_tokens=True)
+        )
         ids, templ = _render(tokenizer, system + [last])
-    return ChatPrompt(ids, dropped, templ, truncated_last=True)
+        if len(ids) <= budget or keep <= 2:  # re-tokenising can shift the count slightly
+            break
+        keep -= max(1, len(ids) - budget)
+    cut = (
+        f"The last message has {len(content_ids):,} tokens, more than the context of {context} leaves room for: "
+        f"its first {head:,} and last {tail:,} tokens were sent, and the {left_out:,} between them were left out."
+    )
+    return ChatPrompt(ids, dropped, templ, truncated_last=True, cut=cut)

@@ -20,7 +20,7 @@ from redline.inference.decoding.generate import describe_failure, finalize, new_
 from redline.inference.decoding.prompt import build_prompt
 from redline.inference.decoding.textstream import DeltaDecoder
 from redline.inference.decoding.timing import TokenCollector
-from redline.inference.events import GenerationResult
+from redline.inference.events import GenerationResult, Notice
 from redline.inference.loading.loader import LoadedModel, free_memory
 from redline.inference.memory.measured import process_rss
 from redline.inference.service.requests import GenerationRequest, PrefillProgress, RequestHandle, Started
@@ -57,7 +57,7 @@ def prepare_prompt(target: LoadedModel, request: GenerationRequest, result: Gene
             "left out of the prompt."
         )
     if prompt.truncated_last:
-        notes.append("The last message was longer than the context; only its end was sent.")
+        notes.append(prompt.cut)
     if not prompt.used_template:
         notes.append("This model has no chat template; a plain 'User:/Assistant:' format was used.")
     return prompt.input_ids, context
@@ -85,6 +85,8 @@ class Batcher:
 
         result = new_result(self.target, 0, request.options)
         prompt, context = prepare_prompt(self.target, request, result)
+        for note in result.notes:  # what did not fit is said before the reply starts, not only after it
+            handle.emit(Notice(note))
         result.prompt_tokens = len(prompt)
         max_new = new_tokens_allowed(len(prompt), context, request.sampling.max_new_tokens, result.notes)
         cfg = hf.generation_config(self.target, request.sampling, request.options, max_new)

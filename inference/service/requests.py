@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.errors import RedlineError
-from redline.inference.events import FinishedEvent, GenerationResult
+from redline.inference.events import FinishedEvent, GenerationResult, PrefillProgress  # noqa: F401 - re-exported
 
 
 @dataclass
@@ -49,14 +49,6 @@ class Started:
     time_s: float = field(default_factory=time.monotonic)
     batched: bool = False  # decoded together with other requests (continuous batching)
     note: str = ""
-
-
-@dataclass
-class PrefillProgress:
-    """A long prompt being read: ``done`` of ``total`` tokens."""
-
-    done: int
-    total: int
 
 
 @dataclass

@@ -38,6 +38,7 @@ from redline.inference.service.requests import (
 
 MAX_ACTIVE = 4  # sequences decoded together
 MAX_QUEUED = 32  # requests waiting beyond those
+CLIENT_LABELS = {"chat": "a chat reply", "api": "an API request", "cli": "a reply", "lab": "the speed lab"}
 
 
 @dataclass
@@ -78,7 +79,9 @@ class EngineService:
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Queue a generation; its handle streams TokenEvents, StatsEvents and a FinishedEvent."""
         self._check_fits(request)
-        return self._enqueue(_Job(RequestHandle("generate", request), time.perf_counter(), request=request))
+        label = CLIENT_LABELS.get(request.client, "another request")  # what others wait for, if it runs alone
+        job = _Job(RequestHandle("generate", request), time.perf_counter(), request=request, label=label)
+        return self._enqueue(job)
 
     def call(
         self,

@@ -74,6 +74,7 @@ class MainWindow(QMainWindow):
         self.trust = trust
         self.wizard = None
         self.has_shut_down = False
+        self._engine_stopped = True
 
         self.models = ModelController(self)
         self.replies = ReplyController(self)
@@ -251,12 +252,16 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
     def shutdown(self, timeout_ms: int = 1500) -> bool:
-        """Stop generation, keep the partial reply, stop the threads. True if the engine stopped in time."""
+        """Stop generation, keep the partial reply, stop the threads. True if the engine stopped in time.
+
+        Called by closing the window and again by the app as it exits: the second call answers what the first
+        found, so the app can still leave at once if the engine did not stop (a step that could not be cut)."""
         if self.has_shut_down:
-            return True
+            return self._engine_stopped
         self.has_shut_down = True
         self.replies.shutdown()
         if self.loading:
             self.client.cancel(self.models._load_future)
         self.sampler.shutdown(500)
-        return self.engine.shutdown(timeout_ms)
+        self._engine_stopped = self.engine.shutdown(timeout_ms)
+        return self._engine_stopped

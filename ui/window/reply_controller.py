@@ -23,6 +23,7 @@ from qasync import asyncSlot
 from redline.inference import (
     DecodeOptions,
     GenerationRequest,
+    Notice,
     PrefillProgress,
     Queued,
     SamplingSettings,
@@ -87,6 +88,10 @@ class Reply:
     finished: bool = False
     waiting: str = ""  # why the engine has not started it yet ("waiting for the speed lab"), while it waits
     tokens_per_s: float = 0.0  # its own rolling speed
+    new_tokens: int = 0
+    ttft_ms: Optional[float] = None
+    after_finish: list = field(default_factory=list)  # what waits for this reply to end (an edit after Esc)
+    stopping: bool = False  # Stop was pressed; the engine ends it at its next step
 
     def append(self, delta: str, from_draft: bool) -> None:
         self.text = append_reply(self.text, self.draft_spans, delta, from_draft)
@@ -122,6 +127,7 @@ class ReplyController(QObject):
         """Stop ``reply`` (by default the current one); what was generated is kept."""
         reply = reply or self.current
         if reply is not None and not reply.finished:
+            reply.stopping = True
             self.window.client.cancel(reply.future)  # this reply's own request: no other stops
 
     def stop_in(self, conversation_id: int) -> None:
@@ -139,7 +145,12 @@ class ReplyController(QObject):
         m = w.store.message(message_id)
         if m is None:
             return
-        if self.busy_in(m.conversation_id):
+        running = next((r for r in self._running if r.conversation_id == m.conversation_id), None)
+        if running is not None:
+            if running.future is not None and getattr(running, "stopping", False):
+                # Esc was pressed a moment ago: the edit opens as soon as that reply has ended.
+                running.after_finish.append(lambda: self.edit_message(message_id))
+                return
             w.banner.show_message(STILL_ANSWERING, "info")
             return
         self.editing_message_id = message_id
@@ -267,6 +278,8 @@ class ReplyController(QObject):
             elif isinstance(ev, Started):
                 reply.waiting = ""
                 self._show_waiting(reply)
+            elif isinstance(ev, Notice):  # e.g. part of a long message was left out: said before the reply
+                w.banner.show_message(ev.text, "warning")
             elif isinstance(ev, PrefillProgress):
                 reply.waiting = f"reading the prompt: {ev.done:,} of {ev.total:,} tokens"
                 self._show_waiting(reply)
@@ -281,6 +294,7 @@ class ReplyController(QObject):
                     reply.last_token_time = ev.time_s
             elif isinstance(ev, StatsEvent):
                 reply.tokens_per_s = ev.tokens_per_s_1s
+                reply.new_tokens, reply.ttft_ms = ev.new_tokens, ev.ttft_ms
                 if reply.conversation_id == w.conversation_id:  # the gauges show the chat on screen
                     w.gauges.live(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens, self.total_tokens_per_s())
         w.gauges.add_latencies(latencies)
@@ -397,17 +411,27 @@ class ReplyController(QObject):
         self.last_result = result
         w.update_controls()
         w.reply_finished.emit(result)
+        for then in reply.after_finish:
+            then()
 
     def shutdown(self) -> None:
-        """The window closes: each reply still running stops, and is saved as it stands (partial)."""
+        """The window closes: each reply still running stops, and is saved as it stands (partial, with the
+        figures it had so far); one that had not written a word yet is removed rather than left empty."""
         w = self.window
         for reply in self.running():
             w.client.cancel(reply.future)
-            w.store.update_message(
-                reply.message_id,
-                reply.text,
-                True,
-                {"finish_reason": "cancelled", "model": reply.model, "draft_spans": reply.draft_spans},
-            )
+            if not reply.text:
+                w.store.delete_from(reply.message_id)
+            else:
+                stats = {
+                    "finish_reason": "cancelled",
+                    "model": reply.model,
+                    "draft_spans": reply.draft_spans,
+                    "new_tokens": reply.new_tokens or None,
+                    "tokens_per_s": reply.tokens_per_s or None,
+                    "ttft_ms": reply.ttft_ms,
+                    "notes": ["Stopped because Redline was closed."],
+                }
+                w.store.update_message(reply.message_id, reply.text, True, stats)
             reply.finished = True
         self._running.clear()
