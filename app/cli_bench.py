@@ -14,6 +14,7 @@ from redline.inference import (
     ACCEPTED_FORMS,
     SEED_PRESET,
     SWEEP_MODES,
+    BenchConcurrencyRow,
     BenchPhase,
     BenchRow,
     BenchSpec,
@@ -109,6 +110,17 @@ def add_parser(sub) -> None:
         **whole_number_list(),
     )
     p.add_argument(
+        "--concurrency",
+        default=None,
+        metavar="LEVELS",
+        help="also run the concurrency sweep, e.g. 1,2,4,8: that many requests arriving --arrival-gap apart, "
+        "decoded together (continuous batching), one at a time, and by transformers' continuous batching",
+        **whole_number_list(),
+    )
+    p.add_argument(
+        "--arrival-gap", default=0.5, help="seconds between the concurrency sweep's arrivals", **at_least(0.0)
+    )
+    p.add_argument(
         "--batch-mode",
         default="auto",
         choices=SWEEP_MODES,
@@ -164,6 +176,8 @@ def spec_from_args(args) -> BenchSpec:
         temperature=args.temperature,
         batch_sizes=args.batch_sweep or [],
         batch_mode=args.batch_mode,
+        concurrency=args.concurrency or [],
+        arrival_gap_s=args.arrival_gap,
         fixed_length=not args.stop_at_eos,
     )
 
@@ -192,6 +206,11 @@ def run(args) -> int:
         elif isinstance(ev, BenchSweepRow):
             bar.done()
             print(f"  batch {ev.row.batch_size} ({ev.row.mode}): {ev.row.status}", file=sys.stderr, flush=True)
+        elif isinstance(ev, BenchConcurrencyRow):
+            bar.done()
+            c = ev.row
+            tps = f"{c.throughput_tokens_per_s:.1f} tok/s" if c.throughput_tokens_per_s else (c.error or c.status)
+            print(f"  {c.concurrency} concurrent ({c.mode}): {tps}", file=sys.stderr, flush=True)
 
     def on_sigint(signum, frame):
         if cancel.is_set():  # a second Ctrl-C stops at once

@@ -18,6 +18,7 @@ from redline.inference.bench.configs import BenchConfig, format_config, parse_co
 from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown, to_text
 from redline.inference.bench.prompts import PromptSet, builtin_prompt_sets, load_prompt_set
 from redline.inference.bench.results import (
+    BenchConcurrencyRow,
     BenchPhase,
     BenchReport,
     BenchRow,
@@ -75,6 +76,7 @@ from redline.inference.sources.starter import STARTER_NAME, legacy_starter_folde
 from redline.inference.units import GB, MB, format_bytes
 
 __all__ = [
+    "BenchConcurrencyRow",
     "ACCEPTED_FORMS",
     "accuracy_margin",
     "BenchConfig",

@@ -327,3 +327,26 @@ def test_rows_report_bytes_per_token_and_roofline(tiny_model_dir):
         assert row.bytes_per_token > 0 and row.bandwidth_bytes_per_s > 0
         assert 0 < row.roofline_pct
     assert report.results[1].matches_baseline  # fast gives kv's tokens
+
+
+def test_concurrency_sweep_rows_for_each_level_and_mode(tiny_model_dir):
+    """Requests arriving apart, decoded together, one at a time, and by transformers' continuous batching: each
+    level × mode is a row with per-request TTFT and latency, total throughput and the KV cache's overhead."""
+    spec = BenchSpec(
+        model=str(tiny_model_dir),
+        configs=parse_configs("fast:fp32"),
+        prompts=TWO_PROMPTS,
+        new_tokens=6,
+        warmup=0,
+        samples=1,
+        concurrency=[1, 3],
+        arrival_gap_s=0.05,
+    )
+    report = run_bench(Engine("cpu"), spec)
+    rows = {(c.concurrency, c.mode): c for c in report.concurrency}
+    assert set(rows) == {(n, m) for n in (1, 3) for m in ("continuous", "one-at-a-time", "transformers")}
+    for c in rows.values():
+        assert c.status == "ok", c.error
+        assert c.throughput_tokens_per_s > 0 and len(c.ttft_ms) == c.concurrency and c.latency_ms_p95 > 0
+    assert rows[(3, "continuous")].kv_overhead is not None
+    assert "Concurrency sweep" in to_markdown(report) and json.loads(to_json(report))["concurrency"]

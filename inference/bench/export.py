@@ -69,6 +69,18 @@ COLUMNS: list[tuple[str, Callable[[ConfigResult], str]]] = [
     ("status", _status),
 ]
 
+CONCURRENCY_COLUMNS: list[tuple[str, Callable]] = [
+    ("requests", lambda c: str(c.concurrency)),
+    ("mode", lambda c: c.mode),
+    ("TTFT p50 ms", lambda c: _ms(c.ttft_ms_p50)),
+    ("TTFT p95 ms", lambda c: _ms(c.ttft_ms_p95)),
+    ("latency p50 ms", lambda c: _ms(c.latency_ms_p50)),
+    ("latency p95 ms", lambda c: _ms(c.latency_ms_p95)),
+    ("total tok/s", lambda c: _rate(c.throughput_tokens_per_s)),
+    ("KV peak ÷ needed", lambda c: "" if c.kv_overhead is None else f"{c.kv_overhead:.2f}×"),
+    ("status", lambda c: c.status if not c.error else f"{c.status}: {c.error}"),
+]
+
 SWEEP_COLUMNS: list[tuple[str, Callable[[SweepRow], str]]] = [
     ("batch", lambda s: str(s.batch_size)),
     ("mode", lambda s: s.mode),
@@ -141,6 +153,8 @@ def to_json(report: BenchReport, full: bool = False) -> str:
         "results": [result_record(r, full) for r in report.results],
         "sweep_config": report.sweep_config,
         "sweep": [s.to_dict() for s in report.sweep],
+        "concurrency_config": report.concurrency_config,
+        "concurrency": [c.to_dict() for c in report.concurrency],
     }
     return json.dumps(data, indent=2, ensure_ascii=False)
 
@@ -188,6 +202,10 @@ def sweep_rows(report: BenchReport) -> tuple[list[str], list[list[str]]]:
     return [h for h, _ in SWEEP_COLUMNS], [[f(s) for _, f in SWEEP_COLUMNS] for s in report.sweep]
 
 
+def concurrency_rows(report: BenchReport) -> tuple[list[str], list[list[str]]]:
+    return [h for h, _ in CONCURRENCY_COLUMNS], [[f(c) for _, f in CONCURRENCY_COLUMNS] for c in report.concurrency]
+
+
 def _md_table(headers: list[str], rows: list[list[str]]) -> str:
     def esc(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
@@ -232,6 +250,8 @@ def to_markdown(report: BenchReport, command: Optional[str] = None) -> str:
     out.append(_md_table(*table_rows(report)))
     if report.sweep:
         out += ["", f"Batch sweep of `{report.sweep_config}`:", "", _md_table(*sweep_rows(report))]
+    if report.concurrency:
+        out += ["", f"Concurrency sweep of `{report.concurrency_config}`:", "", _md_table(*concurrency_rows(report))]
     out += ["", f"Machine: {machine_summary(report.machine)}", ""]
     return "\n".join(out)
 
@@ -248,4 +268,6 @@ def to_text(report: BenchReport) -> str:
     out = [fmt(*table_rows(report))]
     if report.sweep:
         out += ["", f"batch sweep: {report.sweep_config}", fmt(*sweep_rows(report))]
+    if report.concurrency:
+        out += ["", f"concurrency sweep: {report.concurrency_config}", fmt(*concurrency_rows(report))]
     return "\n".join(out)

@@ -82,6 +82,8 @@ class BenchReport:
     results: list[ConfigResult] = field(default_factory=list)
     sweep: list[SweepRow] = field(default_factory=list)
     sweep_config: Optional[str] = None
+    concurrency: list = field(default_factory=list)  # bench.concurrency.ConcurrencyRow
+    concurrency_config: Optional[str] = None
     finished_at: Optional[str] = None
     cancelled: bool = False
     seconds: float = 0.0
@@ -99,6 +101,8 @@ class BenchReport:
             "results": [r.to_dict() for r in self.results],
             "sweep_config": self.sweep_config,
             "sweep": [s.to_dict() for s in self.sweep],
+            "concurrency_config": self.concurrency_config,
+            "concurrency": [c.to_dict() for c in self.concurrency],
         }
 
     @classmethod
@@ -113,11 +117,18 @@ class BenchReport:
             cancelled=bool(d.get("cancelled")),
             seconds=float(d.get("seconds") or 0.0),
             sweep_config=d.get("sweep_config"),
+            concurrency_config=d.get("concurrency_config"),
         )
         known = ConfigResult.__dataclass_fields__
         rep.results = [ConfigResult(**{k: v for k, v in r.items() if k in known}) for r in d.get("results", [])]
         known_s = SweepRow.__dataclass_fields__
         rep.sweep = [SweepRow(**{k: v for k, v in s.items() if k in known_s}) for s in d.get("sweep", [])]
+        from redline.inference.bench.concurrency import ConcurrencyRow
+
+        known_c = ConcurrencyRow.__dataclass_fields__
+        rep.concurrency = [
+            ConcurrencyRow(**{k: v for k, v in c.items() if k in known_c}) for c in d.get("concurrency", [])
+        ]
         return rep
 
 
@@ -149,9 +160,14 @@ class BenchRow:
 
 
 @dataclass
+class BenchConcurrencyRow:
+    row: object  # bench.concurrency.ConcurrencyRow
+
+
+@dataclass
 class BenchSweepRow:
     row: SweepRow
 
 
-BenchEvent = Union[BenchStarted, BenchPhase, BenchToken, BenchRow, BenchSweepRow]
+BenchEvent = Union[BenchStarted, BenchPhase, BenchToken, BenchRow, BenchSweepRow, BenchConcurrencyRow]
 ProgressCallback = Callable[[BenchEvent], None]

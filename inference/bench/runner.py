@@ -24,6 +24,7 @@ from typing import Callable, Optional, Sequence
 from redline.inference.bench.configs import BenchConfig
 from redline.inference.bench.prompts import PromptSet
 from redline.inference.bench.results import (
+    BenchConcurrencyRow,
     BenchPhase,
     BenchReport,
     BenchRow,
@@ -69,6 +70,8 @@ class BenchSpec:
     batch_sizes: list[int] = field(default_factory=list)  # non-empty: also run a batch sweep
     batch_mode: str = "auto"  # auto | continuous | padded
     batch_config: Optional[int] = None  # which configuration the sweep runs (default: the baseline)
+    concurrency: list[int] = field(default_factory=list)  # non-empty: also run the concurrency sweep (fast path)
+    arrival_gap_s: float = 0.5  # the concurrency sweep's requests arrive this far apart
 
     def __post_init__(self):
         if not self.configs:
@@ -79,8 +82,8 @@ class BenchSpec:
             )
         if self.new_tokens < 1 or self.samples < 1 or self.warmup < 0:
             raise UnsupportedConfiguration("New tokens and samples must be at least 1, warm-up at least 0.")
-        if any(b < 1 for b in self.batch_sizes):
-            raise UnsupportedConfiguration("Batch sizes must be at least 1.")
+        if any(b < 1 for b in self.batch_sizes) or any(c < 1 for c in self.concurrency):
+            raise UnsupportedConfiguration("Batch sizes and concurrency levels must be at least 1.")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -266,7 +269,7 @@ def run_bench(
     ]
     report.results = rows
     per_config = spec.warmup + spec.samples * len(spec.prompts.prompts)
-    sweep_units = len(spec.batch_sizes) * (spec.warmup + spec.samples)
+    sweep_units = len(spec.batch_sizes) * (spec.warmup + spec.samples) + 3 * len(spec.concurrency)
     total_units = max(1, per_config * len(spec.configs) + sweep_units)
     done_units = 0
     emit(BenchStarted([c.label for c in spec.configs], spec.baseline))
@@ -394,6 +397,36 @@ def run_bench(
             except RedlineError as exc:
                 report.sweep.append(SweepRow(batch_size=0, mode="-", status="error", error=str(exc)))
                 emit(BenchSweepRow(report.sweep[-1]))
+
+        if spec.concurrency and not cancelled():
+            from redline.inference.bench.concurrency import run_concurrency
+
+            cfg = spec.configs[spec.batch_config if spec.batch_config is not None else spec.baseline]
+            report.concurrency_config = cfg.label
+
+            def concurrency_progress(fraction: float, phase: str) -> None:
+                emit(BenchPhase((done_units + fraction * sweep_units) / total_units, None, phase))
+
+            def on_concurrency_row(crow) -> None:
+                report.concurrency.append(crow)
+                emit(BenchConcurrencyRow(crow))
+
+            try:
+                models.ensure(cfg, lambda f, ph: concurrency_progress(0.0, ph))
+                run_concurrency(
+                    engine.target,
+                    _render_prompts(engine.target.tokenizer, spec),
+                    spec.concurrency,
+                    spec.new_tokens,
+                    spec.arrival_gap_s,
+                    progress=concurrency_progress,
+                    should_cancel=cancelled,
+                    on_row=on_concurrency_row,
+                )
+            except RedlineError as exc:
+                from redline.inference.bench.concurrency import ConcurrencyRow
+
+                on_concurrency_row(ConcurrencyRow(0, "-", status="error", error=str(exc)))
     finally:
         report.cancelled = cancelled()
         if restore_model:

@@ -147,7 +147,7 @@ class ReplyController(QObject):
             return
         running = next((r for r in self._running if r.conversation_id == m.conversation_id), None)
         if running is not None:
-            if running.future is not None and getattr(running, "stopping", False):
+            if running.stopping:
                 # Esc was pressed a moment ago: the edit opens as soon as that reply has ended.
                 running.after_finish.append(lambda: self.edit_message(message_id))
                 return
