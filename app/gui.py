@@ -63,7 +63,9 @@ def build_window(
     store_warning = None
     if store is None:
         store, store_warning = open_store()
-    engine = EngineThread(engine_factory)
+    engine = EngineThread(
+        engine_factory, max_active=settings.max_active_replies, max_queued=settings.max_queued_requests
+    )
     window = MainWindow(
         engine,
         store,

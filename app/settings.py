@@ -36,6 +36,9 @@ class Settings:
     top_k: Optional[int] = None
     repetition_penalty: Optional[float] = None
     seed: Optional[int] = None
+    # The engine service (read at start): replies decoded together at most, and requests that may wait.
+    max_active_replies: int = 4
+    max_queued_requests: int = 32
 
     def needs_reload(self, other: "Settings") -> bool:
         """Would going from self to other need the model or draft loaded again?"""
@@ -77,6 +80,8 @@ class Settings:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
         num("num_draft_tokens", int, False)
         num("max_new_tokens", int, False)
+        num("max_active_replies", int, False)
+        num("max_queued_requests", int, False)
         num("context_length", int)
         num("top_k", int)
         num("seed", int)
@@ -84,6 +89,8 @@ class Settings:
             num(name)
         if self.num_draft_tokens < 1 or self.max_new_tokens < 1:
             raise ValueError("num_draft_tokens and max_new_tokens must be at least 1")
+        if self.max_active_replies < 1 or self.max_queued_requests < 1:
+            raise ValueError("max_active_replies and max_queued_requests must be at least 1")
 
 
 def settings_path() -> Path:

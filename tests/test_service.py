@@ -197,3 +197,20 @@ def test_events_arrive_in_order_and_end_with_the_result(service):
     assert isinstance(events[-1], FinishedEvent)
     tokens = [e for e in events if isinstance(e, TokenEvent)]
     assert "".join(e.text for e in tokens) == events[-1].result.text
+
+
+def test_the_kv_budget_refuses_what_can_never_fit_and_queues_what_must_wait(tiny_model_dir):
+    """The batch's KV memory is a budget of positions: a request larger than all of it is refused at once with
+    the reason; one that fits only once others end waits, and says so."""
+    svc = EngineService(lambda: Engine("cpu"), max_active=4, kv_budget_tokens=120)
+    try:
+        svc.load(str(tiny_model_dir), parse_precision("fp32")).result(TIMEOUT)
+        huge = svc.submit(ask("hello", 400))
+        with pytest.raises(Refused, match="KV cache"):
+            huge.result(TIMEOUT)
+        first, second = svc.submit(ask("one", 80)), svc.submit(ask("two", 80))
+        assert first.result(TIMEOUT).new_tokens > 0 and second.result(TIMEOUT).new_tokens > 0
+        waited = [e for e in second.history() if isinstance(e, Queued)]
+        assert any("memory for the KV cache" in e.reason for e in waited)
+    finally:
+        assert svc.shutdown(30)

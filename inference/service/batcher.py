@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 from redline.inference.decoding import hf
 from redline.inference.decoding.fast_loop import FastSequence
@@ -23,9 +24,25 @@ from redline.inference.decoding.timing import TokenCollector
 from redline.inference.events import GenerationResult, Notice
 from redline.inference.loading.loader import LoadedModel, free_memory
 from redline.inference.memory.measured import process_rss
-from redline.inference.service.requests import GenerationRequest, PrefillProgress, RequestHandle, Started
+from redline.inference.service.requests import GenerationRequest, PrefillProgress, Refused, RequestHandle, Started
 
 PREFILL_CHUNK = 256  # prompt tokens read per scheduler step
+KV_SHARE = 0.8  # of the memory free when the batch starts, what its KV cache may take (the rest stays headroom)
+
+
+@dataclass
+class Prepared:
+    """A request made ready to join: its prompt, context and new-token cap, and the notes on what did not fit."""
+
+    prompt: list[int]
+    context: int
+    max_new: int
+    result: GenerationResult
+
+    @property
+    def tokens(self) -> int:
+        """The most KV-cache positions it can take (its prompt and every new token it may make)."""
+        return len(self.prompt) + self.max_new
 
 
 @dataclass
@@ -64,7 +81,7 @@ def prepare_prompt(target: LoadedModel, request: GenerationRequest, result: Gene
 
 
 class Batcher:
-    def __init__(self, target: LoadedModel, max_active: int):
+    def __init__(self, target: LoadedModel, max_active: int, kv_budget_tokens: Optional[int] = None):
         from redline.inference.decoding.fastpath import get_decoder
 
         self.target = target
@@ -72,6 +89,49 @@ class Batcher:
         self.dec = get_decoder(target, 256)
         self.active: list[_Active] = []
         self.peak_rss = 0  # the process's peak while the current batch has run
+        self.kv_budget_tokens = kv_budget_tokens or self._kv_budget()
+
+    # -- admission: what the KV cache can hold ----------------------------------------------------------
+    def kv_bytes_per_token(self) -> int:
+        from redline.inference.memory.estimator import kv_cache_bytes
+
+        kv = self.dec.kv
+        return kv_cache_bytes(kv.layers, kv.kv_heads, kv.head_dim, 1, 1, kv.k.element_size())
+
+    def _kv_budget(self) -> int:
+        """Positions the KV cache may hold across requests: the estimator's KV bytes per token against the memory
+        free now (``fit.detect_target``: free RAM, or the GPU's free memory), plus what the cache holds already;
+        never more than ``max_active`` full contexts (more could never be used)."""
+        from redline.inference.memory.fit import detect_target
+
+        free = detect_target(device=self.target.device).available_bytes
+        tokens = int(free * KV_SHARE) // self.kv_bytes_per_token() + self.dec.kv.pages * self.dec.kv.page
+        return max(1, min(tokens, self.max_active * self.target.context_limit))
+
+    def tokens_reserved(self) -> int:
+        return sum(len(a.seq.prompt) + a.max_new for a in self.active)
+
+    def prepare(self, request: GenerationRequest) -> Prepared:
+        """The request's prompt and limits (raises, before anything runs, if it cannot be served)."""
+        result = new_result(self.target, 0, request.options)
+        prompt, context = prepare_prompt(self.target, request, result)
+        result.prompt_tokens = len(prompt)
+        max_new = new_tokens_allowed(len(prompt), context, request.sampling.max_new_tokens, result.notes)
+        prepared = Prepared(prompt, context, max_new, result)
+        if prepared.tokens > self.kv_budget_tokens:
+            from redline.inference.units import format_bytes
+
+            raise Refused(
+                f"This request needs up to {prepared.tokens:,} tokens of KV cache "
+                f"({format_bytes(prepared.tokens * self.kv_bytes_per_token())}); the memory free for it holds "
+                f"{self.kv_budget_tokens:,} ({format_bytes(self.kv_budget_tokens * self.kv_bytes_per_token())}).",
+                "Ask for fewer new tokens, shorten the prompt, or free memory.",
+            )
+        return prepared
+
+    def fits(self, prepared: Prepared) -> bool:
+        """Whether it can join now: room in the batch, and KV memory beside what the running requests may take."""
+        return self.has_room() and self.tokens_reserved() + prepared.tokens <= self.kv_budget_tokens
 
     def __len__(self) -> int:
         return len(self.active)
@@ -79,16 +139,16 @@ class Batcher:
     def has_room(self) -> bool:
         return len(self.active) < self.max_active
 
-    def add(self, handle: RequestHandle, request: GenerationRequest, submitted: float) -> None:
+    def add(
+        self, handle: RequestHandle, request: GenerationRequest, submitted: float, prepared: Optional[Prepared] = None
+    ) -> None:
         """Start ``request``: its prompt, settings and stream. Raises (before anything runs) if it cannot."""
         import torch
 
-        result = new_result(self.target, 0, request.options)
-        prompt, context = prepare_prompt(self.target, request, result)
+        prepared = prepared or self.prepare(request)
+        prompt, max_new, result = prepared.prompt, prepared.max_new, prepared.result
         for note in result.notes:  # what did not fit is said before the reply starts, not only after it
             handle.emit(Notice(note))
-        result.prompt_tokens = len(prompt)
-        max_new = new_tokens_allowed(len(prompt), context, request.sampling.max_new_tokens, result.notes)
         cfg = hf.generation_config(self.target, request.sampling, request.options, max_new)
         decoder = DeltaDecoder(self.target.tokenizer, request.sampling.stop)
         # TTFT counts from the submission: what a user waits for includes the queue.

@@ -46,6 +46,7 @@ class _Job:
     handle: RequestHandle
     submitted: float
     request: Optional[GenerationRequest] = None  # a generation
+    prepared: Any = None  # its prompt and limits, once worked out (batcher.Prepared)
     fn: Optional[Callable[[Any, Callable[[Any], None]], Any]] = None  # anything else: fn(engine, report)
     label: str = ""  # what others wait for while it runs ("the speed lab", "a model load")
     interrupt: bool = False
@@ -59,9 +60,11 @@ class EngineService:
         max_queued: int = MAX_QUEUED,
         on_thread_start: Optional[Callable[[], None]] = None,
         start: bool = True,
+        kv_budget_tokens: Optional[int] = None,
     ):
         self._engine_factory = engine_factory
         self.max_active, self.max_queued = max_active, max_queued
+        self.kv_budget_tokens = kv_budget_tokens  # None: from the estimator and the memory free (batcher.py)
         self._on_thread_start = on_thread_start
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
@@ -229,9 +232,22 @@ class EngineService:
                     leftover = list(self._queue)
                     self._queue.clear()
                     break
-            self._step()
+            try:
+                self._step()
+            except Exception as exc:  # a fault of the scheduler itself: fail what it held, never stop serving
+                self._fail_batch(exc)
         for job in leftover:
             self._end_unstarted(job, "Redline is closing.")
+
+    def _fail_batch(self, exc: BaseException) -> None:
+        batcher, self._batcher = self._batcher, None
+        for active in list(batcher.active) if batcher is not None else []:
+            active.handle.fail(
+                RedlineError(
+                    f"The engine failed while serving this request ({type(exc).__name__}: {exc}).",
+                    "Try again; if it happens again, report it.",
+                )
+            )
 
     def _batch_busy(self) -> bool:
         return self._batcher is not None and len(self._batcher) > 0
@@ -244,12 +260,26 @@ class EngineService:
             self._batcher.cancel_all(f"Stopped so that {head.label or 'another task'} could start.")
         while head is not None and head.request is not None and self._batchable(head.request):
             if self._batcher is None or self._batcher.target is not self.engine.target:
-                self._batcher = Batcher(self.engine.target, self.max_active)
+                self._batcher = Batcher(self.engine.target, self.max_active, self.kv_budget_tokens)
             if not self._batcher.has_room():
                 break
+            try:
+                if head.prepared is None:
+                    head.prepared = self._batcher.prepare(head.request)
+            except Exception as exc:  # it can never run (too long for the KV memory, the context …): said now
+                self._pop(head)
+                head.handle.fail(exc)
+                head = self._queue[0] if self._queue else None
+                continue
+            if not self._batcher.fits(head.prepared):
+                why = "waiting for memory for the KV cache" if self._batcher.has_room() else self._wait_reason([])
+                said = [e for e in head.handle.history() if isinstance(e, Queued)]
+                if not said or said[-1].reason != why:
+                    head.handle.emit(Queued(len(self._batcher), why))
+                break  # the running requests' KV memory comes back as they end
             self._pop(head)
             try:
-                self._batcher.add(head.handle, head.request, head.submitted)
+                self._batcher.add(head.handle, head.request, head.submitted, head.prepared)
             except Exception as exc:
                 head.handle.fail(exc)
             head = self._queue[0] if self._queue else None
