@@ -139,9 +139,12 @@ class Engine:
         on_event: Optional[EventFn] = None,
         context: Optional[int] = None,
         should_cancel: Optional[CancelFn] = None,
+        logits_processor=None,
     ) -> GenerationResult:
         target = self._require_target()
-        result = generate(target, input_ids, sampling, options, self.draft, on_event, should_cancel, context)
+        result = generate(
+            target, input_ids, sampling, options, self.draft, on_event, should_cancel, context, logits_processor
+        )
         return self._check_memory(result)
 
     def chat(
@@ -152,6 +155,7 @@ class Engine:
         on_event: Optional[EventFn] = None,
         context: Optional[int] = None,
         should_cancel: Optional[CancelFn] = None,
+        logits_processor=None,
     ) -> GenerationResult:
         """Answer ``messages`` (rendered with the model's chat template) with one generation."""
         from redline.inference.service.batcher import prepare_prompt
@@ -161,7 +165,9 @@ class Engine:
         request = GenerationRequest(messages=messages, sampling=sampling, options=options, context=context)
         prepared = new_result(target, 0, options)
         prompt, context = prepare_prompt(target, request, prepared)
-        result = generate(target, prompt, sampling, options, self.draft, on_event, should_cancel, context)
+        result = generate(
+            target, prompt, sampling, options, self.draft, on_event, should_cancel, context, logits_processor
+        )
         result.notes[:0] = prepared.notes
         result.dropped_messages = prepared.dropped_messages
         return self._check_memory(result)

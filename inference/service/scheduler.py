@@ -315,6 +315,8 @@ class EngineService:
                     on_event=forward,
                     context=r.context,
                     should_cancel=lambda: handle.cancelled,
+                    # only when set: an engine stand-in (tests/slow_engine.py) need not take it
+                    **({"logits_processor": r.logits_processor} if r.logits_processor is not None else {}),
                 )
                 handle.finish(result)
             else:
