@@ -11,7 +11,9 @@ Subpackages, each a part of the engine:
 - ``decoding``: the one decode path, the fast decode step, prompts, streaming text, draft pairing;
 - ``memory``: measured memory, how the process holds it, and the estimator's predictions;
 - ``hardware``: GPUs, RAM, CPU, memory bandwidth, common consumer GPUs;
-- ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports.
+- ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports;
+- ``service``: the engine as a service (one scheduler thread owns the model; requests and their events);
+- ``server``: the OpenAI-compatible HTTP server over the service, and structured output.
 """
 
 from redline.inference.bench.configs import BenchConfig, format_config, parse_config, parse_configs
@@ -55,6 +57,8 @@ from redline.inference.memory.fit import Planner, Target, detect_target, suggest
 from redline.inference.memory.measured import snapshot as memory_snapshot
 from redline.inference.memory.model_shapes import read_shape
 from redline.inference.paths import models_dir
+from redline.inference.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, ServerConfigError, is_loopback
+from redline.inference.server.runner import ApiServer
 from redline.inference.service.requests import (
     Busy,
     Completed,
@@ -161,4 +165,10 @@ __all__ = [
     "RequestHandle",
     "Started",
     "EngineService",
+    "ApiServer",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "is_loopback",
+    "ServerConfig",
+    "ServerConfigError",
 ]
