@@ -13,7 +13,8 @@ Subpackages, each a part of the engine:
 - ``hardware``: GPUs, RAM, CPU, memory bandwidth, common consumer GPUs;
 - ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports;
 - ``service``: the engine as a service (one scheduler thread owns the model; requests and their events);
-- ``server``: the OpenAI-compatible HTTP server over the service, and structured output.
+- ``server``: the OpenAI-compatible HTTP server over the service, and structured output;
+- ``remote``: models behind other OpenAI-compatible servers, used like local ones.
 """
 
 from redline.inference.bench.configs import BenchConfig, format_config, parse_config, parse_configs
@@ -57,6 +58,8 @@ from redline.inference.memory.fit import Planner, Target, detect_target, suggest
 from redline.inference.memory.measured import snapshot as memory_snapshot
 from redline.inference.memory.model_shapes import read_shape
 from redline.inference.paths import models_dir
+from redline.inference.remote.client import RemoteError, display_url, is_server_url, parse_server_spec
+from redline.inference.remote.client import list_models as list_server_models
 from redline.inference.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, ServerConfigError, is_loopback
 from redline.inference.server.runner import ApiServer
 from redline.inference.service.requests import (
@@ -171,4 +174,9 @@ __all__ = [
     "is_loopback",
     "ServerConfig",
     "ServerConfigError",
+    "display_url",
+    "is_server_url",
+    "list_server_models",
+    "parse_server_spec",
+    "RemoteError",
 ]
