@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
         "/v1/completions; streamed or not; JSON-schema output). Listens on 127.0.0.1 by default; any other "
         "address needs an API key. Ctrl+C stops it. See docs/server.md.",
     )
-    add_model_arguments(p)
+    add_model_arguments(p, remote=False)
     p.set_defaults(strategy="fast")  # requests are decoded together (continuous batching)
     p.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST}: this machine only)"
