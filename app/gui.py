@@ -84,9 +84,15 @@ def add_speed_lab(window, engine, settings) -> None:
     from redline.ui.lazy_panel import LazyPanel
 
     def build():
+        from redline.app.server_keys import ServerKeys
         from redline.ui.speedlab import SpeedLabPanel
 
-        return SpeedLabPanel(engine, runs_dir=data_dir() / "speedlab-runs", model=settings.model or "starter")
+        return SpeedLabPanel(
+            engine,
+            runs_dir=data_dir() / "speedlab-runs",
+            model=settings.model or "starter",
+            server_keys=ServerKeys(),
+        )
 
     window.add_panel(LazyPanel(build), "Speed lab")
 
