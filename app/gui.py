@@ -9,6 +9,7 @@ from typing import Optional
 
 from redline.app import __license__, __version__
 from redline.app.presets import PresetStore
+from redline.app.server_keys import ServerKeys
 from redline.app.settings import load_settings, save_settings, settings_path
 from redline.app.store import Store, open_store
 from redline.app.trust_store import TrustStore
@@ -73,6 +74,7 @@ def build_window(
         presets or PresetStore(),
         about=about_info(store),
         trust=TrustStore(),
+        server_keys=ServerKeys(),
     )
     add_speed_lab(window, engine, settings)
     return window

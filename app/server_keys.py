@@ -41,5 +41,20 @@ class ServerKeys:
             data.pop(_key_for(url), None)
         write_private(self.path, json.dumps(data, indent=2) + "\n")
 
+    # -- the key of Redline's own server (the window's Server switch) ------------------------------------
+    OWN = "redline-server"
+
+    def own_key(self) -> Optional[str]:
+        key = self._read().get(self.OWN)
+        return key if isinstance(key, str) and key else None
+
+    def set_own_key(self, key: Optional[str]) -> None:
+        data = self._read()
+        if key:
+            data[self.OWN] = key
+        else:
+            data.pop(self.OWN, None)
+        write_private(self.path, json.dumps(data, indent=2) + "\n")
+
     def __repr__(self) -> str:
         return f"ServerKeys({self.path})"  # never the keys

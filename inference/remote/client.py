@@ -29,6 +29,7 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 120.0  # the longest silence accepted from a server mid-reply (a long prompt's prefill)
 DEFAULT_CONTEXT = 32768  # when the server does not say
 UNKNOWN_TOKEN = -2  # TokenEvent.token_id for a remote token: the server sends text, not ids
+_CONTEXT_REFUSAL = "The server's context cannot hold that many new tokens: "
 
 
 class RemoteError(RedlineError):
@@ -231,7 +232,17 @@ class RemoteModel:
                 body[key] = value
         if sampling.stop:
             body["stop"] = list(sampling.stop)[:4]
-        return self._stream("/chat/completions", body, on_event, should_cancel)
+        result = self._stream("/chat/completions", body, on_event, should_cancel)
+        if result.error and result.error.startswith(_CONTEXT_REFUSAL) and not result.text:
+            # More new tokens than the server's context leaves after the prompt (which only the server can
+            # count): ask again without a limit, so the server writes up to the end of its context.
+            del body["max_tokens"]
+            result = self._stream("/chat/completions", body, on_event, should_cancel)
+            result.notes.append(
+                f"max new tokens ({sampling.max_new_tokens}) did not fit the server's context after the prompt; "
+                "the server wrote up to the end of its context"
+            )
+        return result
 
     def _stream(self, path: str, body: dict, on_event, should_cancel) -> GenerationResult:
         httpx = _http()
@@ -275,6 +286,9 @@ class RemoteModel:
                     response_box.append(response)
                     if response.status_code != 200:
                         response.read()
+                        message = _server_message(response)
+                        if response.status_code == 400 and "max_tokens" in body and "context" in message.lower():
+                            raise RemoteError(_CONTEXT_REFUSAL + message)
                         raise RemoteError(
                             describe_status(
                                 self.base_url, response.status_code, _server_message(response), self.model_id
