@@ -141,7 +141,8 @@ def start_engine(args, quiet: bool = False) -> EngineService:
         raise RedlineError(
             "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
         )
-    service = EngineService()
+    parallel = getattr(args, "parallel", None)
+    service = EngineService(max_active=parallel) if parallel else EngineService()
     progress = TerminalProgress()
 
     key = remote_key(args) if is_server_url(args.model) else None

@@ -66,6 +66,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--max-body-kb", default=4096, help="largest request body in KB (default 4096)", **whole_number(1))
     p.add_argument(
+        "--parallel",
+        default=None,
+        help="replies decoded together at most (continuous batching; default 4); more wait in the queue",
+        **whole_number(1, maximum=64),
+    )
+    p.add_argument(
         "--allow-model-load",
         action="store_true",
         help="a request naming another model loads it (default: it gets an error naming the loaded model)",
