@@ -243,3 +243,28 @@ def test_against_transformers_serve(starter_dir, client_service):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+# -- the speed lab with a remote row ------------------------------------------------------------------------
+def test_the_speed_lab_runs_a_remote_row_beside_a_local_one(redline_server, tiny_model_dir, client_service):
+    from redline.inference import BenchSpec, load_prompt_set, parse_configs, run_bench
+
+    configs = parse_configs(f"fast:fp32, remote:{redline_server.address}#tiny-llama")
+    assert configs[1].strategy == "remote" and configs[1].label == f"remote:{redline_server.address}#tiny-llama"
+    spec = BenchSpec(
+        model=str(tiny_model_dir),
+        configs=configs,
+        prompts=load_prompt_set("short"),
+        new_tokens=8,
+        warmup=0,
+        samples=1,
+        server_keys={redline_server.address: "remote-test-key"},
+    )
+    assert "remote-test-key" not in json.dumps(spec.to_dict())
+    report = client_service.call(lambda engine, report: run_bench(engine, spec), "the speed lab").result(600)
+    local, remote = report.results
+    assert local.status == "ok" and remote.status == "ok", (local.error, remote.error)
+    assert remote.ttft_ms > 0 and remote.tokens_per_s > 0 and remote.device == "remote"
+    assert remote.matches_baseline is None and remote.model_memory_bytes is None
+    assert any("measured on this client" in n for n in remote.notes)
+    assert remote.outputs and all(isinstance(o, str) for o in remote.outputs)

@@ -354,3 +354,58 @@ def test_starter_concurrent_streams_each_get_their_whole_answer(starter_client):
     for t in threads:
         t.join(TIMEOUT)
     assert texts == [alone] * 3
+
+
+# -- `redline serve` -------------------------------------------------------------------------------------
+def test_serve_refuses_a_network_address_without_a_key_before_loading(tmp_path):
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "redline", "serve", "--model", str(tmp_path / "nothing-here"), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "REDLINE_API_KEY": ""},
+    )
+    assert run.returncode == 2
+    assert "needs an API key" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.slow
+def test_redline_serve_serves_until_sigterm(tiny_model_dir, tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    key_file = tmp_path / "key"
+    key_file.write_text("a-key-for-this-test\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redline", "serve", "--model", str(tiny_model_dir), "--precision", "fp32",
+         "--port", "0", "--api-key-file", str(key_file)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        address, lines = None, []
+        deadline = time.monotonic() + 120
+        while address is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)
+            address = found.group(1) if found else None
+        assert address, "".join(lines)
+        client = openai.OpenAI(base_url=address, api_key="a-key-for-this-test", max_retries=0, timeout=60)
+        reply = ask(client, max_tokens=4, temperature=0)
+        assert reply.usage.completion_tokens >= 1
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=60)[1]
+        assert proc.returncode == 0 and "Server stopped." in rest
+        assert "a-key-for-this-test" not in "".join(lines) + rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

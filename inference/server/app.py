@@ -527,6 +527,15 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
     return BodyLimit(wrapped, config.max_body_bytes)
 
 
+def _failure(result: GenerationResult) -> tuple[int, str]:
+    """A generation that ended without its answer, its client still there: it failed (500), or the engine
+    stopped it for something else (503: a model load in the window, Redline closing)."""
+    if result.finish_reason == "cancelled":
+        why = next((n for n in reversed(result.notes) if n.startswith("Stopped")), "Stopped by Redline.")
+        return 503, f"The reply was stopped before its end: {why} Send the request again."
+    return 500, f"The generation failed: {result.error}"
+
+
 def _chunk(ident, created, name, chat: bool, text: Optional[str], finish: Optional[str], first=False) -> dict:
     if chat:
         delta: dict = {}
@@ -565,8 +574,8 @@ async def _stream(api: Api, handle, queue, ident, created, name, chat, include_u
                 yield _data(error_body(500, f"The generation failed: {event.message}"))
                 yield {"data": "[DONE]"}
                 return
-        if result.finish_reason == "error":
-            yield _data(error_body(500, f"The generation failed: {result.error}"))
+        if result.finish_reason in ("error", "cancelled"):
+            yield _data(error_body(*_failure(result)))
             yield {"data": "[DONE]"}
             return
         last = _chunk(ident, created, name, chat, None if chat else "", FINISH[result.finish_reason])
@@ -623,8 +632,11 @@ async def _whole(api: Api, handle, queue, request, ident, created, name, chat):
         watcher.cancel()
         if result is None:
             handle.cancel()
-    if failure is not None or result.finish_reason == "error":
-        return JSONResponse(error_body(500, f"The generation failed: {failure or result.error}"), 500)
+    if failure is not None:
+        return JSONResponse(error_body(500, f"The generation failed: {failure}"), 500)
+    if result.finish_reason in ("error", "cancelled"):
+        status, message = _failure(result)
+        return JSONResponse(error_body(status, message), status)
     finish = FINISH[result.finish_reason]
     if chat:
         choice = {
