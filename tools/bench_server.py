@@ -79,7 +79,8 @@ def start_servers(args, model_dir: str) -> dict:
     servers = {}
     port = free_port()
     redline = [str(bindir / "redline"), "serve", "--model", model_dir, "--precision", args.precision,
-               "--host", "127.0.0.1", "--port", str(port), "--max-tokens", str(args.max_tokens)]  # fmt: skip
+               "--host", "127.0.0.1", "--port", str(port), "--max-tokens", str(args.max_tokens),
+               "--parallel", str(args.parallel)]  # fmt: skip
     servers["redline"] = (subprocess.Popen(redline, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
     port = free_port()
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.precision]
@@ -159,6 +160,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1, help="requests per server before measuring")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--parallel", type=int, default=4, help="Redline's replies decoded together at most (redline serve --parallel)"
+    )
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
@@ -238,6 +242,7 @@ def main() -> int:
     print("\n".join(lines))
     print(
         f"\n`{command.strip()}`; {args.rounds} rounds, {args.max_tokens} new tokens a request, {args.precision}, "
+        f"Redline --parallel {args.parallel}, "
         f"load average {load_before[0]:.2f} before and {load_after[0]:.2f} after (1 min), "
         f"errors: Redline {sum(r['redline']['errors'] for r in rows)}, "
         f"transformers {sum(r['transformers']['errors'] for r in rows)}."

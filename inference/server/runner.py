@@ -18,11 +18,14 @@ from redline.inference.server.config import ServerConfig, ServerConfigError
 
 
 class ApiServer:
-    def __init__(self, service, config: Optional[ServerConfig] = None):
+    def __init__(self, service, config: Optional[ServerConfig] = None, on_thread_start=None):
         from redline.inference.server.app import ServerStats
 
         self.service = service
         self.config = config or ServerConfig()
+        # Called first on the server's thread (the window lowers its priority there, as for the engine's
+        # thread, so the UI thread gets a core first; threads the server starts inherit it).
+        self._on_thread_start = on_thread_start
         self.stats = ServerStats()
         self.port: Optional[int] = None
         self._server = None
@@ -98,6 +101,8 @@ class ApiServer:
 
         def serve():
             try:
+                if self._on_thread_start is not None:
+                    self._on_thread_start()
                 self._server.run(sockets=[sock])
             except BaseException as exc:  # reported by start() or status, never raised on this thread
                 self._error = exc

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from qasync import asyncSlot
 
 from redline.inference import ApiServer, RedlineError, ServerConfig, is_loopback
+from redline.ui.worker import yield_to_the_ui
 
 STATUS_MS = 1000
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="redline-server-control")
@@ -92,7 +93,7 @@ class ServerController(QObject):
             if on and not self.running:
                 w.server_button.setText("Server: starting…")
                 config = self.config()
-                server = ApiServer(w.engine.service, config)
+                server = ApiServer(w.engine.service, config, on_thread_start=yield_to_the_ui)
                 try:
                     await off_ui_thread(server.start)
                 except RedlineError as exc:
