@@ -409,3 +409,30 @@ def test_redline_serve_serves_until_sigterm(tiny_model_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_request_for_another_model_loads_it_when_the_server_allows(tiny_model_dir, tiny_draft_dir):
+    service, server = start(tiny_model_dir, load_on_request=True, precision="fp32")
+    try:
+        client = openai.OpenAI(base_url=server.address, api_key="unused", max_retries=0, timeout=120)
+        reply = ask(client, model=str(tiny_draft_dir), max_tokens=4, temperature=0)
+        assert reply.model == "tiny-draft" and reply.usage.completion_tokens >= 1
+        assert [m.id for m in client.models.list().data] == ["tiny-draft"]
+        with pytest.raises(openai.NotFoundError, match="could not be loaded"):
+            ask(client, model="/no/such/model/folder")
+    finally:
+        stop(service, server)
+
+
+@pytest.mark.starter
+def test_starter_streamed_and_whole_replies_agree_with_real_usage_and_seeds_repeat(starter_client):
+    kwargs = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Name two planets."}])
+    whole = ask(starter_client, **kwargs, temperature=0, max_tokens=24)
+    chunks = list(
+        ask(starter_client, **kwargs, temperature=0, max_tokens=24, stream=True, stream_options={"include_usage": True})
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    assert whole.usage.prompt_tokens > 20  # the chat template's system turn and the question
+    sampled = [ask(starter_client, **kwargs, temperature=1.0, seed=42, max_tokens=24) for _ in range(2)]
+    assert sampled[0].choices[0].message.content == sampled[1].choices[0].message.content
