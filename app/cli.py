@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
-from redline.app import __version__, cli_bench, cli_chat, cli_estimate, cli_models, launch
+from redline.app import __version__, cli_bench, cli_chat, cli_estimate, cli_models, cli_serve, launch
 
-SUBCOMMANDS = [cli_chat, cli_models, cli_estimate, cli_bench]
+SUBCOMMANDS = [cli_chat, cli_models, cli_estimate, cli_bench, cli_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

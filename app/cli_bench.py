@@ -179,7 +179,23 @@ def spec_from_args(args) -> BenchSpec:
         concurrency=args.concurrency or [],
         arrival_gap_s=args.arrival_gap,
         fixed_length=not args.stop_at_eos,
+        server_keys=_server_keys(configs),
     )
+
+
+def _server_keys(configs) -> dict:
+    """The API key of each server a remote:URL configuration names: $REDLINE_REMOTE_API_KEY or the saved one."""
+    import os
+
+    from redline.app.server_keys import ServerKeys
+
+    keys, saved, env = {}, ServerKeys(), os.environ.get("REDLINE_REMOTE_API_KEY", "").strip()
+    for c in configs:
+        if c.strategy == "remote":
+            key = env or saved.get(c.server)
+            if key:
+                keys[c.server.partition("#")[0].rstrip("/")] = key
+    return keys
 
 
 def run(args) -> int:

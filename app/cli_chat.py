@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from redline.app.cli_args import SEED_MAX, above, at_least, whole_number
 from redline.app.terminal import TerminalProgress
@@ -20,13 +22,40 @@ from redline.inference import (
     RedlineError,
     SamplingSettings,
     TokenEvent,
+    is_server_url,
     resolve_precision,
 )
 
+REMOTE_KEY_ENV = "REDLINE_REMOTE_API_KEY"
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
+
+def remote_key(args) -> str | None:
+    """The API key for the server ``args.model`` names: --server-key-file, the environment, or the saved one."""
+    path = getattr(args, "server_key_file", None)
+    if path is not None:
+        try:
+            key = path.expanduser().read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise RedlineError(f"Cannot read {path} ({exc.strerror or exc}).", "Check --server-key-file.") from None
+        return key or None
+    if os.environ.get(REMOTE_KEY_ENV, "").strip():
+        return os.environ[REMOTE_KEY_ENV].strip()
+    from redline.app.server_keys import ServerKeys
+
+    return ServerKeys().get(args.model)
+
+
+def add_model_arguments(p: argparse.ArgumentParser, remote: bool = True) -> None:
     """Model, precision and strategy options shared by chat-like commands."""
-    p.add_argument("--model", default="starter", help=f"the model: {ACCEPTED_FORMS}")
+    forms = ACCEPTED_FORMS + (", or a server's address, http://HOST:PORT/v1[#MODEL]" if remote else "")
+    p.add_argument("--model", default="starter", help=f"the model: {forms}")
+    if remote:
+        p.add_argument(
+            "--server-key-file",
+            type=Path,
+            help="a file holding the API key of the server --model names (default: the key saved for it in "
+            f"the window, or ${REMOTE_KEY_ENV})",
+        )
     p.add_argument(
         "--precision",
         default="auto",
@@ -112,13 +141,18 @@ def start_engine(args, quiet: bool = False) -> EngineService:
         raise RedlineError(
             "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
         )
-    service = EngineService()
+    parallel = getattr(args, "parallel", None)
+    service = EngineService(max_active=parallel) if parallel else EngineService()
     progress = TerminalProgress()
+
+    key = remote_key(args) if is_server_url(args.model) else None
 
     def load(engine, report):
         def on_progress(fraction: float, phase: str) -> None:
             report(Progress(fraction, phase))
 
+        if key is not None or is_server_url(args.model):
+            return engine.load(args.model, None, on_progress, api_key=key)
         load_with_trust(
             engine,
             args.model,
@@ -146,6 +180,8 @@ def start_engine(args, quiet: bool = False) -> EngineService:
         print("note: --draft is only used with --strategy speculative", file=sys.stderr)
     for note in target.notes:
         print(f"note: {note}", file=sys.stderr)
+    if getattr(target, "remote", False) and args.strategy not in ("kv", "fast") and not quiet:
+        print("note: --strategy is the server's to choose for a model on a server; it is not sent", file=sys.stderr)
     return service
 
 

@@ -9,6 +9,7 @@ from typing import Optional
 
 from redline.app import __license__, __version__
 from redline.app.presets import PresetStore
+from redline.app.server_keys import ServerKeys
 from redline.app.settings import load_settings, save_settings, settings_path
 from redline.app.store import Store, open_store
 from redline.app.trust_store import TrustStore
@@ -75,6 +76,7 @@ def build_window(
         presets or PresetStore(),
         about=about_info(store),
         trust=TrustStore(),
+        server_keys=ServerKeys(),
     )
     add_speed_lab(window, engine, settings)
     return window
@@ -86,9 +88,15 @@ def add_speed_lab(window, engine, settings) -> None:
     from redline.ui.lazy_panel import LazyPanel
 
     def build():
+        from redline.app.server_keys import ServerKeys
         from redline.ui.speedlab import SpeedLabPanel
 
-        return SpeedLabPanel(engine, runs_dir=data_dir() / "speedlab-runs", model=settings.model or "starter")
+        return SpeedLabPanel(
+            engine,
+            runs_dir=data_dir() / "speedlab-runs",
+            model=settings.model or "starter",
+            server_keys=ServerKeys(),
+        )
 
     window.add_panel(LazyPanel(build), "Speed lab")
 

@@ -39,6 +39,11 @@ class Settings:
     # The engine service (read at start): replies decoded together at most, and requests that may wait.
     max_active_replies: int = 4
     max_queued_requests: int = 32
+    # The window's server (Server → Serve the model): where it listens and which browser origins may call it.
+    # Its API key is kept apart, in a private file (app/server_keys.py), never here.
+    server_host: str = "127.0.0.1"
+    server_port: int = 8642
+    server_cors: tuple[str, ...] = ()
 
     def needs_reload(self, other: "Settings") -> bool:
         """Would going from self to other need the model or draft loaded again?"""
@@ -48,7 +53,9 @@ class Settings:
         return (self.strategy == "speculative") != (other.strategy == "speculative")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["server_cors"] = list(self.server_cors)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> "Settings":
@@ -57,6 +64,8 @@ class Settings:
             raise ValueError("the file does not hold a JSON object")
         known = {f.name: f for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
+        if isinstance(values.get("server_cors"), list):
+            values["server_cors"] = tuple(values["server_cors"])
         settings = replace(cls(), **values)
         settings.validate()
         return settings
@@ -87,6 +96,13 @@ class Settings:
         num("seed", int)
         for name in ("temperature", "top_p", "repetition_penalty"):
             num(name)
+        if not isinstance(self.server_host, str) or not self.server_host.strip():
+            raise ValueError("server_host must be an address such as 127.0.0.1")
+        num("server_port", int, False)
+        if not 0 <= self.server_port <= 65535:
+            raise ValueError(f"server_port must be from 0 to 65535, not {self.server_port}")
+        if not isinstance(self.server_cors, tuple) or not all(isinstance(o, str) for o in self.server_cors):
+            raise ValueError("server_cors must be a list of origins")
         if self.num_draft_tokens < 1 or self.max_new_tokens < 1:
             raise ValueError("num_draft_tokens and max_new_tokens must be at least 1")
         if self.max_active_replies < 1 or self.max_queued_requests < 1:

@@ -11,7 +11,10 @@ Subpackages, each a part of the engine:
 - ``decoding``: the one decode path, the fast decode step, prompts, streaming text, draft pairing;
 - ``memory``: measured memory, how the process holds it, and the estimator's predictions;
 - ``hardware``: GPUs, RAM, CPU, memory bandwidth, common consumer GPUs;
-- ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports.
+- ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports;
+- ``service``: the engine as a service (one scheduler thread owns the model; requests and their events);
+- ``server``: the OpenAI-compatible HTTP server over the service, and structured output;
+- ``remote``: models behind other OpenAI-compatible servers, used like local ones.
 """
 
 from redline.inference.bench.configs import BenchConfig, format_config, parse_config, parse_configs
@@ -56,6 +59,10 @@ from redline.inference.memory.fit import Planner, Target, detect_target, precisi
 from redline.inference.memory.measured import snapshot as memory_snapshot
 from redline.inference.memory.model_shapes import read_shape
 from redline.inference.paths import models_dir
+from redline.inference.remote.client import RemoteError, display_url, is_server_url, parse_server_spec
+from redline.inference.remote.client import list_models as list_server_models
+from redline.inference.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, ServerConfigError, is_loopback
+from redline.inference.server.runner import ApiServer
 from redline.inference.service.requests import (
     Busy,
     Completed,
@@ -165,4 +172,15 @@ __all__ = [
     "RequestHandle",
     "Started",
     "EngineService",
+    "ApiServer",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "is_loopback",
+    "ServerConfig",
+    "ServerConfigError",
+    "display_url",
+    "is_server_url",
+    "list_server_models",
+    "parse_server_spec",
+    "RemoteError",
 ]

@@ -13,14 +13,15 @@ from typing import Callable, Optional, Sequence
 from redline.inference.decoding.generate import generate, new_result
 from redline.inference.decoding.hf import check_draft
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.errors import IncompatibleDraft, NeedsOptIn, RedlineError
-from redline.inference.events import EventFn, GenerationResult, Notice
+from redline.inference.errors import IncompatibleDraft, NeedsOptIn, RedlineError, UnsupportedConfiguration
+from redline.inference.events import EventFn, FinishedEvent, GenerationResult, Notice
 from redline.inference.hardware.probe import default_device
 from redline.inference.loading.loader import LoadedModel, free_memory, load_model
 from redline.inference.loading.precision import PrecisionSpec
 from redline.inference.memory.calibration import MemoryCheck, check_generation, predict_loaded
 from redline.inference.memory.policy import bound_kernel_caches
 from redline.inference.progress import CancelFn, ProgressFn, noop_progress
+from redline.inference.remote.client import connect, is_server_url
 from redline.inference.sources.resolve import resolve
 
 
@@ -43,10 +44,21 @@ class Engine:
         allow_pickle: bool = False,
         opt_in: Optional[Callable[[NeedsOptIn], bool]] = None,
         should_cancel: Optional[CancelFn] = None,
+        api_key: Optional[str] = None,
     ) -> LoadedModel:
         """Load ``model`` as the target. A folder whose code would run (or whose weights would be unpickled)
         raises NeedsOptIn unless the matching flag is set, or ``opt_in(exc)`` — asked at most once per kind —
-        says yes (the user trusts it, or already did)."""
+        says yes (the user trusts it, or already did).
+
+        A server's address (``http://HOST:PORT/v1[#MODEL]``) connects to that server's model instead
+        (``remote/client.py``), with ``api_key`` if it needs one; nothing loads here."""
+        if is_server_url(model):
+            progress(0.1, f"connecting to {model.split('#')[0]}")
+            remote = connect(model, api_key)
+            self.unload()
+            self.target = remote
+            progress(1.0, "connected")
+            return remote
         source = resolve(model)
         self.unload()
         flags = {"remote_code": trust_remote_code, "pickle": allow_pickle}
@@ -78,6 +90,10 @@ class Engine:
     ) -> LoadedModel:
         if self.target is None:
             raise IncompatibleDraft("Load the target model before its draft.")
+        if getattr(self.target, "remote", False):
+            raise IncompatibleDraft(
+                "A model on a server takes no local draft.", "Use the server's own speculative decoding."
+            )
         self.unload_draft()
         draft = load_model(resolve(model), precision, self.device, progress, should_cancel)
         try:
@@ -114,6 +130,8 @@ class Engine:
             loaded.predicted_bytes = None
 
     def _check_memory(self, result: GenerationResult) -> GenerationResult:
+        if getattr(self.target, "remote", False):
+            return result  # the memory is the server's
         try:
             check = check_generation(self.target, result, self.draft, save=self.record_memory)
         except Exception:  # the comparison is a report; it must never break a chat
@@ -139,9 +157,16 @@ class Engine:
         on_event: Optional[EventFn] = None,
         context: Optional[int] = None,
         should_cancel: Optional[CancelFn] = None,
+        logits_processor=None,
     ) -> GenerationResult:
         target = self._require_target()
-        result = generate(target, input_ids, sampling, options, self.draft, on_event, should_cancel, context)
+        if getattr(target, "remote", False):
+            raise UnsupportedConfiguration(
+                "A model on a server takes chat messages, not token ids.", "Send messages instead."
+            )
+        result = generate(
+            target, input_ids, sampling, options, self.draft, on_event, should_cancel, context, logits_processor
+        )
         return self._check_memory(result)
 
     def chat(
@@ -152,19 +177,27 @@ class Engine:
         on_event: Optional[EventFn] = None,
         context: Optional[int] = None,
         should_cancel: Optional[CancelFn] = None,
+        logits_processor=None,
     ) -> GenerationResult:
         """Answer ``messages`` (rendered with the model's chat template) with one generation."""
         from redline.inference.service.batcher import prepare_prompt
         from redline.inference.service.requests import GenerationRequest
 
         target = self._require_target()
+        if getattr(target, "remote", False):
+            result = target.chat(messages, sampling, on_event, should_cancel)
+            if on_event is not None:
+                on_event(FinishedEvent(result))
+            return result
         request = GenerationRequest(messages=messages, sampling=sampling, options=options, context=context)
         prepared = new_result(target, 0, options)
         prompt, context = prepare_prompt(target, request, prepared)
         if on_event is not None:
             for note in prepared.notes:  # said before the reply starts
                 on_event(Notice(note))
-        result = generate(target, prompt, sampling, options, self.draft, on_event, should_cancel, context)
+        result = generate(
+            target, prompt, sampling, options, self.draft, on_event, should_cancel, context, logits_processor
+        )
         result.notes[:0] = prepared.notes
         result.dropped_messages = prepared.dropped_messages
         return self._check_memory(result)

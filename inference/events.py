@@ -56,6 +56,9 @@ class GenerationResult:
     measured_memory_bytes: Optional[int] = None
     memory_error_pct: Optional[float] = None
     error: Optional[str] = None
+    # A model on a server: the figures the server itself reported (usage; llama.cpp-style timings where
+    # given), beside the TTFT and tokens/s measured here, on the client.
+    server_timings: Optional[dict] = None
     dropped_messages: int = 0
     notes: list[str] = field(default_factory=list)
 

@@ -115,12 +115,19 @@ def load_task(
     draft_precision: str,
     with_draft: bool,
     is_trusted: Optional[Callable[[Any], bool]] = None,
+    api_key: Optional[str] = None,
 ):
     """``is_trusted(NeedsOptIn) -> bool`` says whether the user already opted in for that folder's code or
-    pickle weights (as they are now); without it, such a model is refused with NeedsOptIn."""
+    pickle weights (as they are now); without it, such a model is refused with NeedsOptIn. A server's address
+    (``http://HOST:PORT/v1#MODEL``) connects to its model, with ``api_key``; nothing loads here."""
 
     def task(engine, report):
-        from redline.inference import Cancelled, RedlineError, resolve_precision
+        from redline.inference import Cancelled, RedlineError, is_server_url, resolve_precision
+
+        if is_server_url(model):
+            remote = engine.load(model, None, lambda f, phase: report(LoadProgress(f, phase)), api_key=api_key)
+            report(LoadProgress(1.0, "Connected"))
+            return ModelInfo(remote.name, remote.device, "server", 0, remote.load_seconds, list(remote.notes))
 
         share = 0.75 if (with_draft and draft_model) else 1.0
         spec = resolve_precision(precision, engine.device)

@@ -201,6 +201,7 @@ class GaugesPanel(QFrame):
         layout.addStretch(1)
         self._latencies: deque[float] = deque(maxlen=SPARK_POINTS)
         self.last_snapshot = None
+        self.remote: Optional[str] = None  # the model runs on this server: its memory is not shown here
         self.rate_updates = 0  # how many live readings arrived (tests check the gauges are fed)
 
     def _make_sparkline(self):
@@ -259,9 +260,24 @@ class GaugesPanel(QFrame):
     def set_device(self, text: str) -> None:
         self.device_label.setText(text)
 
+    def set_remote(self, server: Optional[str]) -> None:
+        """The model runs on a server (its name), or here (None): the memory gauge says whose memory it shows."""
+        self.remote = server
+        if self.last_snapshot is not None:
+            self.set_memory(self.last_snapshot)
+
     def set_memory(self, snap) -> None:
         """``snap`` is an inference.memory.measured.MemorySnapshot or an Exception (could not read)."""
         self.last_snapshot = snap
+        if self.remote and not isinstance(snap, Exception):
+            self.mem_bar.set_segments([(snap.rss_bytes, self.THIS)], snap.system_total_bytes)
+            self.mem_label.setText(
+                f"The model's memory is the server's ({self.remote}); it is not measured here.<br>"
+                f"This app (RSS): {format_bytes(snap.rss_bytes)}"
+            )
+            self.torch_bar.hide()
+            self.torch_label.setText("")
+            return
         if isinstance(snap, Exception):
             self.mem_bar.set_segments([], None)
             self.mem_label.setText(f"Memory could not be read: {snap}")

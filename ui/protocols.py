@@ -50,7 +50,7 @@ class ConversationStore(Protocol):
 class SettingsLike(Protocol):
     """A frozen dataclass: fields model, precision, strategy, draft_model, draft_precision,
     num_draft_tokens, context_length, max_new_tokens, temperature, top_p, top_k,
-    repetition_penalty, seed."""
+    repetition_penalty, seed, server_host, server_port, server_cors."""
 
     model: Optional[str]
     precision: str
@@ -86,3 +86,16 @@ class TrustDecisions(Protocol):
     def is_trusted(self, folder, kind: str, fingerprint: str) -> bool: ...
 
     def remember(self, folder, kind: str, fingerprint: str, files: list[str]) -> None: ...
+
+
+class ServerKeyStore(Protocol):
+    """API keys: of remote servers, by address, and of Redline's own server (``app.server_keys.ServerKeys``).
+    Kept in a private file; never in settings, presets or a log."""
+
+    def get(self, url: str) -> Optional[str]: ...
+
+    def set(self, url: str, key: Optional[str]) -> None: ...
+
+    def own_key(self) -> Optional[str]: ...
+
+    def set_own_key(self, key: Optional[str]) -> None: ...

@@ -131,9 +131,11 @@ class SpeedLabPanel(QWidget):
         runs_dir: Optional[Path] = None,
         model: str = "starter",
         parent: Optional[QWidget] = None,
+        server_keys=None,  # .get(url) → the API key saved for a server (remote:URL rows), or None
     ):
         super().__init__(parent)
         self.worker = worker
+        self.server_keys = server_keys
         self.runs_dir = Path(runs_dir) if runs_dir else None
         self.report: Optional[BenchReport] = None  # the run shown (live or reopened)
         self.shown: list[ConfigResult] = []  # rows in the table and charts (several runs when comparing)
@@ -153,7 +155,8 @@ class SpeedLabPanel(QWidget):
         self.configs_edit = QLineEdit(DEFAULT_CONFIGS)
         self.configs_edit.setToolTip(
             "strategy:precision, comma-separated, e.g. naive:fp32,kv:bf16,kv:int8,"
-            "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16"
+            "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16; a model on a server: "
+            "remote:http://HOST:PORT/v1#MODEL"
         )
         self.baseline_spin = QSpinBox(minimum=1, maximum=64, value=1)
         self.baseline_spin.setToolTip("Which configuration (1 = first) the others are compared with")
@@ -320,7 +323,19 @@ class SpeedLabPanel(QWidget):
             seed=self.seed_spin.value(),
             baseline=self.baseline_spin.value() - 1,
             batch_sizes=sweep,
+            server_keys=self._keys_for(configs),
         )
+
+    def _keys_for(self, configs) -> dict:
+        """The saved API key of each server a remote:URL row names."""
+        keys = {}
+        for c in configs:
+            if c.strategy == "remote" and self.server_keys is not None:
+                base = c.server.partition("#")[0].rstrip("/")
+                key = self.server_keys.get(c.server)
+                if key:
+                    keys[base] = key
+        return keys
 
     def start(self) -> Optional[int]:
         """Validate the form and submit the run; bad input is reported and nothing is lost."""

@@ -65,9 +65,12 @@ class EngineThread(QObject):
         engine_factory: Callable[[], Any] | None = None,
         parent: QObject | None = None,
         max_active: int | None = None,
+        max_queued: int | None = None,
     ):
         super().__init__(parent)
         kwargs = {"max_active": max_active} if max_active else {}
+        if max_queued:
+            kwargs["max_queued"] = max_queued
         self.service = EngineService(engine_factory, on_thread_start=yield_to_the_ui, **kwargs)
         self._lock = threading.Lock()
         self._buffers: dict[int, list] = {}

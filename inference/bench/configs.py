@@ -34,12 +34,19 @@ class BenchConfig:
     lookup: int = 10  # prompt-lookup: tokens copied per match
     compile: Optional[bool] = None  # static: None = on for CUDA, off for CPU
     text: str = ""  # as the user wrote it; the row's label
+    server: Optional[str] = None  # strategy "remote": the server's address, http://HOST:PORT/v1[#MODEL]
 
     @property
     def label(self) -> str:
         return self.text or format_config(self)
 
+    @property
+    def remote(self) -> bool:
+        return self.strategy == "remote"
+
     def options(self) -> DecodeOptions:
+        if self.remote:  # the server decodes as it does; nothing of ours to set
+            return DecodeOptions(strategy="kv")
         return DecodeOptions(
             strategy=self.strategy,
             num_draft_tokens=self.k,
@@ -63,6 +70,12 @@ def parse_config(text: str) -> BenchConfig:
     raw = text.strip()
     if not raw:
         raise UnsupportedConfiguration("An empty configuration.", "Write e.g. kv:bf16.")
+    if raw.lower().startswith("remote:"):  # a model on a server: remote:http://HOST:PORT/v1[#MODEL]
+        from redline.inference.remote.client import parse_server_spec
+
+        server = raw.partition(":")[2].strip()
+        parse_server_spec(server)  # raises with the form to use
+        return BenchConfig(strategy="remote", precision="server", text=raw, server=server)
     strategy, colon, rest = raw.partition(":")
     if not colon:  # "kv" or "kv+compile"
         strategy, _, tail = raw.partition("+")
@@ -131,6 +144,8 @@ def parse_configs(text: str) -> list[BenchConfig]:
 
 
 def format_config(c: BenchConfig) -> str:
+    if c.remote:
+        return f"remote:{c.server}"
     text = f"{c.strategy}:{c.precision}"
     if c.draft:
         text += f"+draft={c.draft}@{c.draft_precision}/k={c.k}"

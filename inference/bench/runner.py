@@ -44,6 +44,7 @@ from redline.inference.errors import Cancelled, OutOfMemory, RedlineError, Unsup
 from redline.inference.events import GenerationResult, TokenEvent
 from redline.inference.hardware.probe import probe
 from redline.inference.loading.loader import free_memory, is_oom
+from redline.inference.remote.client import is_server_url, parse_server_spec
 from redline.inference.sources.resolve import resolve
 
 # The textbook measurement protocol (20 warm-up runs, 50 samples), offered as a preset; the defaults stay small
@@ -72,6 +73,8 @@ class BenchSpec:
     batch_config: Optional[int] = None  # which configuration the sweep runs (default: the baseline)
     concurrency: list[int] = field(default_factory=list)  # non-empty: also run the concurrency sweep (fast path)
     arrival_gap_s: float = 0.5  # the concurrency sweep's requests arrive this far apart
+    # API keys of the servers remote rows name (base URL → key); never saved with a report
+    server_keys: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         if not self.configs:
@@ -87,6 +90,7 @@ class BenchSpec:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("server_keys", None)
         d["configs"] = [c.label for c in self.configs]
         d["baseline_config"] = self.configs[self.baseline].label
         d["prompts"] = {"name": self.prompts.name, "count": len(self.prompts.prompts), "source": self.prompts.source}
@@ -151,11 +155,30 @@ def _divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 class _Models:
     """Loads what a configuration needs, reusing the loaded target (and draft) when they match."""
 
-    def __init__(self, engine: Engine, model: str, cancelled: Callable[[], bool]):
+    def __init__(self, engine: Engine, model: str, cancelled: Callable[[], bool], keys: Optional[dict] = None):
         self.engine, self.model, self.cancelled = engine, model, cancelled
-        self.source = resolve(model)
+        self.source = None if is_server_url(model) else resolve(model)
+        self.keys = keys or {}
 
     def ensure(self, config: BenchConfig, progress: Callable[[float, str], None]) -> tuple[float, bool]:
+        eng = self.engine
+        if config.remote:  # a model on a server: connect (nothing loads here), reusing the connection
+            target = eng.target
+            if (
+                getattr(target, "remote", False)
+                and config.server.startswith(target.base_url)
+                and ("#" not in config.server or config.server.endswith("#" + target.model_id))
+            ):
+                return 0.0, True
+            base, _ = parse_server_spec(config.server)
+            eng.unload_draft()
+            eng.load(config.server, None, progress, api_key=self.keys.get(base))
+            return eng.target.load_seconds, False
+        if self.source is None:
+            raise UnsupportedConfiguration(
+                f"The lab's model is a server ({self.model}), so {config.label} has no local model to run.",
+                "Choose a local model for the lab, or make every row remote:URL.",
+            )
         eng = self.engine
         spec = config.precision_spec(eng.device)
         reused = True
@@ -253,13 +276,13 @@ def run_bench(
     emit = progress or (lambda ev: None)
     cancelled = _Latch(should_cancel)
     started = time.perf_counter()
-    previous = (engine.target.source.spec, engine.target.precision) if engine.target is not None else None
+    previous = _current(engine.target)
     previous_draft = (engine.draft.source.spec, engine.draft.precision) if engine.draft is not None else None
-    models = _Models(engine, spec.model, cancelled)
+    models = _Models(engine, spec.model, cancelled, spec.server_keys)
     report = BenchReport(
         spec=spec.to_dict(),
         machine=machine_info(engine.device),
-        model=models.source.name,
+        model=models.source.name if models.source is not None else spec.model,
         device=engine.device,
         started_at=_dt.datetime.now().isoformat(timespec="seconds"),
     )
@@ -298,7 +321,15 @@ def run_bench(
                 target = engine.target
                 row.precision, row.device = target.precision.label(), target.device
                 row.model_memory_bytes = target.memory_bytes + (engine.draft.memory_bytes if engine.draft else 0)
-                prompts = _render_prompts(target.tokenizer, spec)
+                if config.remote:  # the same prompts, as messages: the server has its own tokenizer
+                    prompts = [list(p.messages) for p in spec.prompts.prompts]
+                    row.model_memory_bytes = None
+                    row.notes.append(
+                        f"on the server {target.server}: its memory is not measured here; TTFT and tokens/s are "
+                        "measured on this client; the server decides where a reply ends"
+                    )
+                else:
+                    prompts = _render_prompts(target.tokenizer, spec)
                 options = config.options()
                 measured: list[tuple[int, GenerationResult]] = []
                 outputs: dict[int, GenerationResult] = {}
@@ -321,7 +352,10 @@ def run_bench(
                         if _shown and isinstance(ev, TokenEvent) and ev.text:
                             emit(BenchToken(_i, ev.text))
 
-                    result = generate(target, prompts[p], sampling, options, engine.draft, on_event, cancelled)
+                    if config.remote:
+                        result = target.chat(prompts[p], sampling, on_event, cancelled)
+                    else:
+                        result = generate(target, prompts[p], sampling, options, engine.draft, on_event, cancelled)
                     done_units += 1
                     if result.finish_reason == "error":
                         failure = result
@@ -343,9 +377,10 @@ def run_bench(
                 else:
                     row.status = "ok"
                     _aggregate(row, measured)
-                    _roofline(row, target)
                     row.outputs = [outputs[p].text for p in sorted(outputs)]
-                    row.token_ids = [outputs[p].token_ids for p in sorted(outputs)]
+                    if not config.remote:  # a server sends text, not token ids: no token-level agreement
+                        _roofline(row, target)
+                        row.token_ids = [outputs[p].token_ids for p in sorted(outputs)]
             except Cancelled:
                 row.status = "cancelled"
                 row.wall_s = time.perf_counter() - row_start
@@ -373,6 +408,11 @@ def run_bench(
                 emit(BenchPhase((done_units + fraction * sweep_units) / total_units, None, phase))
 
             try:
+                if cfg.remote:
+                    raise UnsupportedConfiguration(
+                        f"The batch sweep runs local configurations, not {cfg.label}.",
+                        "Choose a local configuration for the sweep.",
+                    )
                 models.ensure(cfg, lambda f, ph: sweep_progress(0.0, ph))
 
                 def on_sweep_row(srow: SweepRow) -> None:
@@ -437,11 +477,26 @@ def run_bench(
     return report
 
 
+def _current(target) -> Optional[tuple]:
+    """What ``_restore`` needs to put ``target`` back: (spec, precision[, a server's key])."""
+    if target is None:
+        return None
+    if getattr(target, "remote", False):
+        return (f"{target.base_url}#{target.model_id}", None, target.api_key)
+    return (target.source.spec, target.precision)
+
+
 def _restore(engine: Engine, previous, previous_draft) -> None:
     """Put back the model the engine had before the run (best effort: a failure leaves none loaded)."""
     try:
         if previous is None:
             engine.unload()
+            return
+        if len(previous) == 3:  # a model on a server: connect again unless still connected to it
+            spec_text, _none, key = previous
+            target = engine.target
+            if not (getattr(target, "remote", False) and f"{target.base_url}#{target.model_id}" == spec_text):
+                engine.load(spec_text, None, api_key=key)
             return
         spec_text, precision = previous
         if engine.target is None or engine.target.source != resolve(spec_text) or engine.target.precision != precision:

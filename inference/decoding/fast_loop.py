@@ -62,7 +62,9 @@ class FastSequence:
         self.generator = generator  # per-sequence randomness, so a seed repeats whatever else runs beside it
         self.procs = logits_processors(cfg)
         if extra_processor is not None:  # e.g. a grammar that constrains the output
-            self.procs.append(extra_processor)
+            # First, as generate() places a caller's processors before its sampling warpers: a grammar's mask
+            # applied after top-p could leave no token at all.
+            self.procs.insert(0, extra_processor)
         self.eos = eos_token_ids(cfg)
         self.eos_ids = torch.tensor(self.eos, dtype=torch.long, device=dec.device) if self.eos else None
         self.min_new = cfg.min_new_tokens or 0
@@ -138,6 +140,7 @@ def run_fast(
     cancel: CancelCriteria,
     max_new: int,
     compile: Optional[bool] = None,
+    extra_processor=None,
 ) -> None:
     """One sequence, start to end: prefill, then one decode step per token (compiled once that is ready)."""
     from redline.inference.decoding.fastpath import get_decoder
@@ -145,7 +148,7 @@ def run_fast(
     dec = get_decoder(target, len(prompt) + max_new)
     if wants_compile(compile, target.device):
         dec.compile_in_background(1)
-    seq = FastSequence(dec, 0, prompt, cfg, collector, cancel, max_new)
+    seq = FastSequence(dec, 0, prompt, cfg, collector, cancel, max_new, extra_processor=extra_processor)
     seq.prefill()
     while not seq.done:
         logits = dec.step(seq.next_token.view(1), [seq.position], [seq.seq])

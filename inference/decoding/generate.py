@@ -116,9 +116,11 @@ def generate(
     on_event: Optional[EventFn] = None,
     should_cancel: Optional[CancelFn] = None,
     context_limit: Optional[int] = None,
+    logits_processor=None,
 ) -> GenerationResult:
     """Generate from ``input_ids`` (one prompt). Never raises for run-time failures: an
-    out-of-memory or other error ends the result with ``finish_reason="error"``."""
+    out-of-memory or other error ends the result with ``finish_reason="error"``. ``logits_processor``
+    (transformers' interface) constrains this generation alone, e.g. a grammar."""
     import torch
 
     sampling = sampling or SamplingSettings()
@@ -136,6 +138,10 @@ def generate(
         restore.append(hf.use_draft(target, draft, options, gen_kwargs, result.notes))
     if speculative:
         restore.append(hf.count_draft_tokens(target.model, stats))
+    if logits_processor is not None:
+        from transformers import LogitsProcessorList
+
+        gen_kwargs["logits_processor"] = LogitsProcessorList([logits_processor])
     if sampling.stop:
         gen_kwargs["stop_strings"] = list(sampling.stop)
         gen_kwargs["tokenizer"] = target.tokenizer
@@ -161,7 +167,7 @@ def generate(
     try:
         with PeakMemory(target.device) as peak, torch.inference_mode():
             if use_fast:
-                run_fast(target, prompt, cfg, collector, cancel, max_new, options.compile)
+                run_fast(target, prompt, cfg, collector, cancel, max_new, options.compile, logits_processor)
             else:
                 hf.run_generate(target, prompt, cfg, collector, cancel, gen_kwargs)
         sync(target.device)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from redline.inference.errors import Cancelled, RedlineError
 from redline.inference.events import FinishedEvent
+from redline.inference.remote.runs import RemoteRuns
 from redline.inference.service.batcher import Batcher
 from redline.inference.service.requests import (
     Busy,
@@ -71,6 +72,7 @@ class EngineService:
         self._stopping = False
         self._running: Optional[_Job] = None  # the exclusive job now running
         self._batcher: Optional[Batcher] = None
+        self._remote = RemoteRuns(self._wake)  # replies of a model on a server, run concurrently
         self.engine = None  # created on the scheduler thread (torch imports there)
         self.engine_error: Optional[BaseException] = None
         self._ready = threading.Event()
@@ -152,7 +154,7 @@ class EngineService:
         with self._cond:
             return {
                 "queued": len(self._queue),
-                "active": len(self._batcher) if self._batcher is not None else 0,
+                "active": (len(self._batcher) if self._batcher is not None else 0) + len(self._remote),
                 "running": self._running.label if self._running else None,
                 "model": getattr(getattr(self.engine, "target", None), "name", None),
                 "compile": self._compile_status(),
@@ -199,6 +201,7 @@ class EngineService:
             job.handle.cancel()
         if self._batcher is not None:
             self._batcher.cancel_all("Stopped: Redline is closing.")
+        self._remote.cancel_all()
         if not self._thread.is_alive():
             return True
         self._thread.join(timeout)
@@ -256,6 +259,8 @@ class EngineService:
         self._ensure_engine()
         self._drop_cancelled()
         head = self._queue[0] if self._queue else None
+        if self._step_remote(head):
+            return
         if head is not None and head.interrupt and self._batch_busy():
             self._batcher.cancel_all(f"Stopped so that {head.label or 'another task'} could start.")
         while head is not None and head.request is not None and self._batchable(head.request):
@@ -289,6 +294,31 @@ class EngineService:
         if head is not None:
             self._pop(head)
             self._run_exclusive(head)
+
+    # -- a model on a server: its replies run concurrently, on threads of their own (remote/runs.py) ----------
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _step_remote(self, head: Optional[_Job]) -> bool:
+        """Start ``head`` if it is a reply for a remote model (room permitting); before a job that needs the
+        engine alone, let the remote replies end (or stop them, for an interrupting load). True if it acted."""
+        remote_target = getattr(getattr(self.engine, "target", None), "remote", False)
+        if head is not None and head.request is not None and remote_target:
+            if self._remote.has_room():
+                self._pop(head)
+                self._remote.start(head, self.engine)
+            else:
+                with self._cond:
+                    self._cond.wait(0.05)
+            return True
+        if head is not None and len(self._remote):
+            if head.interrupt:
+                self._remote.cancel_all()
+            with self._cond:
+                self._cond.wait(0.05)
+            return True
+        return False
 
     def _batchable(self, request: GenerationRequest) -> bool:
         engine = self.engine
@@ -356,6 +386,8 @@ class EngineService:
                     on_event=forward,
                     context=r.context,
                     should_cancel=lambda: handle.cancelled,
+                    # only when set: an engine stand-in (tests/slow_engine.py) need not take it
+                    **({"logits_processor": r.logits_processor} if r.logits_processor is not None else {}),
                 )
                 handle.finish(result)
             else:

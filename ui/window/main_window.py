@@ -10,7 +10,9 @@ what comes back. Its parts, each a module of ``redline.ui.window``:
   the database writes while a reply is written;
 - ``conversations``: which conversation is open, new chats, deletions, the system prompt;
 - ``presets_controller``: Model → Presets and Manage presets…; ``export``: File → Export;
-- ``help_actions``: Help → Keyboard shortcuts and About.
+- ``help_actions``: Help → Keyboard shortcuts and About;
+- ``server_controller``: Server → Serve the model (the OpenAI-compatible server over the chat's engine), its
+  settings and the status bar's switch; ``connect_dialog``: Model → Connect to a server….
 
 This class is what app/, the tests and the tools use: its signals and methods (``start``, ``send``,
 ``load_model``, ``apply_settings``, ``shutdown``, …), its widgets (``input``, ``chat_view``, ``banner``,
@@ -29,7 +31,7 @@ from PySide6.QtWidgets import QMainWindow, QWidget
 from redline.ui.about import AboutInfo
 from redline.ui.engine_client import EngineClient, ModelInfo
 from redline.ui.memory_sampler import MemorySampler
-from redline.ui.protocols import ConversationStore, PresetStoreLike, TrustDecisions
+from redline.ui.protocols import ConversationStore, PresetStoreLike, ServerKeyStore, TrustDecisions
 from redline.ui.style import app_icon, stylesheet
 from redline.ui.window import export as export_conversation
 from redline.ui.window.conversations import ConversationController
@@ -39,6 +41,7 @@ from redline.ui.window.menus import build_menus
 from redline.ui.window.model_controller import ModelController
 from redline.ui.window.presets_controller import PresetsController
 from redline.ui.window.reply_controller import Reply, ReplyController
+from redline.ui.window.server_controller import ServerController
 from redline.ui.worker import EngineThread
 
 
@@ -58,6 +61,7 @@ class MainWindow(QMainWindow):
         presets: Optional[PresetStoreLike] = None,
         about: Optional[AboutInfo] = None,
         trust: Optional[TrustDecisions] = None,
+        server_keys: Optional[ServerKeyStore] = None,
     ):
         super().__init__()
         self.setWindowTitle("Redline")
@@ -72,6 +76,7 @@ class MainWindow(QMainWindow):
         self._save_settings = save_settings
         self.presets = presets
         self.trust = trust
+        self.server_keys = server_keys  # API keys: of servers the chat connects to, and of the window's server
         self.wizard = None
         self.has_shut_down = False
         self._engine_stopped = True
@@ -81,7 +86,9 @@ class MainWindow(QMainWindow):
         self.chats = ConversationController(self)
         self.preset_actions = PresetsController(self)
         self.help = HelpActions(self)
+        self.server = ServerController(self)
         build_layout(self)
+        self.server.build_status_widgets()
         build_menus(self)
         self.sampler = MemorySampler(self)
         self.sampler.sampled.connect(self.gauges.set_memory)
@@ -181,6 +188,14 @@ class MainWindow(QMainWindow):
     def cancel_load(self) -> None:
         self.models.cancel_load()
 
+    def connect_to_server(self):
+        """Model → Connect to a server…: the dialog (it lists the server's models)."""
+        return self.models.connect_dialog()
+
+    def set_serving(self, on: bool):
+        """Server → Serve the model: start or stop the OpenAI-compatible server; awaitable (the address)."""
+        return self.server.set_serving(on)
+
     def open_wizard(self):
         """Open the configuration wizard (window-modal; it never blocks the event loop)."""
         from redline.ui.wizard import ConfigWizard
@@ -259,6 +274,7 @@ class MainWindow(QMainWindow):
         if self.has_shut_down:
             return self._engine_stopped
         self.has_shut_down = True
+        self.server.shutdown()  # API clients first: their requests stop with the server
         self.replies.shutdown()
         if self.loading:
             self.client.cancel(self.models._load_future)

@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QMessageBox
 from qasync import asyncSlot
 
-from redline.inference import Cancelled, NeedsOptIn
+from redline.inference import Cancelled, NeedsOptIn, is_server_url
 from redline.ui.engine_client import LoadProgress, ModelInfo, TaskFailed, load_task, unload_task
 
 STARTER_OFFER = (
@@ -59,6 +59,9 @@ class ModelController(QObject):
         w = self.window
         if self.loaded is None:
             w.model_label.setText("Loading…" if self.loading else "No model loaded")
+            return
+        if self.loaded.device == "remote":
+            w.model_label.setText(f"{self.loaded.name} · on the server (its memory, its decoding)")
             return
         draft = f" · draft {self.loaded.draft_name}" if self.loaded.draft_name else ""
         w.model_label.setText(
@@ -126,8 +129,9 @@ class ModelController(QObject):
         if w.trust is not None:
             trust = w.trust
             is_trusted = lambda exc: trust.is_trusted(exc.folder, exc.kind, exc.fingerprint)  # noqa: E731
+        api_key = w.server_keys.get(s.model) if (w.server_keys is not None and is_server_url(s.model)) else None
         task = load_task(
-            s.model, s.precision, s.draft_model, s.draft_precision, s.strategy == "speculative", is_trusted
+            s.model, s.precision, s.draft_model, s.draft_precision, s.strategy == "speculative", is_trusted, api_key
         )
         ask_opt_in = None
         try:
@@ -171,8 +175,14 @@ class ModelController(QObject):
             )
             return None
         self.loaded = info
-        w.sampler.set_device(info.device)
-        w.gauges.set_device(f"{info.device} · {info.name} ({info.precision}), loaded in {info.load_seconds:.1f} s")
+        if info.device == "remote":
+            w.sampler.set_device("cpu")  # this app's own memory, beside the note that the model's is the server's
+            w.gauges.set_remote(info.name)
+            w.gauges.set_device(f"on the server · {info.name}, connected in {info.load_seconds:.1f} s")
+        else:
+            w.gauges.set_remote(None)
+            w.sampler.set_device(info.device)
+            w.gauges.set_device(f"{info.device} · {info.name} ({info.precision}), loaded in {info.load_seconds:.1f} s")
         self._refresh()
         if info.draft_error:
             w.banner.show_message(
@@ -188,7 +198,7 @@ class ModelController(QObject):
                 "warning",
                 [("Open settings", w.show_settings)],
             )
-        if w.presets is not None:
+        if w.presets is not None and not is_server_url(s.model):
             w.presets.remember_model(s.model)
         w.model_loaded.emit(info)
         return info
@@ -216,6 +226,23 @@ class ModelController(QObject):
         w.gauges.set_device("no model loaded")
         self._refresh()
         w.model_unloaded.emit()
+
+    def connect_dialog(self):
+        """Model → Connect to a server…"""
+        from redline.ui.window.connect_dialog import ConnectDialog
+
+        dialog = ConnectDialog(self.window)
+        dialog.open()
+        return dialog
+
+    def connect_to(self, base_url: str, model_id: str, api_key: Optional[str]):
+        """Chat with ``model_id`` on the server at ``base_url``; awaitable like load_model. The key is saved
+        privately (never in the settings)."""
+        w = self.window
+        if w.server_keys is not None:
+            w.server_keys.set(base_url, api_key)
+        w.set_settings(dataclasses.replace(w.settings, model=f"{base_url}#{model_id}"))
+        return self.load_model()
 
     def cancel_load(self) -> None:
         w = self.window

@@ -59,6 +59,7 @@ STATS_KEYS = (
     "mean_accepted_length",
     "peak_memory_bytes",
     "total_s",
+    "server_timings",
 )
 
 
@@ -288,7 +289,7 @@ class ReplyController(QObject):
                     reply.waiting = ""
                     self._show_waiting(reply)
                 reply.append(ev.text, ev.from_draft)
-                if ev.token_id >= 0:
+                if ev.token_id != -1:  # -1: the final text delta, not a token (a server's tokens are -2)
                     if reply.last_token_time is not None and ev.index > 0 and ev.time_s > reply.last_token_time:
                         latencies.append((ev.time_s - reply.last_token_time) * 1000)
                     reply.last_token_time = ev.time_s

@@ -1,0 +1,434 @@
+"""A remote engine: a model behind an OpenAI-compatible server (vLLM, llama.cpp's server, SGLang, TGI,
+Ollama, ``transformers serve``, another Redline), used like a local model.
+
+``connect(spec)`` checks the server and picks the model; the ``RemoteModel`` it returns stands where a
+``LoadedModel`` stands (``engine.target``), so chat, the CLI and the speed lab reach it through the same
+engine service. Each reply is one streamed ``POST /chat/completions`` (httpx): the text deltas become
+``TokenEvent``s, TTFT and decode tokens/s are measured here, on the client, and the server's own figures
+(``usage``; llama.cpp's ``timings``; vLLM's usage in the stream) are kept beside them.
+
+A model spec for a server is its base URL, optionally with the model after ``#``:
+``http://127.0.0.1:8080/v1`` (the server's only or first model) or ``http://gpu-box:8000/v1#Qwen/Qwen2.5-7B``.
+Every failure — unreachable, 401, unknown model, 5xx, a timeout, the connection dropped mid-stream — is one
+sentence; a reply cut short keeps what had arrived (``finish_reason="error"`` with the text so far).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+from urllib.parse import urlsplit
+
+from redline.inference.errors import RedlineError
+from redline.inference.events import GenerationResult, TokenEvent
+
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 120.0  # the longest silence accepted from a server mid-reply (a long prompt's prefill)
+DEFAULT_CONTEXT = 32768  # when the server does not say
+UNKNOWN_TOKEN = -2  # TokenEvent.token_id for a remote token: the server sends text, not ids
+_CONTEXT_REFUSAL = "The server's context cannot hold that many new tokens: "
+
+
+class RemoteError(RedlineError):
+    """A server could not be used: unreachable, refused the key, has no such model, failed."""
+
+
+def is_server_url(spec: Optional[str]) -> bool:
+    return bool(spec) and spec.strip().lower().startswith(("http://", "https://"))
+
+
+def parse_server_spec(spec: str) -> tuple[str, Optional[str]]:
+    """``URL[#MODEL]`` → (base URL without a trailing slash, the model or None)."""
+    url, _, model = spec.strip().partition("#")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise RemoteError(
+            f"{spec!r} is not a server address.", "Write it as http://HOST:PORT/v1 (add #MODEL to pick a model)."
+        )
+    if parts.query:
+        raise RemoteError(
+            f"The server address {url!r} has a query string.", "Give the base URL, e.g. http://HOST:PORT/v1."
+        )
+    return url.rstrip("/"), (model.strip() or None)
+
+
+def display_url(base_url: str) -> str:
+    """host:port of a base URL (what the status bar and the memory gauge name)."""
+    parts = urlsplit(base_url)
+    return parts.netloc or base_url
+
+
+@dataclass
+class _Label:
+    text: str
+
+    def label(self) -> str:
+        return self.text
+
+
+def _http():
+    import httpx
+
+    return httpx
+
+
+def _client(api_key: Optional[str], read_timeout: float = READ_TIMEOUT_S):
+    httpx = _http()
+    headers = {"Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    timeout = httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=read_timeout, write=30.0, pool=10.0)
+    # trust_env=False: a proxy set for the internet must not carry a loopback or LAN model's traffic
+    return httpx.Client(headers=headers, timeout=timeout, trust_env=False, follow_redirects=False)
+
+
+def _server_message(response) -> str:
+    """The error sentence a server sent (OpenAI's error object, FastAPI's detail, or the text)."""
+    try:
+        body = response.json()
+    except Exception:
+        text = (response.text or "").strip()
+        return text[:300]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message") or err)[:300]
+        if isinstance(err, str):
+            return err[:300]
+        if "detail" in body:
+            return str(body["detail"])[:300]
+        if "message" in body:
+            return str(body["message"])[:300]
+    return str(body)[:300]
+
+
+def describe_status(base_url: str, status: int, message: str, model: Optional[str] = None) -> str:
+    where = display_url(base_url)
+    said = f": {message}" if message else ""
+    if status in (401, 403):
+        return (
+            f"The server at {where} refused the API key ({status}{said}). "
+            "Set the key it expects (Model → Connect to a server…, or --api-key-file)."
+        )
+    if status == 404:
+        what = f"no model {model!r}" if model else "no such endpoint"
+        return f"The server at {where} has {what} (404{said}). Check the model name and that the URL ends in /v1."
+    if status == 429:
+        return f"The server at {where} is busy (429{said}). Try again in a moment."
+    if status >= 500:
+        return f"The server at {where} failed ({status}{said})."
+    return f"The server at {where} refused the request ({status}{said})."
+
+
+def describe_transport(base_url: str, exc: BaseException, mid_stream: bool = False) -> str:
+    httpx = _http()
+    where = display_url(base_url)
+    if isinstance(exc, httpx.ConnectError):
+        return f"Could not reach the server at {where}: is it running, and is the address right?"
+    if isinstance(exc, httpx.TimeoutException):
+        kind = "to answer" if not mid_stream else "to send the next token"
+        return f"The server at {where} took too long {kind} ({type(exc).__name__})."
+    if mid_stream:
+        return f"The connection to the server at {where} dropped mid-reply; the text so far is kept."
+    return f"The connection to the server at {where} failed ({type(exc).__name__}: {exc})."
+
+
+def list_models(base_url: str, api_key: Optional[str] = None, timeout: float = 10.0) -> list[dict]:
+    """The server's models (``GET /models``): dicts with at least ``id``. Raises RemoteError."""
+    httpx = _http()
+    base_url = base_url.rstrip("/")
+    with _client(api_key, timeout) as client:
+        try:
+            response = client.get(base_url + "/models")
+        except httpx.HTTPError as exc:
+            raise RemoteError(describe_transport(base_url, exc)) from None
+    if response.status_code != 200:
+        raise RemoteError(describe_status(base_url, response.status_code, _server_message(response)))
+    try:
+        data = response.json().get("data")
+        models = [m for m in data if isinstance(m, dict) and m.get("id")]
+    except Exception:
+        raise RemoteError(
+            f"The server at {display_url(base_url)} answered /models with something that is not a model list.",
+            "Check that the URL is the server's OpenAI-compatible base (it usually ends in /v1).",
+        ) from None
+    return models
+
+
+def _context_of(info: dict) -> Optional[int]:
+    for key in ("max_model_len", "context_length", "max_context_length"):
+        value = info.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    meta = info.get("meta")
+    if isinstance(meta, dict):
+        value = meta.get("n_ctx_train") or meta.get("n_ctx")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@dataclass
+class RemoteModel:
+    """A model on a server, standing where a LoadedModel stands (``engine.target``)."""
+
+    base_url: str
+    model_id: str
+    api_key: Optional[str] = field(default=None, repr=False)  # never in a repr, a log or a traceback
+    context_limit: int = DEFAULT_CONTEXT
+    load_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    read_timeout: float = READ_TIMEOUT_S
+    remote: bool = True
+    device: str = "remote"
+    memory_bytes: int = 0  # the memory is the server's: nothing here to measure
+    peak_memory_bytes: int = 0
+    predicted_bytes: Optional[int] = None
+    model: Any = None
+    tokenizer: Any = None
+    folder: Any = None
+    source: Any = None
+    fast_decoder: Any = None
+
+    def __post_init__(self):
+        self.precision = _Label("server")
+
+    @property
+    def name(self) -> str:
+        return f"{self.model_id} @ {display_url(self.base_url)}"
+
+    @property
+    def server(self) -> str:
+        return display_url(self.base_url)
+
+    def release(self) -> None:
+        pass  # a client per request: nothing held between replies
+
+    # -- one reply --------------------------------------------------------------------------------------
+    def chat(
+        self,
+        messages: Sequence[dict],
+        sampling,
+        on_event: Optional[Callable[[Any], None]] = None,
+        should_cancel: Optional[Callable[[], bool]] = None,
+    ) -> GenerationResult:
+        """Stream one reply; never raises for the server's failures (the result says what happened)."""
+        body: dict = {
+            "model": self.model_id,
+            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": int(sampling.max_new_tokens),
+        }
+        for key, value in (
+            ("temperature", sampling.temperature),
+            ("top_p", sampling.top_p),
+            ("seed", sampling.seed),
+        ):
+            if value is not None:
+                body[key] = value
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)[:4]
+        result = self._stream("/chat/completions", body, on_event, should_cancel)
+        if result.error and result.error.startswith(_CONTEXT_REFUSAL) and not result.text:
+            # More new tokens than the server's context leaves after the prompt (which only the server can
+            # count): ask again without a limit, so the server writes up to the end of its context.
+            del body["max_tokens"]
+            result = self._stream("/chat/completions", body, on_event, should_cancel)
+            result.notes.append(
+                f"max new tokens ({sampling.max_new_tokens}) did not fit the server's context after the prompt; "
+                "the server wrote up to the end of its context"
+            )
+        return result
+
+    def _stream(self, path: str, body: dict, on_event, should_cancel) -> GenerationResult:
+        httpx = _http()
+        result = GenerationResult(
+            text="",
+            token_ids=[],
+            prompt_tokens=0,
+            new_tokens=0,
+            finish_reason="error",
+            strategy="remote",
+            precision="server",
+            device="remote",
+        )
+        pieces: list[str] = []
+        chunks: list[tuple[float, int]] = []
+        usage: dict = {}
+        timings: Optional[dict] = None
+        server_finish: Optional[str] = None
+        cancelled = threading.Event()
+        done = threading.Event()
+        start = time.perf_counter()
+        mid_stream = False
+        response_box: list = []
+
+        def watch():  # closes the stream when the request is cancelled, even while the server is silent
+            while not done.wait(0.02):
+                if should_cancel is not None and should_cancel():
+                    cancelled.set()
+                    for r in response_box:
+                        try:
+                            r.close()
+                        except Exception:
+                            pass
+                    return
+
+        watcher = threading.Thread(target=watch, name="redline-remote-cancel", daemon=True)
+        watcher.start()
+        try:
+            with _client(self.api_key, self.read_timeout) as client:
+                with client.stream("POST", self.base_url + path, json=body) as response:
+                    response_box.append(response)
+                    if response.status_code != 200:
+                        response.read()
+                        message = _server_message(response)
+                        if response.status_code == 400 and "max_tokens" in body and "context" in message.lower():
+                            raise RemoteError(_CONTEXT_REFUSAL + message)
+                        raise RemoteError(
+                            describe_status(
+                                self.base_url, response.status_code, _server_message(response), self.model_id
+                            )
+                        )
+                    for line in response.iter_lines():
+                        if cancelled.is_set():
+                            break
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        try:
+                            obj = json.loads(data)
+                        except ValueError:
+                            continue
+                        if isinstance(obj.get("error"), (dict, str)):
+                            raise RemoteError(
+                                f"The server at {self.server} stopped the reply: {_server_message_obj(obj)}"
+                            )
+                        if isinstance(obj.get("usage"), dict):
+                            usage = obj["usage"]
+                        if isinstance(obj.get("timings"), dict):
+                            timings = obj["timings"]
+                        for choice in obj.get("choices") or []:
+                            delta = choice.get("delta") or {}
+                            text = delta.get("content") if "delta" in choice else choice.get("text")
+                            if choice.get("finish_reason"):
+                                server_finish = choice["finish_reason"]
+                            if text:
+                                mid_stream = True
+                                now = time.perf_counter() - start
+                                chunks.append((now, 1))
+                                pieces.append(text)
+                                if on_event is not None:
+                                    on_event(TokenEvent(len(chunks) - 1, UNKNOWN_TOKEN, text, now))
+            if cancelled.is_set():
+                result.finish_reason = "cancelled"
+            else:
+                result.finish_reason = {"stop": "stop", "length": "length"}.get(server_finish or "", "eos")
+                if server_finish == "stop" and not body.get("stop"):
+                    result.finish_reason = "eos"
+        except RemoteError as exc:
+            result.error = str(exc)
+        except httpx.HTTPError as exc:
+            if cancelled.is_set():
+                result.finish_reason = "cancelled"
+            else:
+                result.error = describe_transport(self.base_url, exc, mid_stream)
+        except Exception as exc:  # a reply must never raise into the scheduler
+            if cancelled.is_set():
+                result.finish_reason = "cancelled"
+            else:
+                result.error = f"The reply from the server at {self.server} could not be read ({type(exc).__name__})."
+        finally:
+            done.set()
+        result.total_s = time.perf_counter() - start
+        self._fill(result, "".join(pieces), chunks, usage, timings)
+        if result.error and pieces:
+            result.notes.append("The reply was cut short; the text that had arrived is kept.")
+        return result
+
+    def _fill(self, result: GenerationResult, text: str, chunks, usage: dict, timings: Optional[dict]) -> None:
+        from redline.inference.decoding.timing import fill_timing
+
+        result.text = text
+        fill_timing(result, chunks)
+        counted = len(chunks)
+        completion = usage.get("completion_tokens")
+        result.new_tokens = int(completion) if isinstance(completion, int) else counted
+        prompt = usage.get("prompt_tokens")
+        result.prompt_tokens = int(prompt) if isinstance(prompt, int) else 0
+        if isinstance(completion, int) and counted >= 2 and completion > 1:
+            span = chunks[-1][0] - chunks[0][0]
+            # decode tokens/s measured here: the tokens after the first over the time they took to arrive
+            result.tokens_per_s = (completion - 1) / span if span > 0 else result.tokens_per_s
+        result.server_timings = _server_figures(usage, timings)
+        if timings:
+            proposed = timings.get("draft_n")
+            accepted = timings.get("draft_n_accepted")
+            if isinstance(proposed, int) and proposed > 0:
+                result.draft_proposed = proposed
+                result.draft_accepted = accepted if isinstance(accepted, int) else None
+                if result.draft_accepted is not None:
+                    result.acceptance_rate = result.draft_accepted / proposed
+
+
+def _server_message_obj(obj: dict) -> str:
+    err = obj.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:300]
+    return str(err)[:300]
+
+
+def _server_figures(usage: dict, timings: Optional[dict]) -> Optional[dict]:
+    """What the server itself reported: usage, and llama.cpp-style timings where given."""
+    figures: dict = {}
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        if isinstance(usage.get(key), int):
+            figures[key] = usage[key]
+    if timings:
+        for key in (
+            "prompt_n",
+            "prompt_ms",
+            "prompt_per_second",
+            "predicted_n",
+            "predicted_ms",
+            "predicted_per_second",
+            "ttft_ms",
+            "draft_n",
+            "draft_n_accepted",
+        ):
+            if isinstance(timings.get(key), (int, float)):
+                figures[key] = timings[key]
+    return figures or None
+
+
+def connect(spec: str, api_key: Optional[str] = None, read_timeout: float = READ_TIMEOUT_S) -> RemoteModel:
+    """Check the server at ``spec`` (``URL[#MODEL]``) and return its model. Raises RemoteError."""
+    started = time.perf_counter()
+    base_url, wanted = parse_server_spec(spec)
+    models = list_models(base_url, api_key)
+    if not models:
+        raise RemoteError(f"The server at {display_url(base_url)} lists no models.", "Load a model on the server.")
+    ids = [m["id"] for m in models]
+    if wanted is None:
+        info = models[0]
+    else:
+        info = next((m for m in models if m["id"] == wanted), None)
+        if info is None:
+            shown = ", ".join(ids[:8]) + (" …" if len(ids) > 8 else "")
+            raise RemoteError(
+                f"The server at {display_url(base_url)} has no model {wanted!r}; it offers: {shown}.",
+                "Pick one of those (URL#MODEL).",
+            )
+    remote = RemoteModel(base_url, info["id"], api_key, _context_of(info) or DEFAULT_CONTEXT, read_timeout=read_timeout)
+    remote.load_seconds = time.perf_counter() - started
+    if wanted is None and len(ids) > 1:
+        remote.notes.append(f"The server offers {len(ids)} models; using {info['id']} (add #MODEL to choose).")
+    if _context_of(info) is None:
+        remote.notes.append(f"The server does not say its context length; assuming {DEFAULT_CONTEXT} tokens.")
+    return remote

@@ -1,0 +1,205 @@
+"""The OpenAI API as the server reads it: request bodies (strict: an unknown field or a wrong type is a 400
+naming it), and the error objects it answers with.
+
+Fields OpenAI defines but Redline does not do (``n`` above 1, penalties, log-probabilities, tools) are
+accepted at their neutral value and refused otherwise, with a sentence saying so, rather than ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class TextPart(BaseModel):
+    model_config = STRICT
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = STRICT
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+    include_usage: bool = False
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = STRICT
+    name: str = Field(min_length=1, max_length=64)
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+
+    def as_dict(self) -> dict:
+        out: dict = {"type": self.type}
+        if self.json_schema is not None:
+            out["json_schema"] = {"name": self.json_schema.name, "schema": self.json_schema.schema_}
+        return out
+
+
+Stop = Union[str, list[str], None]
+
+
+class _Sampling(BaseModel):
+    model_config = STRICT
+    model: str = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[float] = Field(default=None, ge=0, le=2)
+    top_p: Optional[float] = Field(default=None, gt=0, le=1)
+    top_k: Optional[int] = Field(default=None, ge=0)  # not OpenAI's; vLLM and llama.cpp take it
+    repetition_penalty: Optional[float] = Field(default=None, gt=0)
+    seed: Optional[int] = Field(default=None, ge=0, le=2**63 - 1)
+    stop: Stop = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: Optional[int] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    logprobs: Optional[bool] = None
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return tuple(s for s in stops if s)
+
+    def unsupported(self) -> Optional[tuple[str, str]]:
+        """(field, sentence) for the first field asked at a value Redline does not do."""
+        if self.n not in (None, 1):
+            return "n", "n must be 1: Redline writes one choice per request (send several requests instead)."
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                return name, f"{name} is not supported; use repetition_penalty (1 changes nothing) instead."
+        if self.logprobs:
+            return "logprobs", "logprobs are not supported; leave logprobs out or false."
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported; use response_format to constrain the output."
+        if isinstance(self.stop, list) and len(self.stop) > 4:
+            return "stop", "stop takes at most 4 strings."
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed with stream: true."
+        return None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+
+    def unsupported(self) -> Optional[tuple[str, str]]:
+        if self.tools:
+            return "tools", (
+                "Tool calls are not supported by Redline's server; describe the call's arguments with "
+                "response_format json_schema instead (see docs/server.md)."
+            )
+        if self.tool_choice not in (None, "none", "auto"):
+            return "tool_choice", "tool_choice is not supported (Redline's server does not call tools)."
+        rf = self.response_format
+        if rf is not None and rf.type == "json_schema" and (rf.json_schema is None or rf.json_schema.schema_ is None):
+            return "response_format", (
+                "response_format json_schema needs json_schema.schema: "
+                '{"type": "json_schema", "json_schema": {"name": "…", "schema": {…}}}.'
+            )
+        return super().unsupported()
+
+    def wanted_tokens(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int]]
+    echo: Optional[bool] = None
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    def unsupported(self) -> Optional[tuple[str, str]]:
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) > 1:
+            return "prompt", "Send one prompt per request (a list of several is not supported)."
+        if self.echo:
+            return "echo", "echo is not supported; leave it out or false."
+        if self.suffix:
+            return "suffix", "suffix (fill-in-the-middle) is not supported."
+        if self.best_of not in (None, 1):
+            return "best_of", "best_of must be 1."
+        return super().unsupported()
+
+    def wanted_tokens(self) -> Optional[int]:
+        return self.max_tokens
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
+    """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
+    return {
+        "error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param, "code": code}
+    }
+
+
+def _where(loc) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    # pydantic's union branches add the type's name to the location ("str", "list[TextPart]"): not a field
+    parts = [p for p in parts if not (p[:1].islower() and ("[" in p or p in ("str", "int", "float", "bool")))]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out
+
+
+def describe_validation(errors: list[dict]) -> tuple[str, Optional[str]]:
+    """One sentence for the first problem pydantic found in a request body, and the field it names."""
+    if not errors:
+        return "The request body is not valid.", None
+    first = errors[0]
+    kind, field = first.get("type", ""), _where(first.get("loc", ()))
+    if kind in ("json_invalid", "json_type"):
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"The request body is not valid JSON{f' ({detail})' if detail else ''}.", None
+    if not field:
+        return "The request body must be a JSON object.", None
+    if kind == "extra_forbidden":
+        return f"Unknown field '{field}'. Remove it (see docs/server.md for the fields Redline reads).", field
+    if kind == "missing":
+        return f"'{field}' is required.", field
+    given = first.get("input")
+    shown = repr(given) if not isinstance(given, (dict, list)) else type(given).__name__
+    msg = first.get("msg", "is not valid")
+    return f"'{field}' is not valid: {msg[0].lower() + msg[1:]} (got {shown}).", field
