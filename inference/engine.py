@@ -23,6 +23,7 @@ from redline.inference.memory.calibration import MemoryCheck, check_generation, 
 from redline.inference.memory.policy import bound_kernel_caches
 from redline.inference.progress import ProgressFn, noop_progress
 from redline.inference.sources.resolve import resolve
+from redline.inference.speed.calibration import check_generation as check_speed
 
 
 class Engine:
@@ -33,6 +34,8 @@ class Engine:
         self.draft: Optional[LoadedModel] = None
         self.memory_check: Optional[MemoryCheck] = None  # predicted vs measured, after the last generation
         self.record_memory = True  # feed measured loads into the per-machine estimator correction
+        self.record_speed = True  # feed measured replies into the per-machine speed correction
+        self.speed_check = None  # the speed model's prediction for the last reply (speed.model.SpeedPrediction)
         self._cancel = threading.Event()
 
     # -- control -------------------------------------------------------------
@@ -134,6 +137,17 @@ class Engine:
             result.memory_error_pct = round(check.error_pct, 2)
         return result
 
+    def _check_speed(self, result: GenerationResult, options: DecodeOptions) -> GenerationResult:
+        try:
+            pred = check_speed(self.target, result, options, self.draft, save=self.record_speed)
+        except Exception:  # a report only: it must never break a chat
+            pred = None
+        if pred is not None:
+            self.speed_check = pred
+            result.predicted_tokens_per_s = round(pred.tokens_per_s, 2)
+            result.predicted_ttft_ms = round(pred.ttft_ms, 1)
+        return result
+
     # -- generation ----------------------------------------------------------
     def _require_target(self) -> LoadedModel:
         if self.target is None:
@@ -161,7 +175,7 @@ class Engine:
         result = generate(
             target, input_ids, sampling, options, self.draft, on_event, self._should_cancel(request_cancelled), context
         )
-        return self._check_memory(result)
+        return self._check_speed(self._check_memory(result), options)
 
     def chat(
         self,
@@ -196,4 +210,4 @@ class Engine:
             result.notes.append("The last message was longer than the context; only its end was sent.")
         if not prompt.used_template:
             result.notes.append("This model has no chat template; a plain 'User:/Assistant:' format was used.")
-        return self._check_memory(result)
+        return self._check_speed(self._check_memory(result), options)

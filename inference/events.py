@@ -54,6 +54,10 @@ class GenerationResult:
     predicted_memory_bytes: Optional[int] = None
     measured_memory_bytes: Optional[int] = None
     memory_error_pct: Optional[float] = None
+    # The speed model's prediction for this reply (speed/calibration.py), made before its measurement fed
+    # this machine's speed correction: decode tokens/s and TTFT.
+    predicted_tokens_per_s: Optional[float] = None
+    predicted_ttft_ms: Optional[float] = None
     error: Optional[str] = None
     dropped_messages: int = 0
     notes: list[str] = field(default_factory=list)

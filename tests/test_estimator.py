@@ -457,7 +457,8 @@ def test_starter_folder_config_gives_the_shipped_shape(starter_dir):
 
 
 def test_weight_only_q8_q4_bytes():
-    """q8/q4 (torch's packed kernels) pack every Linear, a tied head as its own copy."""
+    """q8/q4 pack every Linear, a tied head as its own copy: GGUF blocks of 32 on a CPU (Q8_0: an fp16 scale
+    per block; Q4_1: fp16 scale and minimum), torch's per-row int8 scales on CUDA."""
     from types import SimpleNamespace
 
     shape = shape_of(STARTER_CONFIG)
@@ -466,7 +467,10 @@ def test_weight_only_q8_q4_bytes():
     rows = 30 * (576 + 192 + 192 + 576 + 1536 + 1536 + 576) + v
     spec = SimpleNamespace(name="q8", compute_dtype="bf16", quantised=False, skip_modules=(), label=lambda: "q8")
     q8 = weights_bytes(shape, spec, "cpu")
-    assert q8.quantised == q + v * h and q8.constants == rows * 2 and q8.unquantised == (p - q) * 2
+    blocks = sum(o * (i // 32) for _, i, o, _b in shape.linears)
+    assert q8.quantised == q + v * h and q8.constants == blocks * 2 and q8.unquantised == (p - q) * 2
+    q8_cuda = weights_bytes(shape, spec, "cuda")
+    assert q8_cuda.constants == rows * 2
     spec.name = "q4"
     q4 = weights_bytes(shape, spec, "cpu")
     assert q4.quantised == (q + v * h) // 2 and q4.unquantised == (p - q) * 2

@@ -70,6 +70,7 @@ class BenchSpec:
     batch_sizes: list[int] = field(default_factory=list)  # non-empty: also run a batch sweep
     batch_mode: str = "auto"  # auto | continuous | padded
     batch_config: Optional[int] = None  # which configuration the sweep runs (default: the baseline)
+    record_speed: bool = True  # feed each row's measurement to this machine's speed correction
 
     def __post_init__(self):
         if not self.configs:
@@ -224,6 +225,50 @@ def _roofline(row: ConfigResult, target) -> None:
         row.roofline_pct = 100.0 * row.tokens_per_s * row.bytes_per_token / row.bandwidth_bytes_per_s
 
 
+def _predict_speed(row: ConfigResult, config: BenchConfig, target, draft, record: bool = True) -> None:
+    """The speed model's prediction for the row, then the row's measurement fed to this machine's correction."""
+    from redline.inference.speed.calibration import predict_generation
+
+    speculative = config.strategy == "speculative" and draft is not None
+    prompt_tokens, new_tokens = int(row.prompt_tokens or 1), int(row.new_tokens or 1)
+    try:
+        shown, key, cal = predict_generation(
+            target,
+            config.strategy,
+            prompt_tokens,
+            new_tokens,
+            draft=draft if speculative else None,
+            k=config.k,
+            compile=config.compile,
+            config=config.label,
+        )
+        row.predicted_tokens_per_s = round(shown.tokens_per_s, 2)
+        row.predicted_ttft_ms = round(shown.ttft_ms, 1)
+        row.prediction_calibration = shown.calibration
+        if row.tokens_per_s:
+            row.prediction_error_pct = round(100.0 * (shown.tokens_per_s - row.tokens_per_s) / row.tokens_per_s, 1)
+        if not record:
+            return
+        # The residual is taken against a prediction with this row's own acceptance, so the factor learns the
+        # machine, not how well this prompt suited the draft.
+        exact, _, _ = predict_generation(
+            target,
+            config.strategy,
+            prompt_tokens,
+            new_tokens,
+            draft=draft if speculative else None,
+            k=config.k,
+            acceptance=row.acceptance_rate if speculative else None,
+            compile=config.compile,
+            calibration=cal,
+        )
+        cal.record(exact, key, target.name, row.tokens_per_s, row.ttft_ms, "lab")
+        if speculative:
+            cal.record_acceptance(target.name, draft.name, draft.precision.label(), config.k, row.acceptance_rate)
+    except Exception as exc:  # a prediction is a report: it must never fail the row
+        row.notes.append(f"speed prediction unavailable ({type(exc).__name__}: {exc})")
+
+
 def _compare(rows: list[ConfigResult], baseline: int) -> None:
     base = rows[baseline] if baseline < len(rows) else None
     for row in rows:
@@ -346,6 +391,7 @@ def run_bench(
                     row.status = "ok"
                     _aggregate(row, measured)
                     _roofline(row, target)
+                    _predict_speed(row, config, target, engine.draft, spec.record_speed)
                     row.outputs = [outputs[p].text for p in sorted(outputs)]
                     row.token_ids = [outputs[p].token_ids for p in sorted(outputs)]
             except Cancelled:

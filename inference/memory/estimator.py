@@ -271,7 +271,7 @@ def compute_dtype(spec: PrecisionSpec, device: str) -> str:
 def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> WeightBytes:
     dtype = compute_dtype(spec, device)
     if spec.name in WEIGHT_ONLY:
-        return _weight_only_bytes(shape, spec, dtype)
+        return _weight_only_bytes(shape, spec, dtype, device)
     if not spec.quantised:
         return WeightBytes(0, 0, shape.parameters * DTYPE_BYTES[dtype], dtype, 0)
     # The same rule transformers applies (HfQuantizer.get_modules_to_not_convert):
@@ -297,9 +297,12 @@ def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -
     return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
 
 
-def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str) -> WeightBytes:
+def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, device: str = "cpu") -> WeightBytes:
     """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
-    a tied head gets its own packed copy while the embedding table stays for lookups."""
+    a tied head gets its own packed copy while the embedding table stays for lookups. On a CPU the layers
+    hold GGUF blocks of 32 weights (Q8_0: an fp16 scale per block; Q4_1: fp16 scale and minimum); on CUDA
+    torch's layouts (int8: one scale per output row; int4: a bf16 scale and zero per group of 32)."""
+    on_cpu = not device.startswith("cuda")
     bits = 8 if spec.name == "q8" else 4
     q_params = packed = scales = 0
     tied_extra = 0
@@ -312,7 +315,10 @@ def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str) -> We
         else:
             q_params += n
         packed += n if bits == 8 else n // 2
-        scales += fan_out * DTYPE_BYTES[dtype] if bits == 8 else fan_out * (fan_in // Q4_GROUP) * 2 * 2
+        if bits == 8:
+            scales += fan_out * (fan_in // Q4_GROUP) * 2 if on_cpu else fan_out * DTYPE_BYTES[dtype]
+        else:
+            scales += fan_out * (fan_in // Q4_GROUP) * 2 * 2
     unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
     return WeightBytes(packed, scales, unquantised, dtype, q_params + tied_extra)
 
