@@ -11,7 +11,9 @@ Subpackages, each a part of the engine:
 - ``decoding``: the one decode path, the fast decode step, prompts, streaming text, draft pairing;
 - ``memory``: measured memory, how the process holds it, and the estimator's predictions;
 - ``hardware``: GPUs, RAM, CPU, memory bandwidth, common consumer GPUs;
-- ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports.
+- ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports;
+- ``speed``: decode tokens/s and TTFT predicted before loading, learned per machine; the ``auto`` choice by
+  priority; speculative-decoding advice.
 """
 
 from redline.inference.bench.configs import BenchConfig, format_config, parse_config, parse_configs
@@ -60,11 +62,27 @@ from redline.inference.sources.gguf import is_complete as is_converted
 from redline.inference.sources.resolve import ACCEPTED_FORMS
 from redline.inference.sources.resolve import resolve as resolve_model
 from redline.inference.sources.starter import STARTER_NAME, starter_folder
+from redline.inference.speed.calibration import SpeedCalibration
+from redline.inference.speed.choose import (
+    DEFAULT_PRIORITY,
+    PRIORITIES,
+    PRIORITY_LABELS,
+    AutoChoice,
+    check_priority,
+    choose,
+    resolve_auto,
+)
+from redline.inference.speed.model import Machine, SpeedPrediction, cached_machine, card_machine, this_machine
+from redline.inference.speed.predictor import SpeedModel
+from redline.inference.speed.speculative import AcceptanceMeasurement, DraftAdvice, advise, measure_acceptance
 from redline.inference.units import GB, MB, format_bytes
 
 __all__ = [
+    "AcceptanceMeasurement",
     "ACCEPTED_FORMS",
     "accuracy_margin",
+    "advise",
+    "AutoChoice",
     "BenchConfig",
     "BenchPhase",
     "BenchReport",
@@ -74,15 +92,21 @@ __all__ = [
     "BenchSweepRow",
     "BenchToken",
     "builtin_prompt_sets",
+    "cached_machine",
     "Cancelled",
+    "card_machine",
     "check_pair",
+    "check_priority",
+    "choose",
     "COLUMNS",
     "ConfigResult",
     "CONSUMER_GPUS",
     "correction_bytes",
     "DecodeOptions",
+    "DEFAULT_PRIORITY",
     "describe_model",
     "detect_target",
+    "DraftAdvice",
     "Engine",
     "Estimate",
     "FinishedEvent",
@@ -95,7 +119,9 @@ __all__ = [
     "list_reports",
     "load_prompt_set",
     "load_report",
+    "Machine",
     "MB",
+    "measure_acceptance",
     "measured_peak_bytes",
     "memory_snapshot",
     "ModelLoadError",
@@ -110,16 +136,22 @@ __all__ = [
     "PRECISIONS",
     "PrecisionSpec",
     "predict_loaded",
+    "PRIORITIES",
+    "PRIORITY_LABELS",
     "probe_machine",
     "PromptSet",
     "read_shape",
     "RedlineError",
+    "resolve_auto",
     "resolve_model",
     "resolve_precision",
     "run_bench",
     "SamplingSettings",
     "save_report",
     "SEED_PRESET",
+    "SpeedCalibration",
+    "SpeedModel",
+    "SpeedPrediction",
     "starter_folder",
     "STARTER_NAME",
     "StarterUnavailable",
@@ -130,6 +162,7 @@ __all__ = [
     "SWEEP_MODES",
     "SweepRow",
     "Target",
+    "this_machine",
     "to_csv",
     "to_json",
     "to_markdown",

@@ -219,10 +219,10 @@ def test_calibration_is_bounded_and_keeps_recent_records(tmp_path):
     pred = predict(STARTER, parse_precision("fp32"), "kv", CPU, 32, 64)
     assert cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s * 200, None, "lab") is None  # broken: skipped
     for _ in range(3):
-        cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s * 30, None, "lab")
+        cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s * 60, None, "lab")
     assert cal.decode_factor("cpu", "kv:fp32").value == MAX_FACTOR
     for _ in range(cal_mod.LEARN_FROM):
-        cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s / 30, None, "lab")
+        cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s / 60, None, "lab")
     assert cal.decode_factor("cpu", "kv:fp32").value == MIN_FACTOR  # only the last LEARN_FROM count
     for _ in range(cal_mod.CLASS_HISTORY + 5):
         cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s, None, "lab")

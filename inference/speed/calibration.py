@@ -28,8 +28,8 @@ from redline.inference.speed.model import SpeedPrediction
 CLASS_HISTORY = 20  # records kept per class and device
 LEARN_FROM = 10  # a class's factor is the median ratio of its last N records
 DEVICE_LEARN_FROM = 20  # an unmeasured class borrows the median of the device's last N records
-MIN_FACTOR, MAX_FACTOR = 0.1, 10.0  # the factor's bounds
-BROKEN_RATIO = 50.0  # a ratio beyond 50× either way is a broken measurement: not recorded
+MIN_FACTOR, MAX_FACTOR = 0.02, 20.0  # the factor's bounds: a busy 2-core CPU measured 0.05
+BROKEN_RATIO = 100.0  # a ratio beyond 100× either way is a broken measurement: not recorded
 MIN_TOKENS = 8  # replies shorter than this say too little about decode speed
 ACCEPTANCE_HISTORY = 10
 
