@@ -11,13 +11,16 @@ from redline.app.terminal import TerminalProgress
 from redline.app.trust_store import TrustStore, load_with_trust
 from redline.inference import (
     ACCEPTED_FORMS,
+    DEFAULT_PRIORITY,
     PRECISIONS,
+    PRIORITIES,
     STRATEGIES,
     DecodeOptions,
     Engine,
     RedlineError,
     SamplingSettings,
     TokenEvent,
+    resolve_auto,
     resolve_precision,
 )
 
@@ -28,9 +31,22 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precision",
         default="auto",
-        help=f"auto (bf16 where supported), or one of {', '.join(PRECISIONS)}; mixed: e.g. nf4+keep=lm_head",
+        help="auto (default: the fastest that fits this machine for --priority), or one of "
+        f"{', '.join(PRECISIONS)}; mixed: e.g. nf4+keep=lm_head",
     )
-    p.add_argument("--strategy", default="kv", choices=STRATEGIES, help="decoding strategy (default kv)")
+    p.add_argument(
+        "--strategy",
+        default="auto",
+        choices=("auto", *STRATEGIES),
+        help="decoding strategy (default auto: the fastest of kv and fast for the precision)",
+    )
+    p.add_argument(
+        "--priority",
+        default=DEFAULT_PRIORITY,
+        choices=PRIORITIES,
+        help="what auto favours: quality (highest precision that fits), balanced (default: the fastest with "
+        "8-bit weights or more), speed (the fastest)",
+    )
     p.add_argument("--draft", help="draft model for --strategy speculative (same forms as --model)")
     p.add_argument("--draft-precision", default="auto", help="precision of the draft model")
     p.add_argument(
@@ -110,6 +126,7 @@ def load_engine(args, quiet: bool = False) -> Engine:
             "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
         )
     engine = Engine()
+    resolve_auto_args(engine, args, quiet)
     progress = TerminalProgress()
     load_with_trust(
         engine,
@@ -129,6 +146,28 @@ def load_engine(args, quiet: bool = False) -> Engine:
     for note in engine.target.notes:
         print(f"note: {note}", file=sys.stderr)
     return engine
+
+
+def resolve_auto_args(engine: Engine, args, quiet: bool = False):
+    """``--precision auto`` / ``--strategy auto``: the configuration the chat window would choose
+    (``resolve_auto``); args are updated in place and the reason goes to stderr."""
+    if "auto" not in (args.precision, args.strategy):
+        return None
+    choice = resolve_auto(
+        args.model,
+        engine.device,
+        args.precision,
+        args.strategy,
+        getattr(args, "priority", DEFAULT_PRIORITY),
+        getattr(args, "context", None),
+    )
+    if args.precision == "auto" and choice.precision:
+        args.precision = choice.precision
+    if args.strategy == "auto":
+        args.strategy = choice.strategy
+    if not quiet:
+        print(f"note: {choice.reason}", file=sys.stderr)
+    return choice
 
 
 def _stream_reply(engine: Engine, messages: list[dict], args) -> "object":

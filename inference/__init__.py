@@ -20,6 +20,7 @@ from redline.inference.bench.configs import BenchConfig, format_config, parse_co
 from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown, to_text
 from redline.inference.bench.prompts import PromptSet, builtin_prompt_sets, load_prompt_set
 from redline.inference.bench.results import (
+    BenchLive,
     BenchPhase,
     BenchReport,
     BenchRow,
@@ -31,6 +32,7 @@ from redline.inference.bench.results import (
 )
 from redline.inference.bench.runner import SEED_PRESET, BenchSpec, run_bench
 from redline.inference.bench.saving import list_reports, load_report, save_report
+from redline.inference.bench.sets import READY_SETS, configs_text, every_precision, from_presets, ladder
 from redline.inference.bench.sweep import MODES as SWEEP_MODES
 from redline.inference.decoding.draft_check import check_pair
 from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
@@ -84,6 +86,7 @@ __all__ = [
     "advise",
     "AutoChoice",
     "BenchConfig",
+    "BenchLive",
     "BenchPhase",
     "BenchReport",
     "BenchRow",
@@ -100,6 +103,7 @@ __all__ = [
     "choose",
     "COLUMNS",
     "ConfigResult",
+    "configs_text",
     "CONSUMER_GPUS",
     "correction_bytes",
     "DecodeOptions",
@@ -109,13 +113,16 @@ __all__ = [
     "DraftAdvice",
     "Engine",
     "Estimate",
+    "every_precision",
     "FinishedEvent",
     "format_bytes",
     "format_config",
+    "from_presets",
     "GB",
     "GenerationResult",
     "IncompatibleDraft",
     "is_converted",
+    "ladder",
     "list_reports",
     "load_prompt_set",
     "load_report",
@@ -141,6 +148,7 @@ __all__ = [
     "probe_machine",
     "PromptSet",
     "read_shape",
+    "READY_SETS",
     "RedlineError",
     "resolve_auto",
     "resolve_model",

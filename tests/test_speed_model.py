@@ -320,3 +320,106 @@ def test_auto_only_considers_what_fits(tmp_path, monkeypatch):
     # Nothing fits at all: said so, with the memory suggestion's sentence.
     none = choose(STARTER, _cpu_planner(0.2), speed, 8192, "balanced")
     assert not none.fits and "nothing fits" in none.reason
+
+
+# --------------------------------------------------------------------------- the engine, the lab, the CLI
+def test_chat_replies_and_lab_rows_feed_the_calibration(tiny_model_dir, tmp_path, monkeypatch):
+    from redline.inference.bench.configs import parse_configs
+    from redline.inference.bench.prompts import load_prompt_set
+    from redline.inference.bench.runner import BenchSpec, run_bench
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+    from redline.inference.engine import Engine
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    engine = Engine("cpu")
+    engine.load(str(tiny_model_dir), parse_precision("fp32"))
+    sampling = SamplingSettings(max_new_tokens=16, min_new_tokens=16, temperature=0)
+    result = engine.chat([{"role": "user", "content": "Paris"}], sampling, DecodeOptions(strategy="kv"))
+    assert result.predicted_tokens_per_s > 0 and result.predicted_ttft_ms > 0
+    assert engine.speed_check.calibration == "none"  # the first reply: nothing learned before it
+    data = json.loads((tmp_path / "speed-calibration.json").read_text())
+    [rec] = data["devices"]["cpu"]["kv:fp32"]
+    assert rec["source"] == "chat" and rec["measured_tokens_per_s"] == result.tokens_per_s
+    assert rec["decode_ratio"] == pytest.approx(result.tokens_per_s / rec["predicted_tokens_per_s"], rel=1e-3)
+    # The next reply's prediction is corrected by the first one.
+    again = engine.chat([{"role": "user", "content": "Paris"}], sampling, DecodeOptions(strategy="kv"))
+    assert engine.speed_check.calibration == "class"
+    assert again.predicted_tokens_per_s == pytest.approx(result.tokens_per_s, rel=0.02)
+    # A too-short reply teaches nothing.
+    engine.chat([{"role": "user", "content": "x"}], SamplingSettings(max_new_tokens=2, temperature=0), DecodeOptions())
+    assert len(json.loads((tmp_path / "speed-calibration.json").read_text())["devices"]["cpu"]["kv:fp32"]) == 2
+
+    prompts = load_prompt_set("short")
+    prompts.prompts = prompts.prompts[:1]
+    spec = BenchSpec(
+        str(tiny_model_dir), parse_configs("kv:fp32,fast:fp32"), prompts, new_tokens=12, warmup=0, samples=1
+    )
+    report = run_bench(engine, spec)
+    for row in report.results:
+        assert row.status == "ok" and row.predicted_tokens_per_s and row.predicted_ttft_ms
+        assert row.prediction_error_pct == pytest.approx(
+            100 * (row.predicted_tokens_per_s - row.tokens_per_s) / row.tokens_per_s, abs=0.2
+        )
+    assert report.results[0].prediction_calibration == "class"  # learned from the chat replies
+    data = json.loads((tmp_path / "speed-calibration.json").read_text())
+    assert data["devices"]["cpu"]["kv:fp32"][-1]["source"] == "lab" and "fast:fp32" in data["devices"]["cpu"]
+
+
+def test_speculative_rows_keep_their_acceptance(tiny_model_dir, tiny_draft_dir, tmp_path, monkeypatch):
+    from redline.inference.engine import Engine
+    from redline.inference.speed.speculative import measure_acceptance
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    engine = Engine("cpu")
+    run = measure_acceptance(engine, str(tiny_model_dir), "fp32", str(tiny_draft_dir), "fp32", k=3, tokens=24)
+    assert run.proposed > 0 and 0 <= run.acceptance_rate <= 1 and run.new_tokens == 24
+    assert engine.target is None  # loaded for the run only: the engine's own model is untouched
+    cal = SpeedCalibration()
+    assert cal.acceptance("tiny-llama", "tiny-draft", "fp32", 3) == pytest.approx(run.acceptance_rate)
+
+
+def test_cli_chat_and_the_window_resolve_auto_alike(tiny_model_dir, tmp_path, monkeypatch):
+    from redline.app import cli
+    from redline.app.cli_chat import resolve_auto_args
+    from redline.inference.engine import Engine
+    from redline.inference.memory.model_shapes import read_shape
+    from redline.inference.speed.model import this_machine
+    from redline.ui.speed_tasks import auto_task
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    engine = Engine("cpu")
+    shape, machine = read_shape(str(tiny_model_dir)), this_machine("cpu")
+    cal = SpeedCalibration()
+    for (s, p), tps in {("kv", "q8"): 500.0, ("fast", "q8"): 100.0, ("fast", "fp32"): 90.0}.items():
+        pred = predict(shape, parse_precision(p), s, machine, 64, 256)
+        cal.record(pred, "cpu", shape.name, tps, None, "chat")
+    args = cli.build_parser().parse_args(["chat", "hi", "--model", str(tiny_model_dir)])
+    assert (args.precision, args.strategy, args.priority) == ("auto", "auto", "balanced")
+    cli_choice = resolve_auto_args(engine, args, quiet=True)
+    window_choice = auto_task(str(tiny_model_dir), "auto", "auto", "balanced", None)(engine, None)
+    assert (args.precision, args.strategy) == ("q8", "kv")  # measured fastest here
+    assert (window_choice.precision, window_choice.strategy) == (
+        "q8",
+        "kv",
+    ) and cli_choice.reason == window_choice.reason
+    pinned = cli.build_parser().parse_args(["chat", "hi", "--model", str(tiny_model_dir), "--strategy", "fast"])
+    resolve_auto_args(engine, pinned, quiet=True)
+    assert (pinned.precision, pinned.strategy) == ("q8", "fast")
+
+
+def test_estimate_cli_shows_speed(capsys, tmp_path, monkeypatch):
+    from redline.app.cli import main
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    assert main(["estimate", "starter", "--free-gb", "16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    speed = report["speed"]
+    rows = {(r["precision"], r["strategy"]): r for r in speed["predictions"]}
+    assert ("q8", "fast") in rows and ("nf4", "fast") not in rows  # the fast path does not run bitsandbytes
+    assert rows[("q8", "fast")]["bytes_per_token"] < rows[("bf16", "fast")]["bytes_per_token"]
+    assert all(r["tokens_per_s_full_context"] < r["tokens_per_s"] for r in rows.values())
+    assert set(speed["auto"]) == {"quality", "balanced", "speed"}
+    assert speed["auto"]["balanced"]["precision"] in ("fp32", "bf16", "q8", "int8")
+    assert main(["estimate", "starter", "--free-gb", "16", "--draft", "starter"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s at 8192" in out and "auto: " in out and "draft: Slower" in out

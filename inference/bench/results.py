@@ -147,6 +147,17 @@ class BenchToken:
 
     index: int
     text: str
+    time_s: Optional[float] = None  # seconds since that generation started
+
+
+@dataclass
+class BenchLive:
+    """The live speed of the generation running now (every warm-up and sample), about twice a second."""
+
+    index: int
+    tokens_per_s_1s: float  # rolling over the last second
+    ttft_ms: Optional[float]
+    new_tokens: int
 
 
 @dataclass
@@ -159,5 +170,5 @@ class BenchSweepRow:
     row: SweepRow
 
 
-BenchEvent = Union[BenchStarted, BenchPhase, BenchToken, BenchRow, BenchSweepRow]
+BenchEvent = Union[BenchStarted, BenchPhase, BenchToken, BenchLive, BenchRow, BenchSweepRow]
 ProgressCallback = Callable[[BenchEvent], None]

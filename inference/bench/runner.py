@@ -25,6 +25,7 @@ from typing import Callable, Optional, Sequence
 from redline.inference.bench.configs import BenchConfig
 from redline.inference.bench.prompts import PromptSet
 from redline.inference.bench.results import (
+    BenchLive,
     BenchPhase,
     BenchReport,
     BenchRow,
@@ -41,7 +42,7 @@ from redline.inference.decoding.prompt import build_prompt
 from redline.inference.decoding.timing import percentile
 from redline.inference.engine import Engine
 from redline.inference.errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
-from redline.inference.events import GenerationResult, TokenEvent
+from redline.inference.events import GenerationResult, StatsEvent, TokenEvent
 from redline.inference.hardware.probe import probe
 from redline.inference.loading.loader import free_memory, is_oom
 from redline.inference.sources.resolve import resolve
@@ -366,7 +367,9 @@ def run_bench(
 
                     def on_event(ev, _shown=shown, _i=i):
                         if _shown and isinstance(ev, TokenEvent) and ev.text:
-                            emit(BenchToken(_i, ev.text))
+                            emit(BenchToken(_i, ev.text, ev.time_s))
+                        elif isinstance(ev, StatsEvent):
+                            emit(BenchLive(_i, ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens))
 
                     result = generate(target, prompts[p], sampling, options, engine.draft, on_event, cancelled)
                     done_units += 1

@@ -64,6 +64,10 @@ class SpeedCalibration:
         self.path = path or calibration_file()
         self.data = data if data is not None else _load(self.path)
 
+    def reload(self) -> None:
+        """Read the file again (another part of the app recorded something)."""
+        self.data = _load(self.path)
+
     # -- reading --------------------------------------------------------------------
     def _records(self, key: Optional[str]) -> dict:
         if not key:

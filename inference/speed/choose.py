@@ -130,7 +130,9 @@ def choose(
         for s in strategies:
             if s == "fast" and spec.name in QUANTISED:
                 continue
-            pred = speed.predict(shape, spec, s, prompt_tokens, new_tokens)
+            # A pinned strategy whose speed depends on a draft or the text ranks the precisions as kv does.
+            rank = "kv" if s in ("speculative", "prompt-lookup") else s
+            pred = speed.predict(shape, spec, rank, prompt_tokens, new_tokens)
             candidates.append(
                 Candidate(
                     p,

@@ -212,7 +212,7 @@ class ReplyController(QObject):
             repetition_penalty=s.repetition_penalty,
             seed=s.seed,
         )
-        options = dict(strategy=s.strategy, num_draft_tokens=s.num_draft_tokens)
+        options = dict(strategy=w.models.strategy(), num_draft_tokens=s.num_draft_tokens)
         result, error = None, None
         try:
             result = await w.client.run(chat_task(messages, sampling, options, s.context_length, reply.channel))

@@ -70,6 +70,13 @@ class HardwarePage(QWizardPage):
         self.wiz.machine = machine
         self.details.setText(describe_machine(machine))
         self._update()
+        try:  # the speed model's figures: measured once per machine (a few seconds), then cached
+            self.wiz.speed_machine = await self.wiz.measure_machine()
+        except TaskFailed as exc:
+            self.wiz.speed_machine = None
+            self.details.setText(describe_machine(machine) + f"\nSpeed cannot be predicted: {exc}")
+            return
+        self.details.setText(describe_machine(machine, self.wiz.speed_machine))
 
     def _update(self) -> None:
         m = self.wiz.machine
@@ -98,7 +105,7 @@ class HardwarePage(QWizardPage):
         return True
 
 
-def describe_machine(m) -> str:
+def describe_machine(m, speed=None) -> str:
     hw = m.hardware
     lines = []
     if hw.gpus:
@@ -117,6 +124,12 @@ def describe_machine(m) -> str:
         f"System RAM: {format_bytes(hw.ram_total_bytes)} total, {format_bytes(hw.ram_available_bytes)} available"
     )
     lines.append(f"CPU: {hw.cpu}, {hw.cpu_cores} threads")
+    if speed is not None:
+        flops = f" and {speed.flops / 1e9:,.0f} GFLOP/s" if speed.flops else ""
+        lines.append(
+            f"Measured here: {speed.bandwidth_bytes_per_s / 1e9:.1f} GB/s of memory bandwidth{flops} "
+            "(what the speed predictions start from)."
+        )
     lines.append(f"Planning with {format_bytes(m.target.available_bytes)}: {m.target.label}.")
     if m.reclaimable_bytes:
         lines.append(
