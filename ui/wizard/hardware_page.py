@@ -47,6 +47,7 @@ class HardwarePage(QWizardPage):
         group = QButtonGroup(self)
         group.addButton(self.this_machine)
         group.addButton(self.other)
+        self.speed_done = False  # the speed figures were measured (or could not be)
         self.this_machine.toggled.connect(self._update)
         self.gpu_list.currentIndexChanged.connect(lambda _i: self._choose_other())
 
@@ -68,15 +69,17 @@ class HardwarePage(QWizardPage):
             colored(self.details, f"The hardware could not be read: {exc}", BAD)
             return
         self.wiz.machine = machine
-        self.details.setText(describe_machine(machine))
+        self.details.setText(describe_machine(machine) + "\nMeasuring memory bandwidth and FLOP/s (once)…")
         self._update()
         try:  # the speed model's figures: measured once per machine (a few seconds), then cached
             self.wiz.speed_machine = await self.wiz.measure_machine()
         except TaskFailed as exc:
             self.wiz.speed_machine = None
             self.details.setText(describe_machine(machine) + f"\nSpeed cannot be predicted: {exc}")
-            return
-        self.details.setText(describe_machine(machine, self.wiz.speed_machine))
+        else:
+            self.details.setText(describe_machine(machine, self.wiz.speed_machine))
+        self.speed_done = True
+        self._update()
 
     def _update(self) -> None:
         m = self.wiz.machine
@@ -96,7 +99,7 @@ class HardwarePage(QWizardPage):
         return self.wiz.machine.target if self.wiz.machine else None
 
     def isComplete(self):  # noqa: N802
-        return self.other.isChecked() or self.wiz.machine is not None
+        return self.other.isChecked() or (self.wiz.machine is not None and self.speed_done)
 
     def validatePage(self):  # noqa: N802
         self.wiz.target = self.chosen_target()
