@@ -9,7 +9,8 @@ with a fresh speed calibration (a temporary ``REDLINE_DATA_DIR``) so round 1 sta
   earlier rounds' rows — against what it then measured.
 
 The error is (predicted − measured) ÷ measured; the table quotes per row the median over rounds, with the
-load average at each round's start and end (a shared machine drifts). Usage:
+load average at each round's start and end (a shared machine drifts). The last column is the noise floor:
+the error of "the same as last round", what the machine's own run-to-run variation allows. Usage:
 
     python tools/speed_accuracy.py [--model starter] [--rounds 3] [--new-tokens 64] [--json out.json]
 """
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
         cells = [rd["rows"][i] for rd in rounds if rd["rows"][i]["status"] == "ok"]
         before = [err(x["prior"], x["measured"]) for x in cells]
         after = [err(x["shown"], x["measured"]) for x in cells[1:] if x["calibration"] == "class"]
+        floor = [err(a["measured"], b["measured"]) for a, b in zip(cells, cells[1:])]
         table.append(
             {
                 "config": c.label,
@@ -117,10 +119,14 @@ def main(argv=None) -> int:
                 "calibrated": statistics.median([x["shown"] for x in cells[1:]]) if cells[1:] else None,
                 "error_after_pct": statistics.median([e for e in after if e is not None]) if after else None,
                 "worst_after_pct": max(after, key=abs) if after else None,
+                "run_to_run_pct": statistics.median([abs(e) for e in floor if e is not None]) if floor else None,
             }
         )
-    print("| config | measured tok/s | predicted before calibration | error | predicted after | error | worst after |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| config | measured tok/s | predicted before calibration | error | predicted after | error | worst after "
+        "| run to run |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
 
     def f(x, pct=False):
         if x is None:
@@ -130,7 +136,8 @@ def main(argv=None) -> int:
     for t in table:
         print(
             f"| {t['config']} | {f(t['measured'])} | {f(t['prior'])} | {f(t['error_before_pct'], True)} | "
-            f"{f(t['calibrated'])} | {f(t['error_after_pct'], True)} | {f(t['worst_after_pct'], True)} |"
+            f"{f(t['calibrated'])} | {f(t['error_after_pct'], True)} | {f(t['worst_after_pct'], True)} | "
+            f"{'—' if t['run_to_run_pct'] is None else format(t['run_to_run_pct'], '.0f') + ' %'} |"
         )
     loads = ", ".join(f"{rd['load_start']:.2f}→{rd['load_end']:.2f}" for rd in rounds)
     print(

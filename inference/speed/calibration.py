@@ -32,8 +32,6 @@ MIN_FACTOR, MAX_FACTOR = 0.02, 20.0  # the factor's bounds: a busy 2-core CPU me
 BROKEN_RATIO = 100.0  # a ratio beyond 100× either way is a broken measurement: not recorded
 MIN_TOKENS = 8  # replies shorter than this say too little about decode speed
 ACCEPTANCE_HISTORY = 10
-DRIFT_FROM = 4  # the device's "now": its last N records
-DRIFT_BOUNDS = (0.5, 2.0)
 
 
 def calibration_file() -> Path:
@@ -77,31 +75,11 @@ class SpeedCalibration:
         dev = self.data.get("devices", {}).get(key, {})
         return dev if isinstance(dev, dict) else {}
 
-    def drift(self, key: Optional[str], field: str = "decode_ratio") -> float:
-        """How this device runs *now* against its usual: over its last ``DRIFT_FROM`` records (any class), the
-        median of each record's ratio ÷ its class's median without it. 1 until two records of a class exist;
-        bounded to ``DRIFT_BOUNDS``. A CPU shared with other programs is slower for minutes at a time."""
-        classes = self._records(key)
-        latest = sorted(
-            (r.get("time", 0), cls, i) for cls, rs in classes.items() for i, r in enumerate(rs) if r.get(field)
-        )[-DRIFT_FROM:]
-        rel = []
-        for _t, cls, i in latest:
-            rs = classes[cls]
-            window = range(max(0, len(rs) - LEARN_FROM - 1), len(rs))
-            others = [rs[j][field] for j in window if j != i and rs[j].get(field)]
-            if others:
-                rel.append(rs[i][field] / statistics.median(others))
-        if not rel:
-            return 1.0
-        lo, hi = DRIFT_BOUNDS
-        return max(lo, min(hi, statistics.median(rel)))
-
     def _factor(self, key: Optional[str], cls: str, field: str) -> Factor:
         classes = self._records(key)
         own = [r[field] for r in classes.get(cls, [])[-LEARN_FROM:] if r.get(field)]
         if own:
-            return Factor(_bounded(statistics.median(own) * self.drift(key, field)), "class", len(own))
+            return Factor(_bounded(statistics.median(own)), "class", len(own))
         pooled = sorted((r for rs in classes.values() for r in rs if r.get(field)), key=lambda r: r.get("time", 0))
         pooled = [r[field] for r in pooled[-DEVICE_LEARN_FROM:]]
         if pooled:
