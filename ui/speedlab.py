@@ -313,6 +313,17 @@ class SpeedLabPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.splitter, 1)
         layout.addLayout(export_row)
+        self._sized = False
+
+    def showEvent(self, event):  # noqa: N802
+        """The first time the panel shows: the configurations at their natural height, then the outputs get
+        more of the rest than the results (the user drags the handles from there)."""
+        super().showEvent(event)
+        if not self._sized and self.splitter.height() > 0:
+            self._sized = True
+            setup = self.splitter.widget(0).sizeHint().height()
+            rest = max(200, self.splitter.height() - setup)
+            self.splitter.setSizes([setup, int(rest * 0.55), rest - int(rest * 0.55)])
 
     def _plot(self, title: str, unit: str) -> pg.PlotWidget:
         w = pg.PlotWidget(title=title)
@@ -418,10 +429,17 @@ class SpeedLabPanel(QWidget):
         except RedlineError:
             return None
         model = self.model_edit.text().strip() or "starter"
+        self._predict_for = (model, [c.label for c in configs], self.new_tokens_spin.value())
         self._predict_task = self.worker.submit(
             predictions_task(model, configs, self._prompt_tokens_guess(), self.new_tokens_spin.value())
         )
         return self._predict_task
+
+    def _asked_for_now(self) -> bool:
+        """Were the predictions that came back asked for the rows, model and length shown now?"""
+        model = self.model_edit.text().strip() or "starter"
+        now = (model, [c.label for c in self.configs_editor.configs()], self.new_tokens_spin.value())
+        return getattr(self, "_predict_for", None) == now
 
     def _prompt_tokens_guess(self) -> int:
         """The first prompt's length before its tokenizer is at hand: about 4 characters a token, plus the chat
@@ -436,7 +454,10 @@ class SpeedLabPanel(QWidget):
         if task_id != self._predict_task:
             return
         self._predict_task = None
-        self.configs_editor.set_predictions(list(predictions))
+        if self._asked_for_now():
+            self.configs_editor.set_predictions(list(predictions))
+        else:  # the rows changed while the engine thread answered: ask again for what is shown
+            self._predict_again = True
         if self._predict_again:
             self._predict_timer.start()
 
@@ -444,7 +465,10 @@ class SpeedLabPanel(QWidget):
         if task_id != self._predict_task:
             return
         self._predict_task = None
-        self.configs_editor.set_predictions([f"Cannot predict: {message}"] * len(self.configs_editor.configs()))
+        if self._asked_for_now():
+            self.configs_editor.set_predictions([f"Cannot predict: {message}"] * len(self.configs_editor.configs()))
+        else:
+            self._predict_timer.start()
 
     def _on_progress(self, task_id: int, ev) -> None:
         if task_id != self._task:

@@ -328,30 +328,43 @@ class ConfigEditor(QWidget):
         if r < len(self._meas):
             self._meas[r] = result
             self._show_measured(r)
+            self._show_prediction(r)
 
     def clear_measured(self) -> None:
         for r in range(len(self._rows)):
             self.set_measured(r, None)
 
     def _show_prediction(self, r: int) -> None:
+        """The prediction for the next run; once a row ran, the one it had before it ran (beside what it measured),
+        the next run's in the tooltip."""
         item = self.table.item(r, PREDICTED)
         pred = self._pred[r] if r < len(self._pred) else None
+        ran = self._meas[r] if r < len(self._meas) else None
         if item is None:
             return
+        tip = TIPS[PREDICTED]
         if isinstance(pred, SpeedPrediction):
-            item.setText(f"≈ {pred.tokens_per_s:.1f}")
             how = {
                 "class": "corrected by this configuration's measurements here",
                 "device": "corrected by other configurations' measurements here",
                 "none": "not corrected yet: run it once",
             }[pred.calibration]
-            item.setToolTip(
-                f"{pred.bytes_per_token / 1e6:.0f} MB read per token; bound {pred.roofline_tokens_per_s:.0f} tok/s; "
-                f"TTFT ≈ {pred.ttft_ms:.0f} ms; {how}" + "".join(f"; {n}" for n in pred.notes)
+            tip = (
+                f"≈ {pred.tokens_per_s:.1f} tok/s: {pred.bytes_per_token / 1e6:.0f} MB read per token; bound "
+                f"{pred.roofline_tokens_per_s:.0f} tok/s; TTFT ≈ {pred.ttft_ms:.0f} ms; {how}"
+                + "".join(f"; {n}" for n in pred.notes)
             )
+        elif pred:
+            tip = str(pred)
+        if ran is not None and getattr(ran, "predicted_tokens_per_s", None):
+            item.setText(f"≈ {ran.predicted_tokens_per_s:.1f}")
+            item.setToolTip(f"Predicted before this row ran: ≈ {ran.predicted_tokens_per_s:.1f} tok/s. Next run: {tip}")
+            return
+        if isinstance(pred, SpeedPrediction):
+            item.setText(f"≈ {pred.tokens_per_s:.1f}")
         else:
             item.setText("—" if pred else "")
-            item.setToolTip(str(pred) if pred else TIPS[PREDICTED])
+        item.setToolTip(tip)
 
     def _show_measured(self, r: int) -> None:
         item = self.table.item(r, MEASURED)
