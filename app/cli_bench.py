@@ -23,6 +23,9 @@ from redline.inference import (
     EngineService,
     RedlineError,
     builtin_prompt_sets,
+    configs_text,
+    every_precision,
+    ladder,
     load_prompt_set,
     parse_configs,
     run_bench,
@@ -50,6 +53,13 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default="starter", help=f"the model: {ACCEPTED_FORMS}")
     p.add_argument(
         "--configs", default=DEFAULT_CONFIGS, help=f"comma-separated configurations (default {DEFAULT_CONFIGS})"
+    )
+    p.add_argument(
+        "--set",
+        dest="ready_set",
+        choices=("ladder", "every-precision"),
+        help="a ready-made set instead of --configs: the ladder (naive → kv → quantised → speculative → static, "
+        "the model drafting for itself) or every precision with kv",
     )
     p.add_argument(
         "--baseline",
@@ -157,7 +167,14 @@ def _baseline_index(text: str, labels: list[str]) -> int:
 
 
 def spec_from_args(args) -> BenchSpec:
-    configs = parse_configs(args.configs)
+    if args.ready_set == "ladder":
+        from redline.inference import probe_machine
+
+        configs = parse_configs(configs_text(ladder(probe_machine(include_gpus=True).device, args.model)))
+    elif args.ready_set == "every-precision":
+        configs = every_precision("kv")
+    else:
+        configs = parse_configs(args.configs)
     warmup = args.warmup if args.warmup is not None else (SEED_PRESET["warmup"] if args.seed_preset else 1)
     samples = args.samples if args.samples is not None else (SEED_PRESET["samples"] if args.seed_preset else 3)
     prompts = load_prompt_set(args.prompts)

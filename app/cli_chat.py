@@ -13,7 +13,9 @@ from redline.app.terminal import TerminalProgress
 from redline.app.trust_store import TrustStore, load_with_trust
 from redline.inference import (
     ACCEPTED_FORMS,
+    DEFAULT_PRIORITY,
     PRECISIONS,
+    PRIORITIES,
     STRATEGIES,
     DecodeOptions,
     EngineService,
@@ -22,7 +24,9 @@ from redline.inference import (
     RedlineError,
     SamplingSettings,
     TokenEvent,
+    default_device,
     is_server_url,
+    resolve_auto,
     resolve_precision,
 )
 
@@ -59,9 +63,22 @@ def add_model_arguments(p: argparse.ArgumentParser, remote: bool = True) -> None
     p.add_argument(
         "--precision",
         default="auto",
-        help=f"auto (bf16 where supported), or one of {', '.join(PRECISIONS)}; mixed: e.g. nf4+keep=lm_head",
+        help="auto (default: the fastest that fits this machine for --priority), or one of "
+        f"{', '.join(PRECISIONS)}; mixed: e.g. nf4+keep=lm_head",
     )
-    p.add_argument("--strategy", default="kv", choices=STRATEGIES, help="decoding strategy (default kv)")
+    p.add_argument(
+        "--strategy",
+        default="auto",
+        choices=("auto", *STRATEGIES),
+        help="decoding strategy (default auto: the fastest of kv and fast for the precision)",
+    )
+    p.add_argument(
+        "--priority",
+        default=DEFAULT_PRIORITY,
+        choices=PRIORITIES,
+        help="what auto favours: quality (highest precision that fits), balanced (default: the fastest with "
+        "8-bit weights or more), speed (the fastest)",
+    )
     p.add_argument("--draft", help="draft model for --strategy speculative (same forms as --model)")
     p.add_argument("--draft-precision", default="auto", help="precision of the draft model")
     p.add_argument(
@@ -141,6 +158,8 @@ def start_engine(args, quiet: bool = False) -> EngineService:
         raise RedlineError(
             "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
         )
+    if not is_server_url(args.model):
+        resolve_auto_args(default_device(), args, quiet)
     parallel = getattr(args, "parallel", None)
     service = EngineService(max_active=parallel) if parallel else EngineService()
     progress = TerminalProgress()
@@ -183,6 +202,28 @@ def start_engine(args, quiet: bool = False) -> EngineService:
     if getattr(target, "remote", False) and args.strategy not in ("kv", "fast") and not quiet:
         print("note: --strategy is the server's to choose for a model on a server; it is not sent", file=sys.stderr)
     return service
+
+
+def resolve_auto_args(device: str, args, quiet: bool = False):
+    """``--precision auto`` / ``--strategy auto``: the configuration the chat window would choose
+    (``resolve_auto``); args are updated in place and the reason goes to stderr."""
+    if "auto" not in (args.precision, args.strategy):
+        return None
+    choice = resolve_auto(
+        args.model,
+        device,
+        args.precision,
+        args.strategy,
+        getattr(args, "priority", DEFAULT_PRIORITY),
+        getattr(args, "context", None),
+    )
+    if args.precision == "auto" and choice.precision:
+        args.precision = choice.precision
+    if args.strategy == "auto":
+        args.strategy = choice.strategy
+    if not quiet:
+        print(f"note: {choice.reason}", file=sys.stderr)
+    return choice
 
 
 def _stream_reply(service: EngineService, messages: list[dict], args) -> "object":

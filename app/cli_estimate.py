@@ -1,4 +1,4 @@
-"""`redline estimate`: memory needed by a model, per precision, before loading it; and what to load."""
+"""`redline estimate`: memory and speed of a model, per precision, before loading it; and what to load."""
 
 from __future__ import annotations
 
@@ -8,11 +8,18 @@ import sys
 from redline.app.cli_args import above, whole_number
 from redline.inference import (
     CONSUMER_GPUS,
+    DEFAULT_PRIORITY,
     MB,
     PRECISIONS,
+    PRIORITIES,
     Estimate,
     Planner,
     RedlineError,
+    SpeedModel,
+    advise,
+    cached_machine,
+    card_machine,
+    choose,
     correction_bytes,
     detect_target,
     format_bytes,
@@ -20,6 +27,7 @@ from redline.inference import (
     precisions_for,
     read_shape,
     suggest,
+    this_machine,
 )
 
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here
@@ -49,6 +57,22 @@ def add_parser(sub) -> None:
     where.add_argument("--free-gb", default=None, help="plan for this much free memory (GB)", **above(0.0))
     where.add_argument("--gpu", help="plan for a consumer GPU from the built-in list, e.g. 'RTX 3060 12GB'")
     p.add_argument("--list-gpus", action="store_true", help="list the built-in GPUs and exit")
+    p.add_argument(
+        "--priority",
+        default=DEFAULT_PRIORITY,
+        choices=PRIORITIES,
+        help="what 'auto' favours: quality (highest precision that fits), balanced (default: the fastest with "
+        "8-bit weights or more), speed (the fastest)",
+    )
+    p.add_argument(
+        "--draft-tokens", default=5, help="draft tokens per step for the --draft advice (default 5)", **whole_number(1)
+    )
+    p.add_argument(
+        "--measure-acceptance",
+        action="store_true",
+        help="with --draft: load both models and run a few dozen tokens through speculative decoding to measure "
+        "how many draft tokens the target accepts (kept for next time)",
+    )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.set_defaults(func=run)
 
@@ -130,8 +154,114 @@ def build_report(args) -> dict:
         report["bandwidth_bound_tokens_per_s"] = {
             e.precision: round(target.bandwidth_gb_s * 1e9 / (e.weights_bytes + e.draft_bytes), 1) for e in estimates
         }
+    report["speed"] = speed_report(args, shape, draft, target, planner, context, names)
     report["_estimates"] = estimates
     return report
+
+
+SPEED_PROMPT_TOKENS, SPEED_NEW_TOKENS = 64, 256  # "a chat reply": the lengths the tok/s column assumes
+
+
+def speed_machine(args, target):
+    """This machine's measured bandwidth and FLOP/s (from the cache, measured once if missing), or a card's
+    published bandwidth."""
+    if args.gpu:
+        return card_machine(target.label.removeprefix("an "), target.bandwidth_gb_s)
+    machine = cached_machine(target.device, target.calibration_key)
+    if machine is None or machine.flops is None:
+        machine = this_machine(target.device)  # imports torch and measures, once per machine
+    return machine
+
+
+def speed_report(args, shape, draft, target, planner, context, names) -> dict:
+    machine = speed_machine(args, target)
+    speed = SpeedModel(machine)
+    rows = []
+    for name in names:
+        spec = parse_precision(name)
+        for strategy in ("kv", "fast"):
+            p = speed.predict(shape, spec, strategy, SPEED_PROMPT_TOKENS, SPEED_NEW_TOKENS)
+            if strategy == "fast" and p.path != "fast":
+                continue  # the fast path does not run this one: it would be kv again
+            full = speed.predict(shape, spec, strategy, max(1, context - SPEED_NEW_TOKENS), SPEED_NEW_TOKENS)
+            rows.append(
+                {
+                    "precision": name,
+                    "strategy": strategy,
+                    "tokens_per_s": round(p.tokens_per_s, 2),
+                    "ttft_ms": round(p.ttft_ms, 1),
+                    "tokens_per_s_full_context": round(full.tokens_per_s, 2),
+                    "ttft_ms_full_context": round(full.ttft_ms, 1),
+                    "bytes_per_token": p.bytes_per_token,
+                    "weights_read_bytes": p.weights_read_bytes,
+                    "roofline_tokens_per_s": round(p.roofline_tokens_per_s, 2),
+                    "bound": p.bound,
+                    "calibration": p.calibration,
+                    "decode_factor": round(p.decode_factor, 4),
+                    "measured_tokens_per_s": p.measured_tokens_per_s,
+                    "notes": p.notes,
+                }
+            )
+    out = {
+        "machine": machine.to_dict(),
+        "prompt_tokens": SPEED_PROMPT_TOKENS,
+        "new_tokens": SPEED_NEW_TOKENS,
+        "context": context,
+        "predictions": rows,
+        "priority": args.priority,
+    }
+    pinned = None if args.precision in ("all", "auto") else args.precision
+    out["auto"] = {
+        priority: choose(
+            shape,
+            planner_without_draft(planner),
+            speed,
+            context,
+            priority,
+            pinned or "auto",
+            "auto",
+            SPEED_PROMPT_TOKENS,
+            SPEED_NEW_TOKENS,
+        ).to_dict()
+        for priority in PRIORITIES
+    }
+    if draft is not None:
+        tprec = out["auto"][args.priority]["precision"] or "bf16"
+        dprec = args.draft_precision or tprec
+        measured = None
+        if args.measure_acceptance:
+            measured = measure(args, tprec, dprec)
+            out["acceptance_run"] = measured.to_dict()
+        adv = advise(
+            speed,
+            shape,
+            tprec,
+            draft,
+            dprec,
+            args.draft_tokens,
+            SPEED_PROMPT_TOKENS,
+            measured.acceptance_rate if measured else None,
+        )
+        out["draft_advice"] = adv.to_dict()
+    return out
+
+
+def planner_without_draft(planner: Planner) -> Planner:
+    return Planner(planner.shape, planner.target, planner.batch, None, None, planner.correction)
+
+
+def measure(args, target_precision: str, draft_precision: str):
+    from redline.app.terminal import TerminalProgress
+    from redline.inference import Engine, measure_acceptance
+
+    engine = Engine()
+    progress = TerminalProgress()
+    try:
+        return measure_acceptance(
+            engine, args.model, target_precision, args.draft, draft_precision, args.draft_tokens, progress=progress
+        )
+    finally:
+        progress.done()
 
 
 def print_report(report: dict) -> None:
@@ -151,9 +281,50 @@ def print_report(report: dict) -> None:
     print("\n" + report["suggestion"]["text"])
     for option in report["suggestion"]["options"]:
         print("  - " + option["text"])
+    print_speed(report["speed"])
     for note in report["notes"]:
         print(f"note: {note}")
     print("\n'fits' keeps a safety margin of 10 % or 300 MB, whichever is larger (the estimate's accuracy target).")
+
+
+def print_speed(speed: dict) -> None:
+    m = speed["machine"]
+    flops = f", {m['flops'] / 1e9:,.0f} GFLOP/s" if m.get("flops") else ""
+    print(
+        f"\nspeed on {m['label']} ({m['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s{flops}): decode tokens/s for a "
+        f"{speed['new_tokens']}-token reply to a {speed['prompt_tokens']}-token prompt, and once the "
+        f"conversation fills {speed['context']} tokens\n"
+    )
+    cols = ("precision", "strategy", "MB/token", "tok/s", f"tok/s at {speed['context']}", "TTFT", "measured here")
+    rows = [cols]
+    for r in speed["predictions"]:
+        measured = f"{r['measured_tokens_per_s']:.1f}" if r["measured_tokens_per_s"] else "—"
+        if r["calibration"] == "device" and not r["measured_tokens_per_s"]:
+            measured = "— (learned from others)"
+        rows.append(
+            (
+                r["precision"],
+                r["strategy"],
+                f"{r['bytes_per_token'] / MB:,.0f}",
+                f"≈ {r['tokens_per_s']:.1f}",
+                f"≈ {r['tokens_per_s_full_context']:.1f}",
+                f"{r['ttft_ms']:.0f} ms",
+                measured,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    choice = speed["auto"][speed["priority"]]
+    print("\n" + choice["reason"])
+    if "acceptance_run" in speed:
+        a = speed["acceptance_run"]
+        print(
+            f"acceptance run: {a['accepted']} of {a['proposed']} draft tokens accepted over {a['new_tokens']} tokens "
+            f"({a['seconds']:.1f} s)"
+        )
+    if "draft_advice" in speed:
+        print("draft: " + speed["draft_advice"]["text"])
 
 
 def run(args) -> int:

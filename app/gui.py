@@ -90,13 +90,18 @@ def add_speed_lab(window, engine, settings) -> None:
     def build():
         from redline.app.server_keys import ServerKeys
         from redline.ui.speedlab import SpeedLabPanel
+        from redline.ui.window.speedlab_link import follow_speed_lab
 
-        return SpeedLabPanel(
+        presets = window.presets
+        panel = SpeedLabPanel(
             engine,
             runs_dir=data_dir() / "speedlab-runs",
             model=settings.model or "starter",
             server_keys=ServerKeys(),
+            presets=(lambda: presets.presets()) if presets is not None else None,
         )
+        follow_speed_lab(window, panel)  # the window's speed gauges follow the lab while it runs
+        return panel
 
     window.add_panel(LazyPanel(build), "Speed lab")
 

@@ -15,17 +15,19 @@ from pathlib import Path
 from typing import Optional
 
 from redline.app.private_files import config_dir, write_private
-from redline.inference import STRATEGIES
+from redline.inference import DEFAULT_PRIORITY, PRIORITIES, STRATEGIES
 
 # Changing any of these means the model (or draft) has to be loaded again.
 RELOAD_FIELDS = ("model", "precision", "draft_model", "draft_precision")
+AUTO = "auto"  # precision and strategy: chosen when the model loads (inference.resolve_auto), by ``priority``
 
 
 @dataclass(frozen=True)
 class Settings:
     model: Optional[str] = None  # None: first start, offer the starter
-    precision: str = "auto"
-    strategy: str = "kv"
+    precision: str = AUTO  # auto: the fastest that fits for ``priority``, resolved at load
+    strategy: str = AUTO  # auto: the fastest for the precision (kv, fast, or static on CUDA), resolved at load
+    priority: str = DEFAULT_PRIORITY  # what auto favours: quality, balanced (≥ 8-bit weights) or speed
     draft_model: Optional[str] = None
     draft_precision: str = "auto"
     num_draft_tokens: int = 5
@@ -48,6 +50,9 @@ class Settings:
     def needs_reload(self, other: "Settings") -> bool:
         """Would going from self to other need the model or draft loaded again?"""
         if any(getattr(self, f) != getattr(other, f) for f in RELOAD_FIELDS):
+            return True
+        # An auto precision is resolved when the model loads, by the priority: a new priority resolves it again.
+        if self.priority != other.priority and AUTO in (self.precision, other.precision):
             return True
         # The draft is only loaded for the speculative strategy.
         return (self.strategy == "speculative") != (other.strategy == "speculative")
@@ -85,8 +90,10 @@ class Settings:
         for name in ("precision", "draft_precision"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be text")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
+        if self.strategy != AUTO and self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be auto or one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
+        if self.priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, not {self.priority!r}")
         num("num_draft_tokens", int, False)
         num("max_new_tokens", int, False)
         num("max_active_replies", int, False)

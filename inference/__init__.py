@@ -15,6 +15,8 @@ Subpackages, each a part of the engine:
 - ``service``: the engine as a service (one scheduler thread owns the model; requests and their events);
 - ``server``: the OpenAI-compatible HTTP server over the service, and structured output;
 - ``remote``: models behind other OpenAI-compatible servers, used like local ones.
+- ``speed``: decode tokens/s and TTFT predicted before loading, learned per machine; the ``auto`` choice by
+  priority; speculative-decoding advice.
 """
 
 from redline.inference.bench.configs import BenchConfig, format_config, parse_config, parse_configs
@@ -22,6 +24,7 @@ from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_js
 from redline.inference.bench.prompts import PromptSet, builtin_prompt_sets, load_prompt_set
 from redline.inference.bench.results import (
     BenchConcurrencyRow,
+    BenchLive,
     BenchPhase,
     BenchReport,
     BenchRow,
@@ -33,6 +36,7 @@ from redline.inference.bench.results import (
 )
 from redline.inference.bench.runner import SEED_PRESET, BenchSpec, run_bench
 from redline.inference.bench.saving import list_reports, load_report, save_report
+from redline.inference.bench.sets import READY_SETS, configs_text, every_precision, from_presets, ladder
 from redline.inference.bench.sweep import MODES as SWEEP_MODES
 from redline.inference.decoding.draft_check import check_pair
 from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
@@ -50,8 +54,8 @@ from redline.inference.errors import (
 )
 from redline.inference.events import FinishedEvent, GenerationResult, Notice, PrefillProgress, StatsEvent, TokenEvent
 from redline.inference.hardware.gpus import CONSUMER_GPUS
+from redline.inference.hardware.probe import default_device, torch_cuda_build
 from redline.inference.hardware.probe import probe as probe_machine
-from redline.inference.hardware.probe import torch_cuda_build
 from redline.inference.loading.precision import PRECISIONS, PrecisionSpec, parse_precision, resolve_precision
 from redline.inference.memory.calibration import correction_bytes, measured_peak_bytes, predict_loaded
 from redline.inference.memory.estimator import Estimate, accuracy_margin
@@ -80,13 +84,30 @@ from redline.inference.sources.gguf import is_complete as is_converted
 from redline.inference.sources.resolve import ACCEPTED_FORMS
 from redline.inference.sources.resolve import resolve as resolve_model
 from redline.inference.sources.starter import STARTER_NAME, legacy_starter_folder, starter_folder
+from redline.inference.speed.calibration import SpeedCalibration
+from redline.inference.speed.choose import (
+    DEFAULT_PRIORITY,
+    PRIORITIES,
+    PRIORITY_LABELS,
+    AutoChoice,
+    check_priority,
+    choose,
+    resolve_auto,
+)
+from redline.inference.speed.model import Machine, SpeedPrediction, cached_machine, card_machine, this_machine
+from redline.inference.speed.predictor import SpeedModel
+from redline.inference.speed.speculative import AcceptanceMeasurement, DraftAdvice, advise, measure_acceptance
 from redline.inference.units import GB, MB, format_bytes
 
 __all__ = [
+    "AcceptanceMeasurement",
     "BenchConcurrencyRow",
     "ACCEPTED_FORMS",
     "accuracy_margin",
+    "advise",
+    "AutoChoice",
     "BenchConfig",
+    "BenchLive",
     "BenchPhase",
     "BenchReport",
     "BenchRow",
@@ -95,30 +116,43 @@ __all__ = [
     "BenchSweepRow",
     "BenchToken",
     "builtin_prompt_sets",
+    "cached_machine",
     "Cancelled",
+    "card_machine",
     "check_pair",
+    "check_priority",
+    "choose",
     "COLUMNS",
     "ConfigResult",
+    "configs_text",
     "CONSUMER_GPUS",
     "correction_bytes",
     "DecodeOptions",
+    "default_device",
+    "DEFAULT_PRIORITY",
     "describe_model",
     "detect_target",
+    "DraftAdvice",
     "Engine",
     "Estimate",
+    "every_precision",
     "FinishedEvent",
     "format_bytes",
     "format_config",
+    "from_presets",
     "GB",
     "GenerationResult",
     "Notice",
     "IncompatibleDraft",
     "is_converted",
     "legacy_starter_folder",
+    "ladder",
     "list_reports",
     "load_prompt_set",
     "load_report",
+    "Machine",
     "MB",
+    "measure_acceptance",
     "measured_peak_bytes",
     "memory_snapshot",
     "ModelLoadError",
@@ -134,16 +168,23 @@ __all__ = [
     "PrecisionSpec",
     "precisions_for",
     "predict_loaded",
+    "PRIORITIES",
+    "PRIORITY_LABELS",
     "probe_machine",
     "PromptSet",
     "read_shape",
+    "READY_SETS",
     "RedlineError",
+    "resolve_auto",
     "resolve_model",
     "resolve_precision",
     "run_bench",
     "SamplingSettings",
     "save_report",
     "SEED_PRESET",
+    "SpeedCalibration",
+    "SpeedModel",
+    "SpeedPrediction",
     "starter_folder",
     "STARTER_NAME",
     "StarterUnavailable",
@@ -154,6 +195,7 @@ __all__ = [
     "SWEEP_MODES",
     "SweepRow",
     "Target",
+    "this_machine",
     "to_csv",
     "to_json",
     "to_markdown",

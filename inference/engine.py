@@ -23,6 +23,7 @@ from redline.inference.memory.policy import bound_kernel_caches
 from redline.inference.progress import CancelFn, ProgressFn, noop_progress
 from redline.inference.remote.client import connect, is_server_url
 from redline.inference.sources.resolve import resolve
+from redline.inference.speed.calibration import check_generation as check_speed
 
 
 class Engine:
@@ -33,6 +34,8 @@ class Engine:
         self.draft: Optional[LoadedModel] = None
         self.memory_check: Optional[MemoryCheck] = None  # predicted vs measured, after the last generation
         self.record_memory = True  # feed measured loads into the per-machine estimator correction
+        self.record_speed = True  # feed measured replies into the per-machine speed correction
+        self.speed_check = None  # the speed model's prediction for the last reply (speed.model.SpeedPrediction)
 
     # -- models --------------------------------------------------------------
     def load(
@@ -129,6 +132,11 @@ class Engine:
         except Exception:  # an estimate that cannot be made must never stop a load
             loaded.predicted_bytes = None
 
+    def check_result(self, result: GenerationResult, options: DecodeOptions) -> GenerationResult:
+        """Predicted vs measured memory and speed for a reply decoded outside ``chat`` (the service's batch,
+        when the reply ran alone); the per-machine corrections learn from it."""
+        return self._check_speed(self._check_memory(result), options)
+
     def _check_memory(self, result: GenerationResult) -> GenerationResult:
         if getattr(self.target, "remote", False):
             return result  # the memory is the server's
@@ -141,6 +149,19 @@ class Engine:
             result.predicted_memory_bytes = check.predicted_bytes
             result.measured_memory_bytes = check.measured_bytes
             result.memory_error_pct = round(check.error_pct, 2)
+        return result
+
+    def _check_speed(self, result: GenerationResult, options: DecodeOptions) -> GenerationResult:
+        if getattr(self.target, "remote", False):
+            return result  # the speed is the server's and its network's, not this machine's
+        try:
+            pred = check_speed(self.target, result, options, self.draft, save=self.record_speed)
+        except Exception:  # a report only: it must never break a chat
+            pred = None
+        if pred is not None:
+            self.speed_check = pred
+            result.predicted_tokens_per_s = round(pred.tokens_per_s, 2)
+            result.predicted_ttft_ms = round(pred.ttft_ms, 1)
         return result
 
     # -- generation ----------------------------------------------------------
@@ -167,7 +188,7 @@ class Engine:
         result = generate(
             target, input_ids, sampling, options, self.draft, on_event, should_cancel, context, logits_processor
         )
-        return self._check_memory(result)
+        return self._check_speed(self._check_memory(result), options)
 
     def chat(
         self,
@@ -200,4 +221,4 @@ class Engine:
         )
         result.notes[:0] = prepared.notes
         result.dropped_messages = prepared.dropped_messages
-        return self._check_memory(result)
+        return self._check_speed(self._check_memory(result), options)

@@ -55,6 +55,10 @@ class GenerationResult:
     predicted_memory_bytes: Optional[int] = None
     measured_memory_bytes: Optional[int] = None
     memory_error_pct: Optional[float] = None
+    # The speed model's prediction for this reply (speed/calibration.py), made before its measurement fed
+    # this machine's speed correction: decode tokens/s and TTFT.
+    predicted_tokens_per_s: Optional[float] = None
+    predicted_ttft_ms: Optional[float] = None
     error: Optional[str] = None
     # A model on a server: the figures the server itself reported (usage; llama.cpp-style timings where
     # given), beside the TTFT and tokens/s measured here, on the client.

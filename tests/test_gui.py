@@ -37,11 +37,15 @@ def test_send_streams_renders_and_saves(qtbot, tiny_window):
     [reply] = _assistant(w)
     assert user.content == "hello there"
     assert reply.content == result.text and not reply.partial
-    assert reply.stats["new_tokens"] == result.new_tokens and reply.stats["strategy"] == "kv"
+    # The settings leave the strategy to auto: the fastest for fp32 here, said in the status bar.
+    strategy = w.models.strategy()
+    assert strategy in ("kv", "fast") and w.models.auto_choice.strategy == strategy
+    assert w.statusBar().currentMessage().startswith(f"auto: {strategy} · fp32 — the fastest strategy for fp32")
+    assert reply.stats["new_tokens"] == result.new_tokens and reply.stats["strategy"] == strategy
     assert reply.stats["precision"] == "fp32"
     widgets = w.chat_view.widgets
     assert [x.role for x in widgets] == ["user", "assistant"]
-    assert "tokens" in widgets[1].stats_label.text() and "kv" in widgets[1].stats_label.text()
+    assert "tokens" in widgets[1].stats_label.text() and strategy in widgets[1].stats_label.text()
     # The gauges got the reply's real figures and a real memory reading.
     assert w.gauges.gauge.value == result.tokens_per_s
     qtbot.waitUntil(lambda: w.gauges.last_snapshot is not None, timeout=5000)

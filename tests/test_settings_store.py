@@ -49,6 +49,10 @@ def test_needs_reload():
     assert base.needs_reload(Settings(model="starter", precision="int8"))
     assert base.needs_reload(Settings(model="starter", strategy="speculative"))
     assert not base.needs_reload(Settings(model="starter", strategy="prompt-lookup"))
+    # precision auto is chosen by the priority when the model loads; a pinned precision does not care
+    assert base.precision == "auto" and base.needs_reload(Settings(model="starter", priority="speed"))
+    pinned = Settings(model="starter", precision="q8")
+    assert not pinned.needs_reload(Settings(model="starter", precision="q8", priority="speed"))
 
 
 def test_store_persists_in_data_dir(dirs):
@@ -112,10 +116,13 @@ def test_export_markdown_and_json(dirs):
 def test_settings_accept_every_engine_strategy_and_name_them_when_one_is_unknown():
     from redline.inference import STRATEGIES
 
-    for strategy in STRATEGIES:
+    for strategy in ("auto", *STRATEGIES):
         Settings(strategy=strategy).validate()
-    with pytest.raises(ValueError, match="strategy must be one of naive, kv, .*, not 'turbo'"):
+    with pytest.raises(ValueError, match="strategy must be auto or one of naive, kv, .*, not 'turbo'"):
         Settings.from_dict({"strategy": "turbo"})
+    with pytest.raises(ValueError, match="priority must be one of quality, balanced, speed, not 'cheap'"):
+        Settings.from_dict({"priority": "cheap"})
+    assert Settings().strategy == "auto" and Settings().priority == "balanced"
 
 
 def test_settings_panel_offers_every_engine_strategy_and_precision(qtbot):
@@ -125,5 +132,8 @@ def test_settings_panel_offers_every_engine_strategy_and_precision(qtbot):
     panel = SettingsPanel(Settings())
     qtbot.addWidget(panel)
     offered = {box: [box.itemText(i) for i in range(box.count())] for box in (panel.precision, panel.strategy)}
-    assert offered[panel.strategy][:2] == ["kv", "fast"] and sorted(offered[panel.strategy]) == sorted(STRATEGIES)
+    assert offered[panel.strategy][:3] == ["auto", "kv", "fast"]
+    assert sorted(offered[panel.strategy][1:]) == sorted(STRATEGIES)
+    priorities = [panel.priority.itemData(i) for i in range(panel.priority.count())]
+    assert priorities == ["quality", "balanced", "speed"] and panel.priority.currentData() == "balanced"
     assert offered[panel.precision] == ["auto", *PRECISIONS, "nf4+keep=lm_head"]

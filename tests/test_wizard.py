@@ -52,8 +52,21 @@ def test_wizard_end_to_end_on_starter(qtbot, starter_dir):
     cfg = wiz.config_page  # 3. the table with the suggestion preselected, and one sentence why
     assert cfg.context.value() == 8192 and cfg.table.rowCount() == 8
     best = "bf16" if wiz.target.bf16 else "fp16"
-    assert cfg.suggestion.precision == best and cfg.selected_precision() == best
-    assert cfg.why.text().startswith(f"{best} fits with")
+    assert cfg.suggestion.precision == best  # the memory suggestion keeps today's order
+    # Balanced (the default priority): the fastest predicted here that fits with 8-bit weights or more.
+    choice = cfg.choice
+    assert cfg.priority.currentData() == "balanced" and choice.fits
+    assert choice.precision in ("fp32", best, "q8", "int8") and cfg.selected_precision() == choice.precision
+    assert cfg.why.text().startswith(f"auto: {choice.strategy} · {choice.precision} — fastest that fits with 8-bit")
+    speeds = [cfg.table.item(r, 8).text() for r in range(8)]
+    assert all(t.startswith("≈ ") and " tok/s (" in t for t in speeds), speeds
+    fastest = max(
+        (c for c in choice.candidates if c.fits and c.precision in ("fp32", best, "q8", "int8")),
+        key=lambda c: c.tokens_per_s,
+    )
+    assert (fastest.precision, fastest.strategy) == (choice.precision, choice.strategy)
+    cfg.priority.setCurrentIndex(cfg.priority.findData("quality"))  # quality first: today's order
+    assert cfg.selected_precision() == best and cfg.why.text().startswith(f"auto: {cfg.choice.strategy} · {best}")
     assert [cfg.table.item(r, 7).text() for r in range(8)].count("fits") >= 3
     kv_8k = cfg.table.item(0, 2).text()
     cfg.context.setValue(2048)  # live: the KV cache column follows the context
@@ -86,7 +99,7 @@ def test_wizard_end_to_end_on_starter(qtbot, starter_dir):
     saved = window.presets.get("Starter 2k")
     doc = json.loads(saved.path.read_text(encoding="utf-8"))
     assert doc["settings"]["model"] == "starter" and doc["settings"]["context_length"] == 2048
-    assert doc["settings"]["precision"] == best
+    assert doc["settings"]["precision"] == best and doc["settings"]["priority"] == "quality"
     assert "Starter 2k" in [
         window.settings_panel.preset.itemText(i) for i in range(window.settings_panel.preset.count())
     ]
@@ -160,7 +173,7 @@ def test_rejected_choices_draft_check_and_tooltips(
     qtbot.waitUntil(lambda: wiz.machine is not None, timeout=60_000)
     next_page(qtbot, wiz)
     cfg = wiz.config_page
-    assert cfg.context.value() == 512 and cfg.selected_precision() in ("bf16", "fp16")
+    assert cfg.context.value() == 512 and cfg.selected_precision() == cfg.choice.precision
     cfg.table.selectRow(
         PRECISIONS.index("fp32")
     )  # the user prefers fp32 over the suggestion; moving the context keeps it
@@ -299,6 +312,6 @@ def test_gguf_rows_start_with_the_file_as_it_is(qtbot, tmp_path, monkeypatch):
     cfg = wiz.config_page
     rows = [cfg.table.item(r, 0).text() for r in range(cfg.table.rowCount())]
     assert rows == ["gguf (as the file is)", "bf16", "fp16", "fp32", "q8", "q4"]
-    assert cfg.selected_precision() == "gguf" and cfg.why.text().startswith("gguf fits with")
+    assert cfg.selected_precision() == "gguf" and "gguf fits with" in cfg.why.text()
     wiz.reject()
     window.shutdown()

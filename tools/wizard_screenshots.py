@@ -1,9 +1,11 @@
 """Save PNGs of each page of the configuration wizard, run for real on the starter model.
 
 Run with `make screenshots` (or `python tools/wizard_screenshots.py`). A throwaway profile, the Qt
-offscreen platform unless DISPLAY is set. The speculative page pairs the starter with a one-layer
-random draft built here from the starter's own tokenizer (a real tokenizer check, not a useful
-draft); the "does not fit" page uses Llama-3-8B's config.json alone, planned for an RTX 4060 Ti 8GB.
+offscreen platform unless DISPLAY is set. Before the wizard opens, the speed lab runs four
+configurations of the starter once, so the speed column shows what this machine measured beside what it
+predicts. The speculative page pairs the starter with a one-layer random draft built here from the
+starter's own tokenizer (a real tokenizer check, not a useful draft) and measures its acceptance; the
+"does not fit" page uses Llama-3-8B's config.json alone, planned for an RTX 4060 Ti 8GB.
 """
 
 from __future__ import annotations
@@ -67,11 +69,25 @@ def main() -> int:
     window.start()  # no model yet: the starter offer, with "Configure model…"
     shot(window, "wizard-0-empty-state.png")
 
+    # Measure a few configurations once (the speed lab), so the wizard's speed column has "measured here".
+    tabs = window.tabs
+    titles = [tabs.tabText(i) for i in range(tabs.count())]
+    lab = tabs.widget(titles.index("Speed lab")).ensure_built()
+    lab.configs_edit.setText("kv:fp32,kv:bf16,fast:q8,fast:q4")
+    lab.new_tokens_spin.setValue(32)
+    lab.warmup_spin.setValue(0)
+    lab.samples_spin.setValue(1)
+    measured = []
+    lab.run_finished.connect(measured.append)
+    lab.start()
+    wait_until(lambda: measured, what="the speed lab's run")
+    tabs.setCurrentIndex(0)
+
     wiz = window.open_wizard()
     wait_until(wiz.model_page.isComplete)
     shot(wiz, "wizard-1-model.png")
     wiz.next()
-    wait_until(lambda: wiz.machine is not None)
+    wait_until(lambda: wiz.machine is not None and wiz.hardware_page.speed_done)
     shot(wiz, "wizard-2-hardware.png")
     wiz.next()
     wiz.config_page.context.setValue(4096)
@@ -82,6 +98,9 @@ def main() -> int:
     dp.picker.folder.setText(str(draft))
     dp.picker._edited("folder")
     wait_until(dp.isComplete)
+    wait_until(dp.measure_button.isEnabled)
+    dp.measure_button.click()  # a real acceptance run: this random draft is accepted almost never
+    wait_until(lambda: not dp.measuring and "Measured:" in dp.speed.text(), what="the acceptance run")
     shot(wiz, "wizard-4-speculative.png")
     dp.none.setChecked(True)
     loaded = []
@@ -106,7 +125,7 @@ def main() -> int:
     mp.picker._edited("folder")
     wait_until(mp.isComplete)
     wiz.next()
-    wait_until(lambda: wiz.machine is not None)
+    wait_until(lambda: wiz.machine is not None and wiz.hardware_page.speed_done)
     hw = wiz.hardware_page
     hw.gpu_list.setCurrentIndex(hw.gpu_list.findData("RTX 4060 Ti 8GB"))
     wiz.next()

@@ -161,6 +161,12 @@ class GaugesPanel(QFrame):
         title = QLabel("Speed")
         title.setObjectName("panelTitle")
         layout.addWidget(title)
+        self.title = title
+        self.source_label = QLabel("")  # what the gauges show when it is not the chat (the speed lab's row)
+        self.source_label.setObjectName("gaugeSource")
+        self.source_label.setWordWrap(True)
+        self.source_label.hide()
+        layout.addWidget(self.source_label)
         self.gauge = SpeedGauge(self)
         layout.addWidget(self.gauge)
         grid = QGridLayout()
@@ -212,7 +218,13 @@ class GaugesPanel(QFrame):
         return w
 
     # -- speed ----------------------------------------------------------------------
+    def set_source(self, text: str) -> None:
+        """Say what the speed gauges follow when it is not the chat (e.g. "speed lab: fast:q8"); "" for the chat."""
+        self.source_label.setText(text)
+        self.source_label.setVisible(bool(text))
+
     def start_reply(self) -> None:
+        self.set_source("")
         self._latencies.clear()
         self._curve.setData([])
         self.gauge.set_value(None, "tok/s (1 s)")

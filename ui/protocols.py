@@ -48,13 +48,15 @@ class ConversationStore(Protocol):
 
 
 class SettingsLike(Protocol):
-    """A frozen dataclass: fields model, precision, strategy, draft_model, draft_precision,
+    """A frozen dataclass: fields model, precision, strategy, priority, draft_model, draft_precision,
     num_draft_tokens, context_length, max_new_tokens, temperature, top_p, top_k,
-    repetition_penalty, seed, server_host, server_port, server_cors."""
+    repetition_penalty, seed, server_host, server_port, server_cors. ``precision`` and ``strategy`` may be
+    "auto" (resolved at load by ``priority``)."""
 
     model: Optional[str]
     precision: str
     strategy: str
+    priority: str
 
     def needs_reload(self, other: Any) -> bool: ...
 

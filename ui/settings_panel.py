@@ -1,4 +1,4 @@
-"""Settings: model, precision, strategy, draft, lengths and sampling.
+"""Settings: model, precision, strategy, what auto favours, draft, lengths and sampling.
 
 The panel edits a copy; "Apply" hands a new settings object to the window,
 which saves it and reloads the model when the change needs that. The panel
@@ -25,11 +25,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.inference import PRECISIONS, STRATEGIES
+from redline.inference import PRECISIONS, PRIORITIES, PRIORITY_LABELS, STRATEGIES
 
 MIXED_EXAMPLE = "nf4+keep=lm_head"  # a mixed precision: nf4, with the output layer left unquantised
 PRECISION_CHOICES = ("auto", *PRECISIONS, MIXED_EXAMPLE)  # the box is editable: any other mix can be typed
-FIRST_STRATEGIES = ("kv", "fast")  # the ones most people want, listed first; then the rest in the engine's order
+FIRST_STRATEGIES = (
+    "auto",
+    "kv",
+    "fast",
+)  # the ones most people want, listed first; then the rest in the engine's order
 STRATEGY_CHOICES = FIRST_STRATEGIES + tuple(s for s in STRATEGIES if s not in FIRST_STRATEGIES)
 DEFAULT_TEXT = "model default"
 
@@ -91,12 +95,22 @@ class SettingsPanel(QWidget):
         form.addRow("Model", self._with_browse(self.model))
         self.precision = self._combo(PRECISION_CHOICES, editable=True)
         self.precision.setToolTip(
-            "auto = bf16 where supported (for a quantised GGUF: gguf, as the file is); mixed precision: e.g. "
-            "nf4+keep=lm_head"
+            "auto = the fastest precision that fits this machine for the priority below (predicted from this "
+            "machine's measurements); mixed precision: e.g. nf4+keep=lm_head"
         )
         form.addRow("Precision", self.precision)
         self.strategy = self._combo(STRATEGY_CHOICES)
+        self.strategy.setToolTip("auto = the fastest of kv and fast (and static on CUDA) for the precision")
         form.addRow("Strategy", self.strategy)
+        self.priority = QComboBox()
+        for key in PRIORITIES:
+            self.priority.addItem(PRIORITY_LABELS[key], key)
+        self.priority.setToolTip(
+            "What auto favours. Quality first: the highest precision that fits (bf16, then int8, then nf4). "
+            "Balanced: the fastest configuration that fits with 8-bit weights or more. Speed first: the fastest "
+            "that fits, 4-bit weights included."
+        )
+        form.addRow("Auto favours", self.priority)
         self.draft_model = QComboBox()
         self.draft_model.setEditable(True)
         self.draft_model.addItems(["", "starter"])
@@ -142,7 +156,7 @@ class SettingsPanel(QWidget):
         outer.addStretch(1)
 
         self.set_settings(settings)
-        for w in (self.model, self.precision, self.strategy, self.draft_model, self.draft_precision):
+        for w in (self.model, self.precision, self.strategy, self.priority, self.draft_model, self.draft_precision):
             w.currentTextChanged.connect(lambda _t: self._update_note())
         for w in (
             self.num_draft_tokens,
@@ -207,6 +221,7 @@ class SettingsPanel(QWidget):
         self.model.setCurrentText(settings.model or "starter")
         self.precision.setCurrentText(settings.precision)
         self.strategy.setCurrentText(settings.strategy)
+        self.priority.setCurrentIndex(max(0, self.priority.findData(getattr(settings, "priority", "balanced"))))
         self.draft_model.setCurrentText(settings.draft_model or "")
         self.draft_precision.setCurrentText(settings.draft_precision)
         self.num_draft_tokens.setValue(settings.num_draft_tokens)
@@ -232,6 +247,7 @@ class SettingsPanel(QWidget):
             "model": self.model.currentText().strip() or None,
             "precision": self.precision.currentText().strip() or "auto",
             "strategy": self.strategy.currentText(),
+            "priority": self.priority.currentData(),
             "draft_model": self.draft_model.currentText().strip() or None,
             "draft_precision": self.draft_precision.currentText().strip() or "auto",
             "num_draft_tokens": self.num_draft_tokens.value(),

@@ -4,33 +4,35 @@ The run itself is ``run_bench`` submitted to the engine service as one job (it h
 while it runs: chat replies asked meanwhile wait, and say so); its progress events (phases, output
 tokens, finished rows) come back through ``EngineThread.progress``. Cancel stops this run and nothing
 else. Past runs are JSON files in a folder the caller hands in.
+
+The configurations are edited as rows of a table (``speedlab_configs.ConfigEditor``, with ready-made sets and
+the text form in step); each row shows the tokens/s the speed model predicts here (asked on the engine thread
+between runs) beside what the last run measured. The outputs stream side by side in a resizable splitter
+(``speedlab_outputs.OutputColumns``) with each column's live tokens/s; ``live_speed``, ``row_started`` and
+``row_done`` let the window's gauges follow the run.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QTextCursor
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QFileDialog,
     QFormLayout,
     QGridLayout,
-    QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMessageBox,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableWidget,
@@ -45,6 +47,7 @@ from redline.inference import (
     MB,
     SEED_PRESET,
     SWEEP_COLUMNS,
+    BenchLive,
     BenchPhase,
     BenchReport,
     BenchRow,
@@ -59,16 +62,19 @@ from redline.inference import (
     list_reports,
     load_prompt_set,
     load_report,
-    parse_configs,
     run_bench,
     save_report,
     to_csv,
     to_json,
     to_markdown,
 )
+from redline.ui.speed_tasks import predictions_task
+from redline.ui.speedlab_configs import ConfigEditor
+from redline.ui.speedlab_outputs import OutputColumns
 from redline.ui.worker import EngineThread
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32"
+PREDICT_DELAY_MS = 400  # predictions are asked this long after the last edit
 # The raw value behind each column, for sorting numerically rather than by text.
 _SORT_KEYS = {
     "TTFT p50 ms": "ttft_ms",
@@ -76,6 +82,8 @@ _SORT_KEYS = {
     "tok p95 ms": "p95_ms",
     "tok/s": "tokens_per_s",
     "tok/s range": "tokens_per_s_min",
+    "pred. tok/s": "predicted_tokens_per_s",
+    "pred. error": "prediction_error_pct",
     "total s": "total_s",
     "load s": "load_s",
     "peak MB": "peak_memory_bytes",
@@ -124,6 +132,11 @@ class SpeedLabPanel(QWidget):
     """Side-by-side comparison of decoding configurations on one model."""
 
     run_finished = Signal(object)  # BenchReport
+    # The window's gauges follow the lab: a row starts (its label), its live speed, the row's result.
+    row_started = Signal(str)
+    live_speed = Signal(float, object, int)  # tokens/s over the last second, TTFT ms (or None), new tokens
+    row_done = Signal(object)  # ConfigResult
+    token_latencies = Signal(list)  # ms between the streamed tokens of the column shown
 
     def __init__(
         self,
@@ -132,32 +145,45 @@ class SpeedLabPanel(QWidget):
         model: str = "starter",
         parent: Optional[QWidget] = None,
         server_keys=None,  # .get(url) → the API key saved for a server (remote:URL rows), or None
+        presets: Optional[Callable[[], list]] = None,
     ):
         super().__init__(parent)
         self.worker = worker
         self.server_keys = server_keys
         self.runs_dir = Path(runs_dir) if runs_dir else None
+        self._presets = presets  # () -> saved presets, for the "my presets" set
+        self._predict_task: Optional[int] = None
+        self._predict_again = False
+        self._live_index: Optional[int] = None
+        self._last_token_s: dict[int, float] = {}
         self.report: Optional[BenchReport] = None  # the run shown (live or reopened)
         self.shown: list[ConfigResult] = []  # rows in the table and charts (several runs when comparing)
         self._task: Optional[int] = None
-        self._columns: list[QPlainTextEdit] = []
         self._build(model)
         worker.progress.connect(self._on_progress)
         worker.done.connect(self._on_done)
         worker.failed.connect(self._on_failed)
+        worker.done.connect(self._on_predictions)
+        worker.failed.connect(self._on_predictions_failed)
         self.refresh_history()
+        self.request_predictions()
 
     # -- layout ----------------------------------------------------------------
     def _build(self, model: str) -> None:
         form = QFormLayout()
         self.model_edit = QLineEdit(model)
         self.model_edit.setToolTip("starter, a model folder, a .gguf file or a hub id")
-        self.configs_edit = QLineEdit(DEFAULT_CONFIGS)
-        self.configs_edit.setToolTip(
-            "strategy:precision, comma-separated, e.g. naive:fp32,kv:bf16,kv:int8,"
-            "speculative:bf16+draft=starter@int8/k=5,prompt-lookup:bf16; a model on a server: "
-            "remote:http://HOST:PORT/v1#MODEL"
-        )
+        self.configs_editor = ConfigEditor(DEFAULT_CONFIGS, self._presets)
+        self.configs_editor.model = lambda: self.model_edit.text().strip() or "starter"
+        self.configs_editor.device = self._device
+        self.configs_edit = self.configs_editor.text_edit  # the text form (advanced), in step with the rows
+        self._predict_timer = QTimer(self)
+        self._predict_timer.setSingleShot(True)
+        self._predict_timer.setInterval(PREDICT_DELAY_MS)
+        self._predict_timer.timeout.connect(self.request_predictions)
+        self.configs_editor.changed.connect(self._predict_timer.start)
+        self.configs_editor.message.connect(lambda text: self.status_label.setText(text))
+        self.model_edit.textChanged.connect(lambda _t: self._predict_timer.start())
         self.baseline_spin = QSpinBox(minimum=1, maximum=64, value=1)
         self.baseline_spin.setToolTip("Which configuration (1 = first) the others are compared with")
         self.prompts_combo = QComboBox(editable=True)
@@ -170,6 +196,7 @@ class SpeedLabPanel(QWidget):
         prompts_row.addWidget(self.prompts_combo, 1)
         prompts_row.addWidget(browse)
         self.new_tokens_spin = QSpinBox(minimum=1, maximum=8192, value=64)
+        self.new_tokens_spin.valueChanged.connect(lambda _v: self._predict_timer.start())
         self.warmup_spin = QSpinBox(minimum=0, maximum=1000, value=1)
         self.samples_spin = QSpinBox(minimum=1, maximum=1000, value=3)
         self.seed_spin = QSpinBox(minimum=0, maximum=2**31 - 1, value=0)
@@ -194,7 +221,7 @@ class SpeedLabPanel(QWidget):
         self.sweep_edit = QLineEdit()
         self.sweep_edit.setPlaceholderText("e.g. 1,2,4,8 — batch sweep of the baseline configuration (optional)")
         form.addRow("Model", self.model_edit)
-        form.addRow("Configurations", self.configs_edit)
+        form.addRow("Configurations", self.configs_editor)
         form.addRow("Baseline", self.baseline_spin)
         form.addRow("Prompt set", prompts_row)
         form.addRow("Lengths", counts)
@@ -213,13 +240,8 @@ class SpeedLabPanel(QWidget):
         controls.addWidget(self.cancel_button)
         controls.addWidget(self.progress_bar, 1)
 
-        # Outputs side by side, one column per configuration.
-        self.outputs_host = QWidget()
-        self.outputs_layout = QHBoxLayout(self.outputs_host)
-        self.outputs_layout.setContentsMargins(0, 0, 0, 0)
-        outputs_scroll = QScrollArea()
-        outputs_scroll.setWidgetResizable(True)
-        outputs_scroll.setWidget(self.outputs_host)
+        # Outputs side by side, one column per configuration, in a splitter the user can resize.
+        self.outputs = OutputColumns()
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels([h for h, _ in COLUMNS])
@@ -272,16 +294,37 @@ class SpeedLabPanel(QWidget):
             export_row.addWidget(b)
         export_row.addStretch(1)
 
-        splitter = QSplitter(Qt.Vertical)
-        splitter.addWidget(outputs_scroll)
-        splitter.addWidget(self.tabs)
-        splitter.setStretchFactor(1, 2)
+        # Everything in one vertical splitter: the configurations, the outputs, the results — each as tall as
+        # the user drags it.
+        setup = QWidget()
+        sv = QVBoxLayout(setup)
+        sv.setContentsMargins(0, 0, 0, 0)
+        sv.addLayout(form)
+        sv.addLayout(controls)
+        sv.addWidget(self.status_label)
+        self.splitter = QSplitter(Qt.Vertical)
+        self.splitter.setObjectName("labSplitter")
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.addWidget(setup)
+        self.splitter.addWidget(self.outputs)
+        self.splitter.addWidget(self.tabs)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 2)
+        self.splitter.setStretchFactor(2, 2)
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addLayout(controls)
-        layout.addWidget(self.status_label)
-        layout.addWidget(splitter, 1)
+        layout.addWidget(self.splitter, 1)
         layout.addLayout(export_row)
+        self._sized = False
+
+    def showEvent(self, event):  # noqa: N802
+        """The first time the panel shows: the configurations at their natural height, then the outputs get
+        more of the rest than the results (the user drags the handles from there)."""
+        super().showEvent(event)
+        if not self._sized and self.splitter.height() > 0:
+            self._sized = True
+            setup = self.splitter.widget(0).sizeHint().height()
+            rest = max(200, self.splitter.height() - setup)
+            self.splitter.setSizes([setup, int(rest * 0.55), rest - int(rest * 0.55)])
 
     def _plot(self, title: str, unit: str) -> pg.PlotWidget:
         w = pg.PlotWidget(title=title)
@@ -305,8 +348,12 @@ class SpeedLabPanel(QWidget):
         if path:
             self.prompts_combo.setCurrentText(path)
 
+    def _device(self) -> str:
+        engine = getattr(self.worker, "engine", None)
+        return getattr(engine, "device", None) or "cpu"
+
     def build_spec(self) -> BenchSpec:
-        configs = parse_configs(self.configs_edit.text())
+        configs = self.configs_editor.validated()
         sweep = []
         if self.sweep_edit.text().strip():
             try:
@@ -371,22 +418,71 @@ class SpeedLabPanel(QWidget):
         return self._task is not None
 
     def _reset_outputs(self, spec: BenchSpec) -> None:
-        while self.outputs_layout.count():
-            item = self.outputs_layout.takeAt(0)
-            if item.widget() is not None:
-                item.widget().deleteLater()
-        self._columns = []
-        for i, c in enumerate(spec.configs):
-            box = QGroupBox(c.label + ("  (baseline)" if i == spec.baseline else ""))
-            box.setMinimumWidth(220)
-            text = QPlainTextEdit()
-            text.setReadOnly(True)
-            QVBoxLayout(box).addWidget(text)
-            self.outputs_layout.addWidget(box)
-            self._columns.append(text)
+        self.outputs.reset(
+            [c.label + ("  (baseline)" if i == spec.baseline else "") for i, c in enumerate(spec.configs)]
+        )
+        self.configs_editor.clear_measured()
+        self._live_index = None
+        self._last_token_s = {}
 
     def column_texts(self) -> list[str]:
-        return [c.toPlainText() for c in self._columns]
+        return self.outputs.texts()
+
+    # -- predictions (asked on the engine thread between runs) ---------------------------
+    def request_predictions(self) -> Optional[int]:
+        """Ask the speed model for each row's tokens/s here; answered in ``_on_predictions``."""
+        if self._task is not None or self._predict_task is not None:
+            self._predict_again = True  # after the run (or the question already asked)
+            return None
+        self._predict_again = False
+        try:
+            configs = self.configs_editor.validated()
+        except RedlineError:
+            return None
+        model = self.model_edit.text().strip() or "starter"
+        self._predict_for = (model, [c.label for c in configs], self.new_tokens_spin.value())
+        try:
+            self._predict_task = self.worker.submit(
+                predictions_task(model, configs, self._prompt_tokens_guess(), self.new_tokens_spin.value())
+            )
+        except RedlineError:  # the engine is shutting down, or its queue is full: predictions are only a hint
+            self._predict_task = None
+        return self._predict_task
+
+    def _asked_for_now(self) -> bool:
+        """Were the predictions that came back asked for the rows, model and length shown now?"""
+        model = self.model_edit.text().strip() or "starter"
+        now = (model, [c.label for c in self.configs_editor.configs()], self.new_tokens_spin.value())
+        return getattr(self, "_predict_for", None) == now
+
+    def _prompt_tokens_guess(self) -> int:
+        """The first prompt's length before its tokenizer is at hand: about 4 characters a token, plus the chat
+        template's few tokens. (Each row's own prediction, made when it runs, uses the real count.)"""
+        try:
+            prompt = load_prompt_set(self.prompts_combo.currentText().strip() or "short").prompts[0]
+        except (RedlineError, IndexError):
+            return 64
+        return max(1, sum(len(str(m.get("content", ""))) for m in prompt.messages) // 4 + 16)
+
+    def _on_predictions(self, task_id: int, predictions) -> None:
+        if task_id != self._predict_task:
+            return
+        self._predict_task = None
+        if self._asked_for_now():
+            self.configs_editor.set_predictions(list(predictions))
+        else:  # the rows changed while the engine thread answered: ask again for what is shown
+            self._predict_again = True
+        if self._predict_again:
+            self._predict_timer.start()
+
+    def _on_predictions_failed(self, task_id: int, message: str, exc) -> None:
+        if task_id != self._predict_task:
+            return
+        self._predict_task = None
+        if self._asked_for_now():
+            self.configs_editor.set_predictions([f"Cannot predict: {message}"] * len(self.configs_editor.configs()))
+        else:
+            self._predict_timer.start()
 
     def _on_progress(self, task_id: int, ev) -> None:
         if task_id != self._task:
@@ -394,19 +490,34 @@ class SpeedLabPanel(QWidget):
         if isinstance(ev, Queued):  # a chat reply (or a load) has the engine: the run waits, and says so
             self.status_label.setText(f"Waiting to start: {ev.reason}.")
         elif isinstance(ev, BenchToken):
-            if ev.index < len(self._columns):
-                col = self._columns[ev.index]
-                col.moveCursor(QTextCursor.MoveOperation.End)
-                col.insertPlainText(ev.text)
+            col = self.outputs.column(ev.index)
+            if col is not None:
+                col.append(ev.text)
+            if ev.time_s is not None:
+                last = self._last_token_s.get(ev.index)
+                if last is not None and ev.time_s > last:
+                    self.token_latencies.emit([(ev.time_s - last) * 1000.0])
+                self._last_token_s[ev.index] = ev.time_s
+        elif isinstance(ev, BenchLive):
+            col = self.outputs.column(ev.index)
+            if col is not None:
+                col.live(ev.tokens_per_s_1s)
+            self.live_speed.emit(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens)
         elif isinstance(ev, BenchPhase):
             self.progress_bar.setValue(int(ev.fraction * 1000))
             self.status_label.setText(ev.phase)
+            if ev.index is not None and ev.index != self._live_index:
+                self._live_index = ev.index
+                self.row_started.emit(ev.phase.split(": ")[0])
         elif isinstance(ev, BenchRow):
             self.shown = [r for r in self.shown if r.index != ev.result.index] + [ev.result]
             self.shown.sort(key=lambda r: r.index)
             r = ev.result
-            if r.status != "ok" and r.index < len(self._columns):
-                self._columns[r.index].appendPlainText(f"\n[{r.status}] {r.error or ''}".rstrip())
+            col = self.outputs.column(r.index)
+            if col is not None:
+                col.finish(r)
+            self.configs_editor.set_measured(r.index, r)
+            self.row_done.emit(r)
             self._refresh_views()
         elif isinstance(ev, BenchSweepRow):
             if self.report is None:
@@ -423,6 +534,7 @@ class SpeedLabPanel(QWidget):
         self.cancel_button.setEnabled(False)
         self.progress_bar.setValue(1000)
         self.show_reports([report])
+        self._predict_timer.start()  # the run taught the speed model: predict again
         saved = ""
         if self.runs_dir is not None:
             try:
@@ -442,6 +554,7 @@ class SpeedLabPanel(QWidget):
         self.run_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
         self.status_label.setText(f"<b>The run failed:</b> {message}")
+        self._predict_timer.start()
 
     # -- showing results -------------------------------------------------------
     def show_reports(self, reports: list[BenchReport]) -> None:

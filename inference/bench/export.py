@@ -57,6 +57,8 @@ COLUMNS: list[tuple[str, Callable[[ConfigResult], str]]] = [
     ("tok p95 ms", lambda r: _ms(r.p95_ms)),
     ("tok/s", lambda r: _rate(r.tokens_per_s)),
     ("tok/s range", _spread),
+    ("pred. tok/s", lambda r: _rate(r.predicted_tokens_per_s)),
+    ("pred. error", lambda r: "" if r.prediction_error_pct is None else f"{r.prediction_error_pct:+.0f}%"),
     ("total s", lambda r: "" if r.total_s is None else f"{r.total_s:.2f}"),
     ("load s", lambda r: "" if r.load_s is None else f"{r.load_s:.1f}" + (" (reused)" if r.reused_model else "")),
     ("peak MB", lambda r: _mb(r.peak_memory_bytes)),
@@ -124,6 +126,10 @@ RESULT_FIELDS = [
     "bytes_per_token",
     "bandwidth_bytes_per_s",
     "roofline_pct",
+    "predicted_tokens_per_s",
+    "predicted_ttft_ms",
+    "prediction_error_pct",
+    "prediction_calibration",
     "device",
 ]
 

@@ -42,6 +42,12 @@ class ConfigResult:
     bytes_per_token: Optional[int] = None  # weights + KV cache one decode step reads (bandwidth.py)
     bandwidth_bytes_per_s: Optional[float] = None  # measured once on this machine, cached
     roofline_pct: Optional[float] = None  # decode tokens/s × bytes per token ÷ bandwidth
+    # The speed model's prediction for this row (inference/speed), made before its measurement fed this
+    # machine's speed correction; the error is (predicted − measured) ÷ measured.
+    predicted_tokens_per_s: Optional[float] = None
+    predicted_ttft_ms: Optional[float] = None
+    prediction_error_pct: Optional[float] = None
+    prediction_calibration: Optional[str] = None  # "class", "device" (other configurations measured) or "none"
     per_token_ms_by_position: list[float] = field(default_factory=list)  # median over samples
     outputs: list[str] = field(default_factory=list)  # per prompt, the first measured sample
     token_ids: list[list[int]] = field(default_factory=list)
@@ -152,6 +158,17 @@ class BenchToken:
 
     index: int
     text: str
+    time_s: Optional[float] = None  # seconds since that generation started
+
+
+@dataclass
+class BenchLive:
+    """The live speed of the generation running now (every warm-up and sample), about twice a second."""
+
+    index: int
+    tokens_per_s_1s: float  # rolling over the last second
+    ttft_ms: Optional[float]
+    new_tokens: int
 
 
 @dataclass
@@ -169,5 +186,5 @@ class BenchSweepRow:
     row: SweepRow
 
 
-BenchEvent = Union[BenchStarted, BenchPhase, BenchToken, BenchRow, BenchSweepRow, BenchConcurrencyRow]
+BenchEvent = Union[BenchStarted, BenchPhase, BenchToken, BenchLive, BenchRow, BenchSweepRow, BenchConcurrencyRow]
 ProgressCallback = Callable[[BenchEvent], None]

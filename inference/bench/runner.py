@@ -25,6 +25,7 @@ from redline.inference.bench.configs import BenchConfig
 from redline.inference.bench.prompts import PromptSet
 from redline.inference.bench.results import (
     BenchConcurrencyRow,
+    BenchLive,
     BenchPhase,
     BenchReport,
     BenchRow,
@@ -41,7 +42,7 @@ from redline.inference.decoding.prompt import build_prompt
 from redline.inference.decoding.timing import percentile
 from redline.inference.engine import Engine
 from redline.inference.errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
-from redline.inference.events import GenerationResult, TokenEvent
+from redline.inference.events import GenerationResult, StatsEvent, TokenEvent
 from redline.inference.hardware.probe import probe
 from redline.inference.loading.loader import free_memory, is_oom
 from redline.inference.remote.client import is_server_url, parse_server_spec
@@ -75,6 +76,7 @@ class BenchSpec:
     arrival_gap_s: float = 0.5  # the concurrency sweep's requests arrive this far apart
     # API keys of the servers remote rows name (base URL → key); never saved with a report
     server_keys: dict = field(default_factory=dict, repr=False)
+    record_speed: bool = True  # feed each row's measurement to this machine's speed correction
 
     def __post_init__(self):
         if not self.configs:
@@ -246,6 +248,50 @@ def _roofline(row: ConfigResult, target) -> None:
         row.roofline_pct = 100.0 * row.tokens_per_s * row.bytes_per_token / row.bandwidth_bytes_per_s
 
 
+def _predict_speed(row: ConfigResult, config: BenchConfig, target, draft, record: bool = True) -> None:
+    """The speed model's prediction for the row, then the row's measurement fed to this machine's correction."""
+    from redline.inference.speed.calibration import predict_generation
+
+    speculative = config.strategy == "speculative" and draft is not None
+    prompt_tokens, new_tokens = int(row.prompt_tokens or 1), int(row.new_tokens or 1)
+    try:
+        shown, key, cal = predict_generation(
+            target,
+            config.strategy,
+            prompt_tokens,
+            new_tokens,
+            draft=draft if speculative else None,
+            k=config.k,
+            compile=config.compile,
+            config=config.label,
+        )
+        row.predicted_tokens_per_s = round(shown.tokens_per_s, 2)
+        row.predicted_ttft_ms = round(shown.ttft_ms, 1)
+        row.prediction_calibration = shown.calibration
+        if row.tokens_per_s:
+            row.prediction_error_pct = round(100.0 * (shown.tokens_per_s - row.tokens_per_s) / row.tokens_per_s, 1)
+        if not record:
+            return
+        # The residual is taken against a prediction with this row's own acceptance, so the factor learns the
+        # machine, not how well this prompt suited the draft.
+        exact, _, _ = predict_generation(
+            target,
+            config.strategy,
+            prompt_tokens,
+            new_tokens,
+            draft=draft if speculative else None,
+            k=config.k,
+            acceptance=row.acceptance_rate if speculative else None,
+            compile=config.compile,
+            calibration=cal,
+        )
+        cal.record(exact, key, target.name, row.tokens_per_s, row.ttft_ms, "lab")
+        if speculative:
+            cal.record_acceptance(target.name, draft.name, draft.precision.label(), config.k, row.acceptance_rate)
+    except Exception as exc:  # a prediction is a report: it must never fail the row
+        row.notes.append(f"speed prediction unavailable ({type(exc).__name__}: {exc})")
+
+
 def _compare(rows: list[ConfigResult], baseline: int) -> None:
     base = rows[baseline] if baseline < len(rows) else None
     for row in rows:
@@ -350,7 +396,9 @@ def run_bench(
 
                     def on_event(ev, _shown=shown, _i=i):
                         if _shown and isinstance(ev, TokenEvent) and ev.text:
-                            emit(BenchToken(_i, ev.text))
+                            emit(BenchToken(_i, ev.text, ev.time_s))
+                        elif isinstance(ev, StatsEvent):
+                            emit(BenchLive(_i, ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens))
 
                     if config.remote:
                         result = target.chat(prompts[p], sampling, on_event, cancelled)
@@ -380,6 +428,8 @@ def run_bench(
                     row.outputs = [outputs[p].text for p in sorted(outputs)]
                     if not config.remote:  # a server sends text, not token ids: no token-level agreement
                         _roofline(row, target)
+                        # this machine's speed: a server's is its own (and its network's)
+                        _predict_speed(row, config, target, engine.draft, spec.record_speed)
                         row.token_ids = [outputs[p].token_ids for p in sorted(outputs)]
             except Cancelled:
                 row.status = "cancelled"

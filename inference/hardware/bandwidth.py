@@ -62,7 +62,7 @@ def bandwidth(device: str = "cpu", refresh: bool = False) -> float:
 
 def bytes_read_per_token(model, context_tokens: int = 0) -> int:
     """Bytes one decode step reads: every weight except embedding tables (one row each), plus the KV
-    cache for ``context_tokens`` positions. Quantised layers count their packed bytes."""
+    cache for ``context_tokens`` positions. Quantised layers count their packed bytes (blocks included)."""
     import torch
 
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
@@ -78,6 +78,12 @@ def bytes_read_per_token(model, context_tokens: int = 0) -> int:
             total += t.shape[-1] * t.element_size() if t.dim() == 2 else 0
             continue
         total += t.numel() * t.element_size()
+    # Block-quantised layers (q8/q4 on the CPU's native kernels) keep their weights in a BlockWeights,
+    # which is neither a parameter nor a buffer.
+    for m in model.modules():
+        blocks = getattr(m, "blocks", None)
+        if blocks is not None and hasattr(blocks, "nbytes"):
+            total += int(blocks.nbytes)
     # A tied head reads the embedding table whole; counted above because it is the head's weight too.
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if context_tokens:

@@ -355,7 +355,9 @@ def _as_file_bytes(shape: ModelShape, dtype: str, device: str = "cpu") -> Weight
 
 def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, device: str = "cpu") -> WeightBytes:
     """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
-    a tied head gets its own packed copy while the embedding table stays for lookups."""
+    a tied head gets its own packed copy while the embedding table stays for lookups. On a CPU the layers
+    hold GGUF blocks of 32 weights (Q8_0: an fp16 scale per block; Q4_1: fp16 scale and minimum); on CUDA
+    torch's layouts (int8: one scale per output row; int4: a bf16 scale and zero per group of 32)."""
     bits = 8 if spec.name == "q8" else 4
     blocks = _q8_in_blocks(device)
     q_params = packed = scales = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from redline.inference.decoding import hf
 from redline.inference.decoding.fast_loop import FastSequence
@@ -57,6 +57,7 @@ class _Active:
     cancel: hf.CancelCriteria
     max_new: int
     failed: bool = False
+    alone: bool = True  # decoded with no other reply beside it from start to end
 
 
 def prepare_prompt(target: LoadedModel, request: GenerationRequest, result: GenerationResult) -> tuple[list[int], int]:
@@ -81,11 +82,20 @@ def prepare_prompt(target: LoadedModel, request: GenerationRequest, result: Gene
 
 
 class Batcher:
-    def __init__(self, target: LoadedModel, max_active: int, kv_budget_tokens: Optional[int] = None):
+    def __init__(
+        self,
+        target: LoadedModel,
+        max_active: int,
+        kv_budget_tokens: Optional[int] = None,
+        check_result: Optional[Callable[[GenerationResult, object], GenerationResult]] = None,
+    ):
         from redline.inference.decoding.fastpath import get_decoder
 
         self.target = target
         self.max_active = max_active
+        # A reply that ran alone is a fair sample of this machine's speed and memory: the engine's checks
+        # (predicted vs measured, the per-machine corrections) see it as they see any other reply.
+        self.check_result = check_result
         self.dec = get_decoder(target, 256)
         self.active: list[_Active] = []
         self.peak_rss = 0  # the process's peak while the current batch has run
@@ -168,6 +178,9 @@ class Batcher:
         )
         result.queued_ms = (time.perf_counter() - submitted) * 1000
         self.active.append(_Active(handle, request, seq, result, cfg, collector, decoder, cancel, max_new))
+        if len(self.active) > 1:
+            for other in self.active:
+                other.alone = False
         if not self.peak_rss:
             self.peak_rss = process_rss()
         handle.emit(Started(batched=True))
@@ -227,6 +240,11 @@ class Batcher:
         r.peak_memory_bytes = self.peak_rss if self.target.device == "cpu" else None
         if not self.active:
             self.peak_rss = 0
+        if a.alone and not a.failed and self.check_result is not None:
+            try:
+                r = self.check_result(r, a.request.options)
+            except Exception:  # a report only: it never keeps a reply from ending
+                pass
         a.handle.finish(r)
 
     def cancel_all(self, note: str) -> None:

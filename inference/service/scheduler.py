@@ -265,7 +265,12 @@ class EngineService:
             self._batcher.cancel_all(f"Stopped so that {head.label or 'another task'} could start.")
         while head is not None and head.request is not None and self._batchable(head.request):
             if self._batcher is None or self._batcher.target is not self.engine.target:
-                self._batcher = Batcher(self.engine.target, self.max_active, self.kv_budget_tokens)
+                self._batcher = Batcher(
+                    self.engine.target,
+                    self.max_active,
+                    self.kv_budget_tokens,
+                    getattr(self.engine, "check_result", None),
+                )
             if not self._batcher.has_room():
                 break
             try:

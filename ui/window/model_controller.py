@@ -2,6 +2,10 @@
 pickle weights run (and remembering the answer), unloading, reloading when settings change, and the
 status bar's line about what is loaded.
 
+Precision and strategy ``auto`` are resolved just before loading (``speed_tasks.auto_task``, the same
+``resolve_auto`` as ``redline chat``): the fastest configuration that fits for the settings' priority. The
+status bar says what was chosen and why; replies use the chosen strategy (``strategy()``).
+
 Loading runs on the engine thread (``load_task``); this only reacts to its progress and outcome.
 """
 
@@ -16,6 +20,9 @@ from qasync import asyncSlot
 
 from redline.inference import Cancelled, NeedsOptIn, is_server_url
 from redline.ui.engine_client import LoadProgress, ModelInfo, TaskFailed, load_task, unload_task
+from redline.ui.speed_tasks import auto_task
+
+AUTO = "auto"
 
 STARTER_OFFER = (
     "No model is configured yet. Redline can use its built-in starter model, SmolLM2-135M-Instruct "
@@ -53,6 +60,30 @@ class ModelController(QObject):
         self.unloading = False
         self._load_future = None  # the load now running: its own cancel (the load bar's button)
         self.last_load_error: Optional[str] = None  # why the last load_model() returned None
+        self.auto_choice = None  # redline.inference.AutoChoice: how auto was resolved for the model loaded
+        self.auto_note: Optional[str] = None  # the status bar's line about it
+
+    def strategy(self) -> str:
+        """The strategy replies use: the setting, or what auto chose for the model loaded."""
+        s = self.window.settings.strategy
+        if s != AUTO:
+            return s
+        return self.auto_choice.strategy if self.auto_choice is not None else "kv"
+
+    async def _resolve_auto(self, s, precision: Optional[str] = None):
+        """Resolve auto on the engine thread; a failure falls back to the device's default with kv, said so."""
+        w = self.window
+        try:
+            choice = await w.client.run(
+                auto_task(s.model, precision or s.precision, s.strategy, s.priority, s.context_length)
+            )
+        except TaskFailed as exc:
+            self.auto_choice = None
+            self.auto_note = f"auto could not be resolved ({exc}); using the default precision with kv"
+            return None
+        self.auto_choice = choice
+        self.auto_note = choice.reason
+        return choice
 
     # -- what the window shows about the model --------------------------------------
     def show_status(self) -> None:
@@ -65,8 +96,12 @@ class ModelController(QObject):
             return
         draft = f" · draft {self.loaded.draft_name}" if self.loaded.draft_name else ""
         w.model_label.setText(
-            f"{self.loaded.name} · {self.loaded.precision} · {self.loaded.device} · {w.settings.strategy}{draft}"
+            f"{self.loaded.name} · {self.loaded.precision} · {self.loaded.device} · {self.strategy()}{draft}"
         )
+        if self.auto_note and AUTO in (w.settings.precision, w.settings.strategy):
+            w.statusBar().showMessage(self.auto_note)
+        else:
+            w.statusBar().clearMessage()
 
     def _refresh(self) -> None:
         self.show_status()
@@ -96,11 +131,27 @@ class ModelController(QObject):
 
     def apply_settings(self, new, force_reload: bool = False) -> None:
         w = self.window
-        reload = force_reload or self.loaded is None or w.settings.needs_reload(new)
+        old = w.settings
+        reload = force_reload or self.loaded is None or old.needs_reload(new)
         w.set_settings(new)
         self.show_status()
         if reload and new.model:
             self.load_model()
+        elif new.strategy == AUTO and (old.strategy != AUTO or old.priority != new.priority):
+            self._resolve_strategy()
+
+    @asyncSlot()
+    async def _resolve_strategy(self) -> None:
+        """Strategy auto without a reload: the fastest strategy for the precision loaded now."""
+        if self.loaded is None:
+            return
+        s = self.window.settings
+        precision = s.precision
+        if precision == AUTO:
+            chosen = self.auto_choice.precision if self.auto_choice is not None else None
+            precision = chosen or self.loaded.precision
+        await self._resolve_auto(s, precision=precision)
+        self.show_status()
 
     def configure(self, values: dict):
         """Apply settings chosen elsewhere (the wizard, a preset) and load; awaitable: ModelInfo or None."""
@@ -129,9 +180,19 @@ class ModelController(QObject):
         if w.trust is not None:
             trust = w.trust
             is_trusted = lambda exc: trust.is_trusted(exc.folder, exc.kind, exc.fingerprint)  # noqa: E731
-        api_key = w.server_keys.get(s.model) if (w.server_keys is not None and is_server_url(s.model)) else None
+        remote = is_server_url(s.model)
+        api_key = w.server_keys.get(s.model) if (w.server_keys is not None and remote) else None
+        precision = s.precision
+        self.auto_choice = self.auto_note = None
+        if AUTO in (s.precision, s.strategy) and not remote:  # a server's model: its precision is the server's
+            w.load_bar.set_progress(0.0, f"Choosing a configuration for {s.model}…")
+            choice = await self._resolve_auto(s)
+            if w.has_shut_down:
+                return None
+            if choice is not None and choice.precision and s.precision == AUTO:
+                precision = choice.precision
         task = load_task(
-            s.model, s.precision, s.draft_model, s.draft_precision, s.strategy == "speculative", is_trusted, api_key
+            s.model, precision, s.draft_model, s.draft_precision, s.strategy == "speculative", is_trusted, api_key
         )
         ask_opt_in = None
         try:

@@ -246,7 +246,7 @@ class ReplyController(QObject):
             repetition_penalty=s.repetition_penalty,
             seed=s.seed,
         )
-        options = DecodeOptions(strategy=s.strategy, num_draft_tokens=s.num_draft_tokens)
+        options = DecodeOptions(strategy=w.models.strategy(), num_draft_tokens=s.num_draft_tokens)
         result, error = None, None
         if options.strategy == "speculative" and (w.loaded is None or not w.loaded.draft_name):
             error = (

@@ -1,5 +1,6 @@
 """The wizard's third page: the memory each precision needs at the chosen context, predicted from the model's
-config, with the suggested row selected and, when nothing fits, the one change that makes it fit."""
+config, and the decode speed predicted on this machine (learned from its own measurements), with the row the
+user's priority suggests selected and, when nothing fits, the one change that makes it fit."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -21,7 +23,17 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
-from redline.inference import PRECISIONS, Planner, format_bytes, parse_precision, suggest
+from redline.inference import (
+    PRECISIONS,
+    PRIORITIES,
+    PRIORITY_LABELS,
+    Planner,
+    SpeedModel,
+    choose,
+    format_bytes,
+    parse_precision,
+    suggest,
+)
 from redline.ui.wizard.labels import BAD, CLOSE, OK, PALE, colored, wrap_label
 from redline.ui.wizard.tips import TIPS, with_tip
 
@@ -34,7 +46,10 @@ PACKED_SHOWN = (AS_FILE, "bf16", "fp16", "fp32", "q8", "q4")
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)
 MIN_CONTEXT = 256
 
-COLUMNS = ("precision", "weights", "KV cache", "activations", "overhead", "loading", "total", "fits")
+COLUMNS = ("precision", "weights", "KV cache", "activations", "overhead", "loading", "total", "fits", "speed")
+FITS_COLUMN, SPEED_COLUMN = COLUMNS.index("fits"), COLUMNS.index("speed")
+# The reply a speed figure is for: a 256-token reply to a 64-token prompt (as `redline estimate`).
+PROMPT_TOKENS, NEW_TOKENS = 64, 256
 
 
 class ConfigPage(QWizardPage):
@@ -43,8 +58,8 @@ class ConfigPage(QWizardPage):
         self.wiz = wizard
         self.setTitle("Configuration")
         self.setSubTitle(
-            "Memory each precision needs, predicted from the model's config. The suggested row is "
-            "selected; pick another if you prefer."
+            "Memory each precision needs, predicted from the model's config, and its speed predicted on this "
+            "machine. The row your priority suggests is selected; pick another if you prefer."
         )
         v = QVBoxLayout(self)
         self.header = wrap_label(name="configHeader")
@@ -65,6 +80,15 @@ class ConfigPage(QWizardPage):
         form.addSpacing(12)
         form.addWidget(batch_label)
         form.addWidget(self.batch)
+        priority_label = QLabel("&Favour:")
+        self.priority = with_tip(QComboBox(), "priority")
+        self.priority.setObjectName("priorityBox")
+        for key in PRIORITIES:
+            self.priority.addItem(PRIORITY_LABELS[key], key)
+        priority_label.setBuddy(self.priority)
+        form.addSpacing(12)
+        form.addWidget(priority_label)
+        form.addWidget(self.priority)
         v.addLayout(form)
         self.table = with_tip(QTableWidget(0, len(COLUMNS)), "table")
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -73,7 +97,8 @@ class ConfigPage(QWizardPage):
         self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
-        self.table.horizontalHeader().setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setSectionResizeMode(FITS_COLUMN, QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setSectionResizeMode(SPEED_COLUMN, QHeaderView.ResizeToContents)
         self.table.setTabKeyNavigation(False)  # Tab leaves the table; the arrow keys move between rows
         v.addWidget(self.table, 1)
         self.why = wrap_label(name="suggestionText")
@@ -84,10 +109,12 @@ class ConfigPage(QWizardPage):
         fix_row.addWidget(self.fix_button)
         fix_row.addStretch(1)
         v.addLayout(fix_row)
-        self.choice = wrap_label(name="choiceText")
-        v.addWidget(self.choice)
+        self.choice_label = wrap_label(name="choiceText")
+        v.addWidget(self.choice_label)
 
         self.suggestion = None
+        self.choice = None  # redline.inference.AutoChoice for the priority, when the speed is known
+        self.speeds: dict = {}  # precision → the fastest strategy's SpeedPrediction
         self.estimates = []
         self._fix_context: Optional[int] = None
         self._user_row: Optional[str] = None  # a precision the user picked over the suggestion
@@ -95,6 +122,7 @@ class ConfigPage(QWizardPage):
         self.slider.valueChanged.connect(self._slider_moved)
         self.context.valueChanged.connect(self._context_typed)
         self.batch.valueChanged.connect(lambda _v: self.refresh())
+        self.priority.currentIndexChanged.connect(self._priority_changed)
         self.table.itemSelectionChanged.connect(self._row_changed)
         self.fix_button.clicked.connect(self._apply_fix)
 
@@ -118,6 +146,7 @@ class ConfigPage(QWizardPage):
         self.context.setRange(min(MIN_CONTEXT, top), top)
         self.slider.setRange(max(1, min(MIN_CONTEXT, top) // MIN_CONTEXT), max(1, top // MIN_CONTEXT))
         self.slider.setPageStep(max(1, top // MIN_CONTEXT // 16))
+        self.priority.setCurrentIndex(max(0, self.priority.findData(self.wiz.priority)))
         self._filling = False
         self._user_row = None
         self.shown = SHOWN  # the precisions in the table, in its order
@@ -132,6 +161,18 @@ class ConfigPage(QWizardPage):
         else:
             self.context.setValue(start)
 
+    def _priority_changed(self, _index: int) -> None:
+        if self._filling:
+            return
+        self.wiz.priority = self.priority.currentData()
+        self._user_row = None  # a new priority suggests its own row
+        self.refresh()
+
+    def speed_model(self) -> Optional[SpeedModel]:
+        """The speed model for where the wizard plans: this machine (measured on the hardware page), or a
+        card from the list (its published bandwidth, nothing learned)."""
+        return self.wiz.speed_model()
+
     def planner(self, draft=None, draft_spec=None) -> Planner:
         return Planner(
             self.wiz.model.shape, self.wiz.target, self.batch.value(), draft, draft_spec, self.wiz.correction
@@ -145,6 +186,15 @@ class ConfigPage(QWizardPage):
         self.shown = PACKED_SHOWN if getattr(self.wiz.model.shape, "packed", None) else SHOWN
         self.estimates = [planner.estimate(parse_precision(p), ctx) for p in self.shown]
         self.suggestion = suggest(planner, ctx)
+        speed = self.speed_model()
+        self.speeds, self.choice = {}, None
+        if speed is not None:
+            shape = self.wiz.model.shape
+            for p in self.shown:
+                self.speeds[p] = fastest(speed, shape, p, ctx)
+            self.choice = choose(
+                shape, planner, speed, ctx, self.priority.currentData(), "auto", "auto", PROMPT_TOKENS, NEW_TOKENS
+            )
         self._filling = True
         self.table.setRowCount(len(self.estimates))
         for row, e in enumerate(self.estimates):
@@ -157,21 +207,30 @@ class ConfigPage(QWizardPage):
                 format_bytes(e.loading_bytes),
                 format_bytes(e.total_bytes),
                 fit_text(e),
+                speed_text(self.speeds.get(self.shown[row])),
             )
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment((Qt.AlignLeft if col == 0 else Qt.AlignRight) | Qt.AlignVCenter)
                 if col == 0:
                     item.setToolTip(TIPS["as_file"] if self.shown[row] == AS_FILE else TIPS[self.shown[row]])
-                if col == len(cells) - 1:
+                if col == FITS_COLUMN:
                     color = fit_color(e)
                     item.setForeground(QColor(color))
                     item.setBackground(QColor(PALE[color]))
+                if col == SPEED_COLUMN:
+                    item.setToolTip(speed_tip(self.speeds.get(self.shown[row]), ctx))
                 self.table.setItem(row, col, item)
         self._filling = False
         s = self.suggestion
         fits_now = s.change is None and s.precision is not None
-        self.why.setText(s.text)
+        c = self.choice
+        if fits_now and c is not None and c.fits and c.precision in self.shown:
+            self.why.setText(f"{c.reason}. Memory: {s.text}")
+            suggested = c.precision
+        else:
+            self.why.setText(s.text)
+            suggested = s.precision
         self.why.setStyleSheet("" if fits_now else f"color: {BAD if s.precision is None else CLOSE};")
         self._fix_context = s.context if (s.change == "context" and s.context) else None
         if self._fix_context:
@@ -179,7 +238,7 @@ class ConfigPage(QWizardPage):
             self.fix_button.show()
         else:
             self.fix_button.hide()
-        want = self._user_row or (s.precision if fits_now else None)
+        want = self._user_row or (suggested if fits_now else None)
         self._select(want)
 
     def _select(self, precision: Optional[str]) -> None:
@@ -214,16 +273,19 @@ class ConfigPage(QWizardPage):
     def _describe_choice(self) -> None:
         row = self.selected_row()
         if row is None:
-            colored(self.choice, "Select a row to continue (one that does not fit can still be tried).")
+            colored(self.choice_label, "Select a row to continue (one that does not fit can still be tried).")
         else:
             e = self.estimates[row]
+            pred = self.speeds.get(self.shown[row])
+            pace = f", {pred.tokens_per_s:.1f} tokens/s with {pred.strategy}" if pred is not None else ""
             if e.fits:
                 colored(
-                    self.choice, f"Next: {e.precision} at {e.context} tokens, predicted {format_bytes(e.total_bytes)}."
+                    self.choice_label,
+                    f"Next: {e.precision} at {e.context} tokens, predicted {format_bytes(e.total_bytes)}{pace}.",
                 )
             else:
                 colored(
-                    self.choice,
+                    self.choice_label,
                     f"{e.precision} does not fit: {format_bytes(e.total_bytes)} predicted, "
                     f"{format_bytes(e.available_bytes)} available. You can still try; loading may run "
                     "out of memory.",
@@ -238,6 +300,10 @@ class ConfigPage(QWizardPage):
         self.wiz.precision = self.selected_precision()
         self.wiz.context = self.context.value()
         self.wiz.batch = self.batch.value()
+        self.wiz.priority = self.priority.currentData()
+        pred = self.speeds.get(self.wiz.precision)
+        # The fastest strategy for the row chosen (kv where the speed is unknown); the next page may add a draft.
+        self.wiz.plain_strategy = pred.strategy if pred is not None else "kv"
         return True
 
 
@@ -249,3 +315,47 @@ def fit_text(e) -> str:
 
 def fit_color(e) -> str:
     return OK if e.fits else CLOSE if e.total_bytes <= (e.available_bytes or 0) else BAD
+
+
+def fastest(speed: SpeedModel, shape, precision: str, context: int):
+    """The fastest lossless strategy's prediction for a precision (kv, or fast where the fast path runs it)."""
+    spec = parse_precision(precision)
+    best = None
+    for strategy in ("kv", "fast", "static") if speed.machine.kind == "cuda" else ("kv", "fast"):
+        p = speed.predict(shape, spec, strategy, PROMPT_TOKENS, NEW_TOKENS)
+        if strategy != "kv" and p.path == "hf" and strategy == "fast":
+            continue  # the fast path does not run it: kv again
+        if best is None or p.tokens_per_s > best.tokens_per_s:
+            best = p
+    return best
+
+
+def speed_text(pred) -> str:
+    """ "≈ 41 tok/s (fast) · measured here 40.6"."""
+    if pred is None:
+        return "—"
+    text = (
+        f"≈ {pred.tokens_per_s:.1f} tok/s ({pred.strategy})"
+        if pred.tokens_per_s < 10
+        else (f"≈ {pred.tokens_per_s:.0f} tok/s ({pred.strategy})")
+    )
+    if pred.measured_tokens_per_s is not None:
+        text += f" · measured here {pred.measured_tokens_per_s:.1f}"
+    return text
+
+
+def speed_tip(pred, context: int) -> str:
+    if pred is None:
+        return "The speed is predicted once this machine's bandwidth has been measured (the hardware page)."
+    learned = {
+        "class": f"corrected by {pred.calibration_samples} measurement(s) of {pred.class_key} on this machine",
+        "device": f"corrected by what {pred.calibration_samples} measurement(s) of other configurations showed here",
+        "none": "not yet corrected by a measurement here (every reply and speed-lab row teaches it)",
+    }[pred.calibration]
+    return (
+        f"Decode speed predicted for a {NEW_TOKENS}-token reply to a {PROMPT_TOKENS}-token prompt with the "
+        f"{pred.strategy} strategy: {format_bytes(pred.bytes_per_token)} read per token at "
+        f"{pred.bandwidth_bytes_per_s / 1e9:.1f} GB/s (bound: {pred.roofline_tokens_per_s:.0f} tok/s), "
+        f"time to first token ≈ {pred.ttft_ms:.0f} ms; {learned}. The KV cache read per token grows with the "
+        f"conversation, up to {context} tokens."
+    )

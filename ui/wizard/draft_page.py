@@ -1,5 +1,6 @@
 """The wizard's fourth page: an optional speed-up, speculative decoding with a draft model (checked against
-the target's tokenizer) or prompt lookup, with the draft's memory added to the estimate."""
+the target's tokenizer) or prompt lookup, with the draft's memory added to the estimate and the speed-up
+predicted from the draft's cost per token and the acceptance measured in a short run (``measure``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
     QFormLayout,
+    QHBoxLayout,
+    QPushButton,
     QRadioButton,
     QSpinBox,
     QVBoxLayout,
@@ -15,7 +18,7 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from redline.inference import Planner, format_bytes, parse_precision
+from redline.inference import Planner, advise, format_bytes, parse_precision
 from redline.ui.engine_client import TaskFailed
 from redline.ui.wizard.config_page import SHOWN
 from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
@@ -30,7 +33,7 @@ class DraftPage(QWizardPage, CheckedPicker):
         self.setTitle("Speculative decoding (optional)")
         self.setSubTitle("Make replies faster with a small draft model, or by copying from the conversation.")
         v = QVBoxLayout(self)
-        self.none = with_tip(QRadioButton("&No speed-up beyond the KV cache"), "none")
+        self.none = with_tip(QRadioButton("&No draft model"), "none")
         self.speculative = with_tip(QRadioButton("&Draft model (speculative decoding):"), "speculative")
         self.lookup = with_tip(QRadioButton("&Prompt lookup (no draft model)"), "lookup")
         group = QButtonGroup(self)
@@ -61,8 +64,17 @@ class DraftPage(QWizardPage, CheckedPicker):
         )
         self.status = wrap_label(name="draftStatus")
         self.memory = wrap_label(name="draftMemory")
+        self.speed = wrap_label(name="draftSpeed")
         dv.addWidget(self.status)
         dv.addWidget(self.memory)
+        dv.addWidget(self.speed)
+        measure_row = QHBoxLayout()
+        self.measure_button = with_tip(QPushButton("&Measure acceptance"), "measure_acceptance")
+        self.measure_button.setEnabled(False)
+        self.measure_button.clicked.connect(self.measure)
+        measure_row.addWidget(self.measure_button)
+        measure_row.addStretch(1)
+        dv.addLayout(measure_row)
         v.addWidget(self.draft_box)
         group.addButton(self.lookup)
         v.addWidget(self.lookup)
@@ -70,9 +82,12 @@ class DraftPage(QWizardPage, CheckedPicker):
         self.none.setChecked(True)
         self.draft_desc = None
         self.pair = None
+        self.advice = None  # redline.inference.DraftAdvice for the draft chosen
+        self.measuring = False
         self._setup_check(self.picker, self.status)
         group.buttonToggled.connect(lambda _b, on: on and self._mode_changed())
         self.draft_precision.currentTextChanged.connect(lambda _t: self._show_memory())
+        self.tokens.valueChanged.connect(lambda _v: self._show_speed())
         s = wizard.host.settings
         if s.draft_model:
             self.picker.set_spec(s.draft_model)
@@ -88,13 +103,10 @@ class DraftPage(QWizardPage, CheckedPicker):
             return "speculative"
         if self.lookup.isChecked():
             return "prompt-lookup"
-        return (
-            "kv"
-            if self.wiz.host.settings.strategy in ("speculative", "prompt-lookup")
-            else self.wiz.host.settings.strategy
-        )
+        return self.wiz.plain_strategy  # the fastest strategy for the precision chosen on the previous page
 
     def initializePage(self):  # noqa: N802
+        self.none.setText(f"&No draft model: {self.wiz.plain_strategy}, one token per step")
         self.draft_precision.setCurrentText(self.wiz.precision or "bf16")
         if self.speculative.isChecked():
             self._schedule()
@@ -106,8 +118,10 @@ class DraftPage(QWizardPage, CheckedPicker):
         self.completeChanged.emit()
 
     def _on_invalidated(self) -> None:
-        self.draft_desc = self.pair = None
+        self.draft_desc = self.pair = self.advice = None
         self.memory.setText("")
+        self.speed.setText("")
+        self.measure_button.setEnabled(False)
         self.completeChanged.emit()
 
     @asyncSlot()
@@ -140,7 +154,56 @@ class DraftPage(QWizardPage, CheckedPicker):
         self._show_memory()
         self.completeChanged.emit()
 
+    def _show_speed(self, acceptance_rate=None) -> None:
+        """The speed-up predicted from the draft's cost per token (the speed model) and the acceptance measured
+        for this pair (a short run: Measure acceptance), with a plain warning when it would be slower."""
+        speed = self.wiz.speed_model()
+        if self.draft_desc is None or speed is None or not self.wiz.precision:
+            self.speed.setText("")
+            return
+        self.advice = advise(
+            speed,
+            self.wiz.model.shape,
+            self.wiz.precision,
+            self.draft_desc.shape,
+            self.draft_precision.currentText(),
+            self.tokens.value(),
+            min(self.wiz.context or 512, 512),
+            acceptance_rate,
+        )
+        a = self.advice
+        color = BAD if a.verdict == "slower" else OK if a.verdict == "faster" else CLOSE
+        colored(self.speed, a.text, color)
+        self.measure_button.setEnabled(not self.measuring and self.wiz.target is not None)
+
+    @asyncSlot()
+    async def measure(self) -> None:
+        """A few dozen tokens through the real speculative strategy, then the advice with the measured rate."""
+        if self.draft_desc is None or self.measuring:
+            return
+        self.measuring = True
+        self.measure_button.setEnabled(False)
+        colored(self.speed, "Measuring how many draft tokens the model accepts (loads both models if needed)…")
+        try:
+            run = await self.wiz.measure_acceptance(
+                self.draft_desc.spec, self.draft_precision.currentText(), self.tokens.value()
+            )
+        except TaskFailed as exc:
+            self.measuring = False
+            colored(self.speed, f"The acceptance run failed: {exc}", BAD)
+            self.measure_button.setEnabled(True)
+            return
+        self.measuring = False
+        self.wiz.calibration.reload()  # the run recorded the pair's acceptance
+        self._show_speed(run.acceptance_rate)
+        if self.advice is not None:
+            self.speed.setText(
+                f"{self.speed.text()} (Measured: {run.accepted} of {run.proposed} draft tokens accepted over "
+                f"{run.new_tokens} tokens, {run.seconds:.1f} s.)"
+            )
+
     def _show_memory(self) -> None:
+        self._show_speed()
         if self.draft_desc is None or self.wiz.target is None or not self.wiz.precision:
             return
         planner = Planner(

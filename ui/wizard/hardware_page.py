@@ -47,6 +47,7 @@ class HardwarePage(QWizardPage):
         group = QButtonGroup(self)
         group.addButton(self.this_machine)
         group.addButton(self.other)
+        self.speed_done = False  # the speed figures were measured (or could not be)
         self.this_machine.toggled.connect(self._update)
         self.gpu_list.currentIndexChanged.connect(lambda _i: self._choose_other())
 
@@ -68,7 +69,16 @@ class HardwarePage(QWizardPage):
             colored(self.details, f"The hardware could not be read: {exc}", BAD)
             return
         self.wiz.machine = machine
-        self.details.setText(describe_machine(machine))
+        self.details.setText(describe_machine(machine) + "\nMeasuring memory bandwidth and FLOP/s (once)…")
+        self._update()
+        try:  # the speed model's figures: measured once per machine (a few seconds), then cached
+            self.wiz.speed_machine = await self.wiz.measure_machine()
+        except TaskFailed as exc:
+            self.wiz.speed_machine = None
+            self.details.setText(describe_machine(machine) + f"\nSpeed cannot be predicted: {exc}")
+        else:
+            self.details.setText(describe_machine(machine, self.wiz.speed_machine))
+        self.speed_done = True
         self._update()
 
     def _update(self) -> None:
@@ -89,7 +99,7 @@ class HardwarePage(QWizardPage):
         return self.wiz.machine.target if self.wiz.machine else None
 
     def isComplete(self):  # noqa: N802
-        return self.other.isChecked() or self.wiz.machine is not None
+        return self.other.isChecked() or (self.wiz.machine is not None and self.speed_done)
 
     def validatePage(self):  # noqa: N802
         self.wiz.target = self.chosen_target()
@@ -98,7 +108,7 @@ class HardwarePage(QWizardPage):
         return True
 
 
-def describe_machine(m) -> str:
+def describe_machine(m, speed=None) -> str:
     hw = m.hardware
     lines = []
     if hw.gpus:
@@ -117,6 +127,12 @@ def describe_machine(m) -> str:
         f"System RAM: {format_bytes(hw.ram_total_bytes)} total, {format_bytes(hw.ram_available_bytes)} available"
     )
     lines.append(f"CPU: {hw.cpu}, {hw.cpu_cores} threads")
+    if speed is not None:
+        flops = f" and {speed.flops / 1e9:,.0f} GFLOP/s" if speed.flops else ""
+        lines.append(
+            f"Measured here: {speed.bandwidth_bytes_per_s / 1e9:.1f} GB/s of memory bandwidth{flops} "
+            "(what the speed predictions start from)."
+        )
     lines.append(f"Planning with {format_bytes(m.target.available_bytes)}: {m.target.label}.")
     if m.reclaimable_bytes:
         lines.append(

@@ -87,6 +87,7 @@ class LoadPage(QWizardPage):
         w = self.wiz
         strategy = {
             "kv": "KV cache",
+            "fast": "the fast decode path",
             "speculative": f"speculative with draft {w.draft_model} ({w.draft_precision}, "
             f"{w.num_draft_tokens} tokens per step)",
             "prompt-lookup": "prompt lookup",

@@ -30,10 +30,19 @@ TIPS = {
         "at a small cost in quality."
     ),
     "fp4": "fp4 (bitsandbytes 4-bit float): the memory of nf4 at lower quality; nf4 is the better 4-bit choice.",
-    "q8": "q8: weights in int8 on torch's packed kernels, built for speed at batch 1.",
-    "q4": "q4: weights in int4 on torch's packed kernels (groups of 32), a quarter of bf16's weight bytes.",
+    "q8": "q8: weights in int8, blocks of 32 with a scale each (about 1.06 bytes per weight), fast at batch 1.",
+    "q4": "q4: weights in int4, blocks of 32 with a scale and minimum (about 0.63 bytes per weight), the fastest.",
     "fix": "Apply the one change that makes the model fit.",
-    "none": "Plain decoding with the KV cache: one token per step.",
+    "priority": (
+        "What the suggested row favours. Quality first: the highest precision that fits. Balanced: the fastest "
+        "that fits with 8-bit weights or more. Speed first: the fastest that fits, 4-bit included. Speeds are "
+        "predicted from this machine's measured bandwidth and corrected by what it measured before."
+    ),
+    "measure_acceptance": (
+        "Load the model and the draft (if not loaded yet) and run a few dozen tokens through speculative "
+        "decoding, to measure how many draft tokens the model accepts here."
+    ),
+    "none": "One token per step with the KV cache, in the strategy the previous page found fastest (kv or fast).",
     "speculative": (
         "A small draft model proposes several tokens and the big model checks them all in one step; "
         "the reply is the same, often faster."

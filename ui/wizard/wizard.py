@@ -1,8 +1,8 @@
 """The model configuration wizard: from "I have this model" to "it is loaded with the best configuration".
 
-Model → hardware → a memory estimate per precision with the suggested row → optional speculative
-decoding → load (through the window's own load path, so the chat ends up with the model) with
-predicted vs measured memory → save as a preset.
+Model → hardware → a memory and speed estimate per precision with the row the user's priority suggests →
+optional speculative decoding (with the predicted speed-up) → load (through the window's own load path, so
+the chat ends up with the model) with predicted vs measured memory → save as a preset.
 
 The wizard is opened with ``open()`` (window-modal, never a nested event loop) and talks to the
 engine only through the window's ``EngineClient``. Its host (the main window) provides:
@@ -18,9 +18,10 @@ from typing import Any, Optional
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QWizard
 
-from redline.inference import parse_precision
+from redline.inference import DEFAULT_PRIORITY, SpeedCalibration, SpeedModel, card_machine, parse_precision
 from redline.ui.engine_client import EngineClient, describe_task, hardware_task, pair_task
 from redline.ui.protocols import PresetStoreLike
+from redline.ui.speed_tasks import acceptance_task, machine_task
 from redline.ui.wizard.config_page import ConfigPage
 from redline.ui.wizard.draft_page import DraftPage
 from redline.ui.wizard.hardware_page import HardwarePage
@@ -42,12 +43,16 @@ class ConfigWizard(QWizard):
         self.setWizardStyle(QWizard.ClassicStyle)  # the same look on every platform (and offscreen)
         self.setOption(QWizard.NoBackButtonOnLastPage, False)
         self.setWindowModality(Qt.WindowModal)
-        self.resize(820, 600)
+        self.resize(960, 620)
         # What the pages decide, in order.
         self.model = None  # inference.sources.describe.ModelDescription
         self.machine = None  # engine_client.MachineInfo
         self.target = None  # inference.memory.fit.Target planned for
         self.correction = 0
+        self.speed_machine = None  # redline.inference.Machine: this machine's measured bandwidth and FLOP/s
+        self.calibration = SpeedCalibration()  # the speed factors learned on this machine (read once)
+        self.priority = getattr(host.settings, "priority", DEFAULT_PRIORITY)
+        self.plain_strategy = "kv"  # the fastest strategy for the precision chosen on page 3
         self.precision: Optional[str] = None
         self.context: Optional[int] = None
         self.batch = 1
@@ -79,6 +84,22 @@ class ConfigWizard(QWizard):
     def check_pair(self, target_spec: str, draft_spec: str):
         return self.client.run(pair_task(target_spec, draft_spec))
 
+    def measure_machine(self):
+        return self.client.run(machine_task())
+
+    def measure_acceptance(self, draft_spec: str, draft_precision: str, k: int):
+        return self.client.run(acceptance_task(self.model.spec, self.precision, draft_spec, draft_precision, k))
+
+    def speed_model(self) -> Optional[SpeedModel]:
+        """Predictions for where the wizard plans: this machine (its measured figures and what it learned), or a
+        card from the built-in list (its published bandwidth; nothing learned applies)."""
+        t = self.target
+        if t is not None and t.calibration_key is None and t.bandwidth_gb_s:
+            return SpeedModel(card_machine(t.label.removeprefix("an "), t.bandwidth_gb_s), self.calibration)
+        if self.speed_machine is None:
+            return None
+        return SpeedModel(self.speed_machine, self.calibration)
+
     # -- decisions ----------------------------------------------------------------
     def model_changed(self) -> None:
         """A different model: the context chosen for the previous one no longer applies."""
@@ -92,6 +113,7 @@ class ConfigWizard(QWizard):
             precision=self.precision,
             context_length=self.context,
             strategy=self.strategy,
+            priority=self.priority,
             draft_model=self.draft_model,
             draft_precision=self.draft_precision,
             num_draft_tokens=self.num_draft_tokens,

@@ -1,0 +1,512 @@
+"""Decode tokens/s and time to first token, predicted before loading from the model's shape and this machine.
+
+A decode step at batch 1 reads every weight once, plus the KV cache so far, and does about two floating-point
+operations per weight per token it processes. So a step over ``T`` tokens takes
+
+    max(bytes read ÷ (bandwidth × memory efficiency),  FLOPs ÷ (FLOP/s × compute efficiency))
+      + layers × per-layer overhead + per-step overhead
+
+where the bandwidth and the FLOP/s are measured on this machine (``hardware/bandwidth.py``,
+``hardware/compute.py``), the efficiencies are what a precision's kernels reach of them, and the overheads are
+the time a step spends outside its kernels (Python, torch's dispatcher, kernel launches) — what decides a small
+model's speed. The strategies differ in how many tokens a step processes and how many steps a token takes:
+
+- ``kv`` / ``static`` / ``fast`` / ``prompt-lookup``: one token per step, the cache read at the average context;
+- ``naive``: no cache, so every step re-runs the whole sequence (compute grows with the position);
+- ``speculative``: ``k`` draft steps and one verification step of ``k + 1`` tokens yield
+  ``(1 − α^(k+1)) ÷ (1 − α)`` tokens on average, α being the per-token acceptance (Leviathan et al., 2023).
+
+Time to first token is the prefill (the prompt in one step) plus the call's set-up.
+
+The efficiencies and overheads below are defaults, reasoned from the kernels and the measurements in
+docs/performance.md; every machine differs, so the prediction is multiplied by a factor learned from this
+machine's own measurements (``speed/calibration.py``).
+
+Weights are counted with the sizes the loader really uses: fp32 4 bytes, bf16/fp16 2, ``q8`` GGUF Q8_0 blocks
+(1 + 2/32 bytes per weight) and ``q4`` Q4_1 blocks (0.5 + 4/32) on a CPU, torch's packed layouts on CUDA,
+bitsandbytes as the memory estimator counts it. This module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from redline.inference.loading.precision import PrecisionSpec
+from redline.inference.memory.estimator import (
+    DTYPE_BYTES,
+    WEIGHT_ONLY,
+    ModelShape,
+    compute_dtype,
+    kv_cache_bytes,
+    weights_bytes,
+)
+
+BLOCK = 32  # block_quant.BLOCK: weights per GGUF block
+# The architectures the fast decode path runs (decoding/fastpath.SUPPORTED_TYPES; a test checks they agree).
+FAST_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
+
+# Fraction of the measured bandwidth a decode step's reads reach, by device, code path and precision.
+# CPU: torch's fp32 matrix-vector product streams close to the bandwidth; its bf16 one does not (about 9 of
+# 23 GB/s measured), while the fast path's native bf16/q8/q4 kernels do better; bitsandbytes is slow at batch 1.
+MEMORY_EFFICIENCY = {
+    ("cpu", "hf"): {"fp32": 0.8, "bf16": 0.35, "fp16": 0.15, "q8": 0.5, "q4": 0.4, "int8": 0.2, "nf4": 0.25},
+    ("cpu", "fast"): {"fp32": 0.8, "bf16": 0.6, "fp16": 0.15, "q8": 0.5, "q4": 0.4},
+    ("cuda", "hf"): {"fp32": 0.75, "bf16": 0.75, "fp16": 0.75, "q8": 0.5, "q4": 0.4, "int8": 0.15, "nf4": 0.3},
+    ("cuda", "fast"): {"fp32": 0.8, "bf16": 0.8, "fp16": 0.8, "q8": 0.6, "q4": 0.5},
+    ("cuda", "graph"): {"fp32": 0.8, "bf16": 0.8, "fp16": 0.8, "q8": 0.6, "q4": 0.5, "int8": 0.15, "nf4": 0.3},
+}
+# Fraction of the measured FLOP/s (fp32 on a CPU, bf16 on CUDA) a prefill's products reach, by precision.
+COMPUTE_EFFICIENCY = {
+    "cpu": {"fp32": 0.7, "bf16": 0.3, "fp16": 0.1, "q8": 0.3, "q4": 0.25, "int8": 0.1, "nf4": 0.1},
+    "cuda": {"fp32": 0.15, "bf16": 0.6, "fp16": 0.6, "q8": 0.3, "q4": 0.3, "int8": 0.1, "nf4": 0.2},
+}
+# Seconds a step spends outside its kernels, per layer and per step: transformers' generate() runs Python
+# per module; the fast path runs fused operators; a CUDA graph (``static`` compiled on CUDA) replays them.
+LAYER_OVERHEAD_S = {
+    ("cpu", "hf"): 4.5e-4,
+    ("cpu", "fast"): 2.5e-4,
+    ("cuda", "hf"): 2.5e-4,
+    ("cuda", "fast"): 8e-5,
+    ("cuda", "graph"): 1.5e-5,
+}
+STEP_OVERHEAD_S = {
+    ("cpu", "hf"): 3e-3,
+    ("cpu", "fast"): 1e-3,
+    ("cuda", "hf"): 2e-3,
+    ("cuda", "fast"): 5e-4,
+    ("cuda", "graph"): 1e-4,
+}
+CALL_OVERHEAD_S = {"hf": 0.02, "fast": 0.005, "graph": 0.005}  # set-up before the first forward pass
+SPECULATIVE_STEP_OVERHEAD_S = {"cpu": 4e-3, "cuda": 2e-3}  # assisted decoding's own work per step
+ASSUMED_ACCEPTANCE = 0.6  # per-token acceptance used for a pair until one is measured (said so in the result)
+
+
+def _rate_key(spec: PrecisionSpec) -> str:
+    if spec.name == "gguf":  # a GGUF's own Q4/Q8 blocks run on the same block kernels as q4/q8
+        return "q4"
+    return "fp4" if spec.name == "fp4" else spec.name
+
+
+def _kind(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+# --------------------------------------------------------------------------- the machine
+@dataclass
+class Machine:
+    """What the prediction needs to know about where the model runs."""
+
+    device: str  # "cpu" or "cuda"
+    bandwidth_bytes_per_s: float
+    flops: Optional[float]  # measured matrix-multiply FLOP/s; None where unknown (a card from the list)
+    label: str
+    calibration_key: Optional[str] = None  # whose learned efficiency applies; None for a hypothetical card
+
+    @property
+    def kind(self) -> str:
+        return _kind(self.device)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def this_machine(device: str = "cpu") -> Machine:
+    """This machine's measured bandwidth and FLOP/s (each measured once, then cached). Imports torch."""
+    from redline.inference.hardware.bandwidth import bandwidth
+    from redline.inference.hardware.compute import flops
+    from redline.inference.memory.calibration import device_key
+
+    return Machine(_kind(device), bandwidth(device), flops(device), _label(device), device_key(device))
+
+
+def cached_machine(device: str = "cpu", key: Optional[str] = None) -> Optional[Machine]:
+    """This machine's figures from the caches alone, without torch; None until they were measured once."""
+    from redline.inference.hardware.compute import cached
+
+    bw = cached("bandwidth", device)
+    if bw is None:
+        return None
+    return Machine(_kind(device), bw, cached("compute", device), _label(device), key or _kind(device))
+
+
+def card_machine(name: str, bandwidth_gb_s: float) -> Machine:
+    """A GPU from the built-in list: its published bandwidth, no measured FLOP/s, no learned efficiency."""
+    return Machine("cuda", bandwidth_gb_s * 1e9, None, f"an {name}", None)
+
+
+def _label(device: str) -> str:
+    if _kind(device) == "cuda":
+        return "this GPU"
+    return "this CPU"
+
+
+# --------------------------------------------------------------------------- bytes and FLOPs
+def packed_linear_bytes(fan_in: int, fan_out: int, bits: int, device: str, compute_bytes: int) -> int:
+    """A linear layer's weight bytes in q8/q4 as the loader packs them.
+
+    CPU (Redline's native kernels): GGUF blocks of 32 — Q8_0 32 int8 + an fp16 scale (1 + 2/32 bytes per
+    weight), Q4_1 16 bytes + fp16 scale and minimum (0.5 + 4/32). CUDA: torch's layouts — per-channel int8
+    with one scale per output row; int4 with a (scale, zero) pair in bf16 per group of 32 (also 0.5 + 4/32).
+    """
+    n = fan_in * fan_out
+    if bits == 8:
+        if _kind(device) == "cuda":
+            return n + fan_out * compute_bytes
+        return n + (n // BLOCK) * 2
+    if _kind(device) == "cuda":
+        return n // 2 + fan_out * (fan_in // BLOCK) * 4
+    return n // 2 + (n // BLOCK) * 4
+
+
+def embedding_params(shape: ModelShape) -> int:
+    return shape.vocab * shape.hidden
+
+
+def tied_head(shape: ModelShape) -> bool:
+    return bool(shape.tied_linears)
+
+
+def weights_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> int:
+    """Weight bytes one decode step reads: every weight once, except the embedding table (one row), which a
+    tied output head reads whole. Matches ``hardware.bandwidth.bytes_read_per_token`` on a loaded model."""
+    b = DTYPE_BYTES[compute_dtype(spec, device)]
+    embed = embedding_params(shape)
+    tied = tied_head(shape)
+    if spec.name in WEIGHT_ONLY:
+        bits = 8 if spec.name == "q8" else 4
+        packed = covered = 0
+        for name, fan_in, fan_out, _bias in shape.linears:
+            if bits == 4 and fan_in % BLOCK:
+                packed += fan_in * fan_out * b  # stays in the compute dtype
+            else:
+                packed += packed_linear_bytes(fan_in, fan_out, bits, device, b)
+            if name not in shape.tied_linears:
+                covered += fan_in * fan_out
+        others = max(0, shape.parameters - covered - embed)  # norms, biases
+        return packed + others * b + shape.hidden * b
+    if not spec.quantised and spec.name != "gguf":
+        return (shape.parameters - embed) * b + (embed * b if tied else shape.hidden * b)
+    wb = weights_bytes(shape, spec, device)  # the GGUF's own layers at their bits (gguf), or bitsandbytes
+    ub = DTYPE_BYTES[wb.unquantised_dtype]
+    return wb.total if tied else wb.total - embed * ub + shape.hidden * ub
+
+
+def weight_bytes_per_weight(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> float:
+    """The average bytes per weight read (``weights_read_bytes`` over the weights a step multiplies by)."""
+    return weights_read_bytes(shape, spec, device) / max(1, linear_params(shape))
+
+
+def kv_dtype_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: str) -> int:
+    """Bytes per KV-cache element. The fast path on a CPU keeps the cache in bf16 (fp32 for an fp32 model);
+    transformers keeps it in the compute dtype."""
+    b = DTYPE_BYTES[compute_dtype(spec, device)]
+    if path == "fast" and _kind(device) == "cpu":
+        return 4 if b == 4 else 2
+    return b
+
+
+def kv_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: str, context: int) -> int:
+    """KV-cache bytes a decode step reads with ``context`` positions cached (sliding windows capped)."""
+    if context <= 0:
+        return 0
+    return kv_cache_bytes(
+        shape.kv_layers or shape.layers,
+        shape.kv_heads,
+        shape.head_dim,
+        context,
+        1,
+        kv_dtype_bytes(shape, spec, device, path),
+        shape.layer_windows,
+    )
+
+
+def linear_params(shape: ModelShape) -> int:
+    """Weights a forward pass multiplies each token by (the output head included)."""
+    if shape.linears:
+        return sum(fan_in * fan_out for _n, fan_in, fan_out, _b in shape.linears)
+    embed = embedding_params(shape)
+    return shape.parameters - embed + (embed if tied_head(shape) else 0)
+
+
+def step_flops(shape: ModelShape, tokens: int, context_before: int) -> float:
+    """FLOPs of one forward pass over ``tokens`` new tokens after ``context_before`` cached ones. The output
+    head runs for the last token only (transformers' ``logits_to_keep``); attention is causal."""
+    head = embedding_params(shape)
+    body = max(0, linear_params(shape) - head)
+    attended = tokens * context_before + tokens * (tokens + 1) / 2
+    attention = 4.0 * (shape.kv_layers or shape.layers) * shape.heads * shape.head_dim * attended
+    return 2.0 * body * tokens + 2.0 * head + attention
+
+
+# --------------------------------------------------------------------------- one step
+def code_path(strategy: str, spec: PrecisionSpec, shape: ModelShape, device: str, compile: Optional[bool] = None):
+    """Which code runs a strategy here: ("fast" | "hf" | "graph", a note or None)."""
+    if strategy == "fast":
+        if spec.quantised:
+            return "hf", "the fast path does not run bitsandbytes weights; predicted as kv"
+        if shape.model_type not in FAST_TYPES:
+            return "hf", f"the fast path does not run {shape.model_type}; predicted as kv"
+        if any(shape.layer_windows):
+            return "hf", "the fast path does not run sliding-window attention; predicted as kv"
+        return "fast", None
+    if strategy == "static" and _kind(device) == "cuda" and compile is not False:
+        return "graph", None
+    return "hf", None
+
+
+@dataclass
+class StepCost:
+    tokens: int
+    bytes: int
+    flops: float
+    memory_s: float
+    compute_s: float
+    overhead_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.overhead_s
+
+    @property
+    def bound(self) -> str:
+        parts = {"memory": self.memory_s, "compute": self.compute_s, "overhead": self.overhead_s}
+        return max(parts, key=parts.get)
+
+
+def step_cost(
+    shape: ModelShape,
+    spec: PrecisionSpec,
+    machine: Machine,
+    path: str,
+    tokens: int = 1,
+    context_before: int = 0,
+    cache: bool = True,
+) -> StepCost:
+    """One forward pass over ``tokens`` tokens with ``context_before`` positions in the cache (``cache=False``:
+    none kept, as naive decoding)."""
+    kind = machine.kind
+    rates = MEMORY_EFFICIENCY.get((kind, path)) or MEMORY_EFFICIENCY[(kind, "hf")]
+    key = _rate_key(spec)
+    e_mem = rates.get(key) or MEMORY_EFFICIENCY[(kind, "hf")].get(key, 0.25)
+    kv = kv_read_bytes(shape, spec, machine.device, path, context_before) if cache else 0
+    read = weights_read_bytes(shape, spec, machine.device) + kv
+    memory_s = read / (machine.bandwidth_bytes_per_s * e_mem)
+    fl = step_flops(shape, tokens, context_before)
+    # One token is a matrix-vector product, which streams its weights: its arithmetic is part of the memory
+    # efficiency. Several tokens at once (prefill, verification, naive re-runs) are matrix products.
+    compute_s = fl / (machine.flops * COMPUTE_EFFICIENCY[kind].get(key, 0.1)) if (machine.flops and tokens > 1) else 0.0
+    over = (shape.kv_layers or shape.layers) * LAYER_OVERHEAD_S.get((kind, path), LAYER_OVERHEAD_S[(kind, "hf")])
+    over += STEP_OVERHEAD_S.get((kind, path), STEP_OVERHEAD_S[(kind, "hf")])
+    return StepCost(tokens, read, fl, memory_s, compute_s, over)
+
+
+# --------------------------------------------------------------------------- speculative arithmetic
+def tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens one speculative step yields with per-token acceptance α and k draft tokens."""
+    alpha = min(max(alpha, 0.0), 1.0)
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def token_acceptance(rate: float, k: int) -> float:
+    """The per-token acceptance α that gives the measured acceptance rate (accepted ÷ proposed draft tokens)
+    when a step accepts the draft's tokens up to the first rejection: rate = α(1 − α^k) ÷ ((1 − α) k)."""
+    rate = min(max(rate, 0.0), 1.0)
+    if rate in (0.0, 1.0) or k <= 1:
+        return rate
+
+    def f(a: float) -> float:
+        return (tokens_per_step(a, k) - 1.0) / k
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if f(mid) < rate:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def speculative_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
+    """Speed-up over the target alone: tokens per step ÷ the step's cost in target decode steps
+    (k draft steps of ``cost_ratio`` each, one verification of ``verify_ratio``)."""
+    return tokens_per_step(alpha, k) / (k * cost_ratio + verify_ratio)
+
+
+def break_even_acceptance(k: int, cost_ratio: float, verify_ratio: float = 1.0) -> Optional[float]:
+    """The per-token acceptance at which speculative decoding starts to pay; None if even α = 1 does not."""
+    if speculative_speedup(1.0, k, cost_ratio, verify_ratio) <= 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if speculative_speedup(mid, k, cost_ratio, verify_ratio) < 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+# --------------------------------------------------------------------------- the prediction
+@dataclass
+class SpeedPrediction:
+    config: str
+    strategy: str
+    precision: str
+    path: str  # "fast", "hf" (transformers' generate) or "graph" (compiled, CUDA graphs)
+    class_key: str  # the calibration class: strategy:precision
+    prompt_tokens: int
+    new_tokens: int
+    weights_read_bytes: int  # per decode step
+    kv_read_bytes: int  # per decode step, at the average context
+    bytes_per_token: int
+    bandwidth_bytes_per_s: float
+    flops: Optional[float]
+    roofline_tokens_per_s: float  # bandwidth ÷ bytes per token: the bound at batch 1
+    uncorrected_tokens_per_s: float
+    uncorrected_ttft_ms: float
+    decode_factor: float = 1.0  # learned on this machine (1 until measured)
+    ttft_factor: float = 1.0
+    calibration: str = "none"  # "class" (this configuration measured here), "device" (others measured), "none"
+    calibration_samples: int = 0
+    measured_tokens_per_s: Optional[float] = None  # median measured here for this model and class
+    measured_samples: int = 0
+    bound: str = "memory"  # what limits a decode step: memory, compute or overhead
+    acceptance: Optional[float] = None  # speculative: per-token acceptance used
+    acceptance_measured: bool = False
+    draft_cost_ratio: Optional[float] = None  # speculative: draft step ÷ target step
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.uncorrected_tokens_per_s * self.decode_factor
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.uncorrected_ttft_ms * self.ttft_factor
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tokens_per_s"] = round(self.tokens_per_s, 2)
+        d["ttft_ms"] = round(self.ttft_ms, 1)
+        return d
+
+    def text(self) -> str:
+        """ "≈ 41 tok/s · measured here 40.6" as the wizard and the lab show it."""
+        out = f"≈ {fmt_rate(self.tokens_per_s)} tok/s"
+        if self.measured_tokens_per_s is not None:
+            out += f" · measured here {self.measured_tokens_per_s:.1f}"
+        return out
+
+
+def fmt_rate(value: float) -> str:
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.0f}"
+    return f"{value:.1f}"
+
+
+def class_key(strategy: str, spec: PrecisionSpec) -> str:
+    """The calibration class of a configuration: ``strategy:precision`` (weight-only with fp32 compute apart)."""
+    name = spec.name
+    if name in WEIGHT_ONLY and spec.compute_dtype == "fp32":
+        name += "+fp32"
+    return f"{strategy}:{name}"
+
+
+def predict(
+    shape: ModelShape,
+    spec: PrecisionSpec,
+    strategy: str,
+    machine: Machine,
+    prompt_tokens: int = 64,
+    new_tokens: int = 128,
+    *,
+    k: int = 5,
+    draft: Optional[ModelShape] = None,
+    draft_spec: Optional[PrecisionSpec] = None,
+    acceptance: Optional[float] = None,
+    compile: Optional[bool] = None,
+    config: str = "",
+) -> SpeedPrediction:
+    """The uncorrected prediction for one configuration (``SpeedModel.predict`` applies the learned factors).
+
+    ``acceptance`` (speculative): the measured acceptance rate, accepted ÷ proposed draft tokens; None
+    assumes ``ASSUMED_ACCEPTANCE`` per token and says so."""
+    prompt_tokens, new_tokens = max(1, int(prompt_tokens)), max(1, int(new_tokens))
+    base_strategy = "kv" if strategy in ("speculative", "prompt-lookup") else strategy
+    path, note = code_path(base_strategy, spec, shape, machine.device, compile)
+    notes = [note] if note else []
+    average = prompt_tokens + new_tokens // 2  # the cache a decode step reads, on average
+    decode = step_cost(shape, spec, machine, path, 1, average)
+    prefill = step_cost(shape, spec, machine, path, prompt_tokens, 0)
+    ttft_s = prefill.seconds + CALL_OVERHEAD_S[path]
+    pred_acceptance = draft_ratio = None
+    measured_acc = False
+    if strategy == "naive":
+        # Every step re-runs the whole sequence; decode tokens/s counts the tokens after the first.
+        steps = max(1, new_tokens - 1)
+        stride = max(1, steps // 256)  # a sum over at most ~256 positions is exact enough
+        total = 0.0
+        for i in range(1, steps + 1, stride):
+            total += step_cost(shape, spec, machine, path, prompt_tokens + i, 0, cache=False).seconds * min(
+                stride, steps + 1 - i
+            )
+        tps = steps / total
+        bound = step_cost(shape, spec, machine, path, prompt_tokens + steps // 2, 0, cache=False).bound
+    elif strategy == "speculative":
+        dshape = draft or shape
+        dspec = draft_spec or spec
+        dpath, _ = code_path("kv", dspec, dshape, machine.device)
+        draft_step = step_cost(dshape, dspec, machine, dpath, 1, average)
+        verify = step_cost(shape, spec, machine, path, k + 1, average)
+        if acceptance is None:
+            alpha = ASSUMED_ACCEPTANCE
+            notes.append(f"acceptance not measured for this pair yet: {ASSUMED_ACCEPTANCE:.0%} per token assumed")
+        else:
+            alpha = token_acceptance(acceptance, k)
+            measured_acc = True
+        per_step = k * draft_step.seconds + verify.seconds + SPECULATIVE_STEP_OVERHEAD_S[machine.kind]
+        tps = tokens_per_step(alpha, k) / per_step
+        pred_acceptance = alpha
+        draft_ratio = draft_step.seconds / decode.seconds
+        ttft_s += step_cost(dshape, dspec, machine, dpath, prompt_tokens, 0).seconds
+        bound = verify.bound
+    else:
+        tps = 1.0 / decode.seconds
+        bound = decode.bound
+        if strategy == "prompt-lookup":
+            notes.append("prompt lookup's gain depends on how much of the reply the context holds; predicted as kv")
+    kv = kv_read_bytes(shape, spec, machine.device, path, average)
+    weights = weights_read_bytes(shape, spec, machine.device)
+    return SpeedPrediction(
+        config=config or f"{strategy}:{spec.label()}",
+        strategy=strategy,
+        precision=spec.label(),
+        path=path,
+        class_key=class_key(strategy, spec),
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        weights_read_bytes=weights,
+        kv_read_bytes=kv,
+        bytes_per_token=weights + kv,
+        bandwidth_bytes_per_s=machine.bandwidth_bytes_per_s,
+        flops=machine.flops,
+        roofline_tokens_per_s=machine.bandwidth_bytes_per_s / (weights + kv),
+        uncorrected_tokens_per_s=tps,
+        uncorrected_ttft_ms=1000.0 * ttft_s,
+        bound=bound,
+        acceptance=pred_acceptance,
+        acceptance_measured=measured_acc,
+        draft_cost_ratio=draft_ratio,
+        notes=notes,
+    )
+
+
+def finite(x: Optional[float]) -> bool:
+    return x is not None and math.isfinite(x) and x > 0

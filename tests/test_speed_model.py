@@ -1,0 +1,425 @@
+"""The speed model: bytes and FLOPs per token per precision, growth with context, the strategies' arithmetic,
+the per-machine calibration (learned, persisted, bounded), speculative advice, and the ``auto`` choice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from redline.inference.loading.precision import parse_precision
+from redline.inference.memory.estimator import weights_bytes
+from redline.inference.memory.fit import Planner, Target
+from redline.inference.memory.model_shapes import shipped_starter_shape
+from redline.inference.speed import calibration as cal_mod
+from redline.inference.speed.calibration import MAX_FACTOR, MIN_FACTOR, SpeedCalibration
+from redline.inference.speed.choose import choose
+from redline.inference.speed.model import (
+    Machine,
+    break_even_acceptance,
+    kv_read_bytes,
+    predict,
+    speculative_speedup,
+    step_flops,
+    token_acceptance,
+    tokens_per_step,
+    weights_read_bytes,
+)
+from redline.inference.speed.predictor import SpeedModel
+from redline.inference.speed.speculative import advise
+from redline.inference.units import GB
+
+STARTER = shipped_starter_shape()
+CPU = Machine("cpu", 20e9, 100e9, "a test CPU", "cpu")
+V, H = 49152, 576  # the starter's vocabulary and hidden size
+
+
+def linears_without_head(shape):
+    return sum(i * o for n, i, o, _b in shape.linears if n not in shape.tied_linears)
+
+
+# --------------------------------------------------------------------------- bytes per token
+def test_float_bytes_per_token_read_every_weight_once():
+    # Tied embeddings: the output head reads the whole table, so every parameter is read once.
+    assert weights_read_bytes(STARTER, parse_precision("fp32")) == STARTER.parameters * 4
+    assert weights_read_bytes(STARTER, parse_precision("bf16")) == STARTER.parameters * 2
+    # Untied: the embedding table costs one row per token, the separate head is read whole.
+    untied = shipped_starter_shape()
+    untied.tied_linears = []
+    untied.parameters += V * H
+    assert weights_read_bytes(untied, parse_precision("bf16")) == (untied.parameters - V * H) * 2 + H * 2
+
+
+def test_q8_q4_bytes_are_gguf_blocks_on_a_cpu():
+    body = linears_without_head(STARTER)
+    head = V * H  # a tied head gets its own packed copy
+    norms = STARTER.parameters - body - V * H
+    n = body + head
+    q8 = weights_read_bytes(STARTER, parse_precision("q8"))
+    q4 = weights_read_bytes(STARTER, parse_precision("q4"))
+    assert q8 == n + n // 32 * 2 + (norms + 1 * H) * 2  # 1 + 2/32 bytes per weight, norms in bf16
+    assert q4 == n // 2 + n // 32 * 4 + (norms + 1 * H) * 2  # 0.5 + 4/32 bytes per weight
+    assert q8 / n == pytest.approx(1 + 2 / 32, rel=0.01) and q4 / n == pytest.approx(0.5 + 4 / 32, rel=0.01)
+    # The same bytes the memory estimator counts, less the embedding table (one row read per token).
+    for p in ("q8", "q4"):
+        wb = weights_bytes(STARTER, parse_precision(p), "cpu")
+        assert weights_read_bytes(STARTER, parse_precision(p)) == wb.total - V * H * 2 + H * 2
+
+
+def test_bitsandbytes_bytes_follow_the_estimator():
+    spec = parse_precision("nf4")
+    wb = weights_bytes(STARTER, spec, "cpu")
+    assert weights_read_bytes(STARTER, spec) == wb.total  # tied head: the unquantised table is read whole
+    assert weights_read_bytes(STARTER, spec) < weights_read_bytes(STARTER, parse_precision("bf16"))
+
+
+def test_kv_cache_read_grows_linearly_with_context():
+    fp32, bf16 = parse_precision("fp32"), parse_precision("bf16")
+    per_position = 2 * 30 * 3 * 64  # K and V × layers × KV heads × head dim
+    assert kv_read_bytes(STARTER, fp32, "cpu", "hf", 1000) == per_position * 4 * 1000
+    assert kv_read_bytes(STARTER, bf16, "cpu", "hf", 1000) == per_position * 2 * 1000
+    # The fast path keeps a bf16 model's cache in bf16, a q8 model's too (its activations are fp32).
+    assert kv_read_bytes(STARTER, parse_precision("q8"), "cpu", "fast", 10) == per_position * 2 * 10
+    a, b, c = (predict(STARTER, bf16, "kv", CPU, ctx, 2) for ctx in (100, 4000, 8000))
+    assert a.kv_read_bytes < b.kv_read_bytes < c.kv_read_bytes
+    assert c.bytes_per_token - b.bytes_per_token == pytest.approx(b.bytes_per_token - a.bytes_per_token, rel=0.05)
+    assert a.tokens_per_s > b.tokens_per_s > c.tokens_per_s
+    # A sliding-window model stops growing at its window.
+    windowed = shipped_starter_shape()
+    windowed.layer_windows = [512] * 30
+    assert kv_read_bytes(windowed, bf16, "cpu", "hf", 4000) == kv_read_bytes(windowed, bf16, "cpu", "hf", 512)
+
+
+def test_flops_per_token_and_prefill():
+    body = linears_without_head(STARTER)
+    one = step_flops(STARTER, 1, 0)
+    assert one == pytest.approx(2 * body + 2 * V * H + 4 * 30 * 9 * 64, rel=1e-9)
+    # Prefill of T tokens multiplies the body T times; the head runs for the last token only.
+    assert step_flops(STARTER, 100, 0) > 99 * 2 * body
+
+
+def test_decode_is_bandwidth_bound_and_quantised_reads_fewer_bytes():
+    preds = {p: predict(STARTER, parse_precision(p), "fast", CPU, 32, 64) for p in ("fp32", "bf16", "q8", "q4")}
+    assert preds["fp32"].bytes_per_token > preds["bf16"].bytes_per_token > preds["q8"].bytes_per_token
+    assert preds["q8"].bytes_per_token > preds["q4"].bytes_per_token
+    for p in preds.values():
+        assert p.tokens_per_s < p.roofline_tokens_per_s  # never above the bandwidth bound
+    # Twice the bandwidth: the memory part of a step halves, so it gets faster but not twice (overhead).
+    fast = Machine("cpu", 40e9, 100e9, "x", "cpu")
+    p2 = predict(STARTER, parse_precision("fp32"), "fast", fast, 32, 64)
+    assert preds["fp32"].tokens_per_s < p2.tokens_per_s < 2 * preds["fp32"].tokens_per_s
+
+
+def test_naive_reruns_the_sequence_and_slows_with_length():
+    fp32 = parse_precision("fp32")
+    kv = predict(STARTER, fp32, "kv", CPU, 32, 256)
+    short = predict(STARTER, fp32, "naive", CPU, 32, 16)
+    long = predict(STARTER, fp32, "naive", CPU, 32, 256)
+    assert long.tokens_per_s < short.tokens_per_s < kv.tokens_per_s
+    assert long.bound == "compute"
+
+
+def test_fast_falls_back_where_the_fast_path_does_not_run():
+    gpt2 = shipped_starter_shape()
+    gpt2.model_type = "gpt2"
+    p = predict(gpt2, parse_precision("bf16"), "fast", CPU)
+    assert p.path == "hf" and "predicted as kv" in p.notes[0]
+    assert predict(STARTER, parse_precision("nf4"), "fast", CPU).path == "hf"
+
+
+def test_fast_types_match_the_fast_path():
+    from redline.inference.decoding.fastpath import SUPPORTED_TYPES
+    from redline.inference.speed.model import FAST_TYPES
+
+    assert tuple(FAST_TYPES) == tuple(SUPPORTED_TYPES)
+
+
+def test_bytes_match_the_loaded_model(tiny_model_dir):
+    """The shape-based count equals what the loaded model's tensors hold (hardware.bandwidth)."""
+    from redline.inference.hardware.bandwidth import bytes_read_per_token
+    from redline.inference.loading.loader import load_model
+    from redline.inference.memory.model_shapes import shape_for_folder
+    from redline.inference.sources.resolve import resolve
+
+    shape = shape_for_folder(tiny_model_dir, "tiny")
+    for p in ("fp32", "bf16", "q8", "q4"):
+        loaded = load_model(resolve(str(tiny_model_dir)), parse_precision(p), "cpu")
+        try:
+            layouts = {getattr(m, "layout", None) for m in loaded.model.modules()} - {None}
+            if p in ("q8", "q4") and layouts != {"blocks"}:
+                continue  # no native kernels here: torch's layouts, which the CPU prediction does not assume
+            got = bytes_read_per_token(loaded.model)
+            # bytes_read_per_token adds the rotary buffer (inv_freq): a few hundred bytes
+            assert abs(got - weights_read_bytes(shape, parse_precision(p))) <= 1024, p
+        finally:
+            loaded.release()
+
+
+# --------------------------------------------------------------------------- speculative arithmetic
+def test_speculative_formulas():
+    assert tokens_per_step(0.0, 5) == 1.0 and tokens_per_step(1.0, 5) == 6.0
+    assert tokens_per_step(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    for alpha in (0.2, 0.6, 0.9):
+        rate = (tokens_per_step(alpha, 5) - 1) / 5
+        assert token_acceptance(rate, 5) == pytest.approx(alpha, abs=1e-6)
+    # A draft as costly as the target can never pay; a cheap one pays above its break-even acceptance.
+    assert break_even_acceptance(5, 1.0) is None
+    be = break_even_acceptance(5, 0.1)
+    assert 0 < be < 1
+    assert speculative_speedup(be + 0.05, 5, 0.1) > 1 > speculative_speedup(be - 0.05, 5, 0.1)
+
+
+def test_starter_drafting_for_itself_is_predicted_slower(tmp_path):
+    speed = SpeedModel(CPU, SpeedCalibration(tmp_path / "s.json"))
+    adv = advise(speed, STARTER, "fp32", STARTER, "fp32", 5, 256, acceptance_rate=0.95)
+    assert adv.cost_ratio == pytest.approx(1.0, rel=0.01)
+    assert adv.verdict == "slower" and adv.speedup < 1 and adv.text.startswith("Slower")
+    # Unmeasured: it cannot pay at any acceptance, and says so.
+    adv = advise(speed, STARTER, "fp32", STARTER, "fp32", 5, 256)
+    assert adv.acceptance_rate is None and adv.break_even is None and adv.verdict == "slower"
+    # A draft a tenth the size, well accepted: faster, with the predicted tokens/s.
+    small = shipped_starter_shape()
+    small.name, small.layers, small.kv_layers = "small", 3, 3
+    small.linears = [
+        row for row in small.linears if not row[0].startswith("model.layers.") or int(row[0].split(".")[2]) < 3
+    ]
+    small.parameters = sum(i * o for _n, i, o, _b in small.linears if _n != "lm_head") + V * H
+    adv = advise(speed, STARTER, "fp32", small, "q8", 5, 256, acceptance_rate=0.8)
+    assert adv.cost_ratio < 0.4 and adv.verdict == "faster" and adv.speedup > 1
+    assert adv.predicted_tokens_per_s == pytest.approx(adv.target_tokens_per_s * adv.speedup)
+
+
+# --------------------------------------------------------------------------- calibration
+def _measure(cal, shape, precision, strategy, measured_tps, measured_ttft=None, prompt=32, new=64):
+    pred = predict(shape, parse_precision(precision), strategy, CPU, prompt, new)
+    return cal.record(pred, "cpu", shape.name, measured_tps, measured_ttft, "lab"), pred
+
+
+def test_calibration_learns_the_median_ratio_and_persists(tmp_path):
+    path = tmp_path / "speed-calibration.json"
+    cal = SpeedCalibration(path)
+    before = SpeedModel(CPU, cal).predict(STARTER, "q8", "fast", 32, 64)
+    assert before.calibration == "none" and before.decode_factor == 1.0
+    truth = 0.4 * before.uncorrected_tokens_per_s
+    for noise in (1.0, 1.1, 0.95, 3.0):  # one outlier: the median ignores it
+        _measure(cal, STARTER, "q8", "fast", truth * noise, before.uncorrected_ttft_ms * 2)
+    reread = SpeedCalibration(path)  # a new process reads the file
+    after = SpeedModel(CPU, reread).predict(STARTER, "q8", "fast", 32, 64)
+    assert after.calibration == "class" and after.calibration_samples == 4
+    assert after.tokens_per_s == pytest.approx(truth * 1.05, rel=1e-6)  # the median of the four: (1.0 + 1.1) ÷ 2
+    assert after.ttft_ms == pytest.approx(2 * before.uncorrected_ttft_ms)
+    assert after.measured_tokens_per_s == pytest.approx(truth * 1.05, rel=1e-6)
+    assert "measured here" in after.text()
+    data = json.loads(path.read_text())
+    assert len(data["devices"]["cpu"]["fast:q8"]) == 4
+
+
+def test_calibration_is_bounded_and_keeps_recent_records(tmp_path):
+    cal = SpeedCalibration(tmp_path / "s.json")
+    pred = predict(STARTER, parse_precision("fp32"), "kv", CPU, 32, 64)
+    assert cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s * 200, None, "lab") is None  # broken: skipped
+    for _ in range(3):
+        cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s * 60, None, "lab")
+    assert cal.decode_factor("cpu", "kv:fp32").value == MAX_FACTOR
+    for _ in range(cal_mod.LEARN_FROM):
+        cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s / 60, None, "lab")
+    assert cal.decode_factor("cpu", "kv:fp32").value == MIN_FACTOR  # only the last LEARN_FROM count
+    for _ in range(cal_mod.CLASS_HISTORY + 5):
+        cal.record(pred, "cpu", "m", pred.uncorrected_tokens_per_s, None, "lab")
+    assert len(cal.data["devices"]["cpu"]["kv:fp32"]) == cal_mod.CLASS_HISTORY
+
+
+def test_unmeasured_class_borrows_the_device_factor(tmp_path):
+    cal = SpeedCalibration(tmp_path / "s.json")
+    for p, s in (("fp32", "kv"), ("bf16", "kv"), ("fp32", "fast")):
+        pred = predict(STARTER, parse_precision(p), s, CPU, 32, 64)
+        cal.record(pred, "cpu", STARTER.name, pred.uncorrected_tokens_per_s * 0.5, None, "lab")
+    q4 = SpeedModel(CPU, cal).predict(STARTER, "q4", "fast", 32, 64)
+    assert q4.calibration == "device" and q4.decode_factor == pytest.approx(0.5)
+    assert q4.measured_tokens_per_s is None
+    # Another device's file entries do not apply; a hypothetical card has none.
+    card = SpeedModel(Machine("cuda", 360e9, None, "a card", None), cal).predict(STARTER, "bf16", "kv")
+    assert card.calibration == "none"
+
+
+def test_calibrated_prediction_lands_within_25_percent(tmp_path):
+    """One measured run per configuration brings every row within the target (here with a machine whose
+    configurations run at different fractions of the defaults)."""
+    cal = SpeedCalibration(tmp_path / "s.json")
+    truth = {("naive", "fp32"): 0.3, ("kv", "fp32"): 0.5, ("kv", "bf16"): 0.2, ("fast", "q8"): 0.7, ("fast", "q4"): 1.4}
+    for (s, p), r in truth.items():
+        pred = predict(STARTER, parse_precision(p), s, CPU, 40, 64)
+        cal.record(pred, "cpu", STARTER.name, pred.uncorrected_tokens_per_s * r, None, "lab")
+    speed = SpeedModel(CPU, cal)
+    for (s, p), r in truth.items():
+        measured = predict(STARTER, parse_precision(p), s, CPU, 40, 64).uncorrected_tokens_per_s * r * 1.1
+        assert abs(speed.predict(STARTER, p, s, 40, 64).tokens_per_s - measured) / measured < 0.25
+
+
+# --------------------------------------------------------------------------- auto
+def _cpu_planner(available_gb: float) -> Planner:
+    return Planner(STARTER, Target("cpu", int(available_gb * GB), "test RAM", "cpu"), 1)
+
+
+def _feed(cal, rows):
+    """Measured tokens/s per (strategy, precision) for the starter."""
+    for (s, p), tps in rows.items():
+        pred = predict(STARTER, parse_precision(p), s, CPU, 64, 256)
+        cal.record(pred, "cpu", STARTER.name, tps, None, "chat")
+
+
+MEASURED = {
+    ("kv", "fp32"): 20.0,
+    ("fast", "fp32"): 24.0,
+    ("kv", "bf16"): 15.0,
+    ("fast", "bf16"): 19.0,
+    ("kv", "q8"): 30.0,
+    ("fast", "q8"): 40.0,
+    ("kv", "q4"): 38.0,
+    ("fast", "q4"): 55.0,
+}
+
+
+def test_auto_picks_the_measured_fastest_that_fits(tmp_path, monkeypatch):
+    monkeypatch.setattr("redline.inference.speed.choose.bitsandbytes_available", lambda: False)
+    cal = SpeedCalibration(tmp_path / "s.json")
+    _feed(cal, MEASURED)
+    speed = SpeedModel(CPU, cal)
+    planner = _cpu_planner(16)
+    balanced = choose(STARTER, planner, speed, 2048, "balanced")
+    assert (balanced.strategy, balanced.precision) == ("fast", "q8")  # q4 is faster but below 8 bits
+    assert balanced.tokens_per_s == pytest.approx(40.0, rel=0.05)
+    assert balanced.reason.startswith("auto: fast · q8 — fastest that fits with 8-bit weights (≈ 40 tok/s")
+    fastest = choose(STARTER, planner, speed, 2048, "speed")
+    assert (fastest.strategy, fastest.precision) == ("fast", "q4")
+    quality = choose(STARTER, planner, speed, 2048, "quality")
+    assert (quality.strategy, quality.precision) == ("fast", "bf16")  # today's order, then its fastest strategy
+    pinned = choose(STARTER, planner, speed, 2048, "balanced", strategy="kv")
+    assert (pinned.strategy, pinned.precision) == ("kv", "q8")
+    pinned = choose(STARTER, planner, speed, 2048, "balanced", precision="fp32")
+    assert (pinned.strategy, pinned.precision) == ("fast", "fp32")
+    # Measurements change the choice: if fp32 measures fastest here, balanced takes it.
+    _feed(cal, {("fast", "fp32"): 80.0} | {k: v for k, v in MEASURED.items() if k != ("fast", "fp32")})
+    _feed(cal, {("fast", "fp32"): 80.0})
+    assert choose(STARTER, planner, SpeedModel(CPU, cal), 2048, "balanced").precision == "fp32"
+
+
+def test_auto_only_considers_what_fits(tmp_path, monkeypatch):
+    monkeypatch.setattr("redline.inference.speed.choose.bitsandbytes_available", lambda: False)
+    cal = SpeedCalibration(tmp_path / "s.json")
+    _feed(cal, MEASURED | {("fast", "fp32"): 80.0})
+    speed = SpeedModel(CPU, cal)
+    # fp32 is measured fastest, but at 8192 tokens only the smaller precisions fit in 1.75 GB.
+    planner = _cpu_planner(1.75)
+    fp32 = planner.estimate(parse_precision("fp32"), 8192)
+    q8 = planner.estimate(parse_precision("q8"), 8192)
+    assert not fp32.fits and q8.fits
+    choice = choose(STARTER, planner, speed, 8192, "balanced")
+    assert choice.precision == "q8" and choice.fits
+    assert any(c.precision == "fp32" and not c.fits for c in choice.candidates)
+    # Nothing fits at all: said so, with the memory suggestion's sentence.
+    none = choose(STARTER, _cpu_planner(0.2), speed, 8192, "balanced")
+    assert not none.fits and "nothing fits" in none.reason
+
+
+# --------------------------------------------------------------------------- the engine, the lab, the CLI
+def test_chat_replies_and_lab_rows_feed_the_calibration(tiny_model_dir, tmp_path, monkeypatch):
+    from redline.inference.bench.configs import parse_configs
+    from redline.inference.bench.prompts import load_prompt_set
+    from redline.inference.bench.runner import BenchSpec, run_bench
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+    from redline.inference.engine import Engine
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    engine = Engine("cpu")
+    engine.load(str(tiny_model_dir), parse_precision("fp32"))
+    sampling = SamplingSettings(max_new_tokens=16, min_new_tokens=16, temperature=0)
+    result = engine.chat([{"role": "user", "content": "Paris"}], sampling, DecodeOptions(strategy="kv"))
+    assert result.predicted_tokens_per_s > 0 and result.predicted_ttft_ms > 0
+    assert engine.speed_check.calibration == "none"  # the first reply: nothing learned before it
+    data = json.loads((tmp_path / "speed-calibration.json").read_text())
+    [rec] = data["devices"]["cpu"]["kv:fp32"]
+    assert rec["source"] == "chat" and rec["measured_tokens_per_s"] == result.tokens_per_s
+    assert rec["decode_ratio"] == pytest.approx(result.tokens_per_s / rec["predicted_tokens_per_s"], rel=1e-3)
+    # The next reply's prediction is corrected by the first one.
+    again = engine.chat([{"role": "user", "content": "Paris"}], sampling, DecodeOptions(strategy="kv"))
+    assert engine.speed_check.calibration == "class"
+    assert again.predicted_tokens_per_s == pytest.approx(result.tokens_per_s, rel=0.02)
+    # A too-short reply teaches nothing.
+    engine.chat([{"role": "user", "content": "x"}], SamplingSettings(max_new_tokens=2, temperature=0), DecodeOptions())
+    assert len(json.loads((tmp_path / "speed-calibration.json").read_text())["devices"]["cpu"]["kv:fp32"]) == 2
+
+    prompts = load_prompt_set("short")
+    prompts.prompts = prompts.prompts[:1]
+    spec = BenchSpec(
+        str(tiny_model_dir), parse_configs("kv:fp32,fast:fp32"), prompts, new_tokens=12, warmup=0, samples=1
+    )
+    report = run_bench(engine, spec)
+    for row in report.results:
+        assert row.status == "ok" and row.predicted_tokens_per_s and row.predicted_ttft_ms
+        assert row.prediction_error_pct == pytest.approx(
+            100 * (row.predicted_tokens_per_s - row.tokens_per_s) / row.tokens_per_s, abs=0.2
+        )
+    assert report.results[0].prediction_calibration == "class"  # learned from the chat replies
+    data = json.loads((tmp_path / "speed-calibration.json").read_text())
+    assert data["devices"]["cpu"]["kv:fp32"][-1]["source"] == "lab" and "fast:fp32" in data["devices"]["cpu"]
+
+
+def test_speculative_rows_keep_their_acceptance(tiny_model_dir, tiny_draft_dir, tmp_path, monkeypatch):
+    from redline.inference.engine import Engine
+    from redline.inference.speed.speculative import measure_acceptance
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    engine = Engine("cpu")
+    run = measure_acceptance(engine, str(tiny_model_dir), "fp32", str(tiny_draft_dir), "fp32", k=3, tokens=24)
+    assert run.proposed > 0 and 0 <= run.acceptance_rate <= 1 and run.new_tokens == 24
+    assert engine.target is None  # loaded for the run only: the engine's own model is untouched
+    cal = SpeedCalibration()
+    assert cal.acceptance("tiny-llama", "tiny-draft", "fp32", 3) == pytest.approx(run.acceptance_rate)
+
+
+def test_cli_chat_and_the_window_resolve_auto_alike(tiny_model_dir, tmp_path, monkeypatch):
+    from redline.app import cli
+    from redline.app.cli_chat import resolve_auto_args
+    from redline.inference.engine import Engine
+    from redline.inference.memory.model_shapes import read_shape
+    from redline.inference.speed.model import this_machine
+    from redline.ui.speed_tasks import auto_task
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    engine = Engine("cpu")
+    shape, machine = read_shape(str(tiny_model_dir)), this_machine("cpu")
+    cal = SpeedCalibration()
+    for (s, p), tps in {("kv", "q8"): 500.0, ("fast", "q8"): 100.0, ("fast", "fp32"): 90.0}.items():
+        pred = predict(shape, parse_precision(p), s, machine, 64, 256)
+        cal.record(pred, "cpu", shape.name, tps, None, "chat")
+    args = cli.build_parser().parse_args(["chat", "hi", "--model", str(tiny_model_dir)])
+    assert (args.precision, args.strategy, args.priority) == ("auto", "auto", "balanced")
+    cli_choice = resolve_auto_args(engine.device, args, quiet=True)
+    window_choice = auto_task(str(tiny_model_dir), "auto", "auto", "balanced", None)(engine, None)
+    assert (args.precision, args.strategy) == ("q8", "kv")  # measured fastest here
+    assert (window_choice.precision, window_choice.strategy) == (
+        "q8",
+        "kv",
+    ) and cli_choice.reason == window_choice.reason
+    pinned = cli.build_parser().parse_args(["chat", "hi", "--model", str(tiny_model_dir), "--strategy", "fast"])
+    resolve_auto_args(engine.device, pinned, quiet=True)
+    assert (pinned.precision, pinned.strategy) == ("q8", "fast")
+
+
+def test_estimate_cli_shows_speed(capsys, tmp_path, monkeypatch):
+    from redline.app.cli import main
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    assert main(["estimate", "starter", "--free-gb", "16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    speed = report["speed"]
+    rows = {(r["precision"], r["strategy"]): r for r in speed["predictions"]}
+    assert ("q8", "fast") in rows and ("nf4", "fast") not in rows  # the fast path does not run bitsandbytes
+    assert rows[("q8", "fast")]["bytes_per_token"] < rows[("bf16", "fast")]["bytes_per_token"]
+    assert all(r["tokens_per_s_full_context"] < r["tokens_per_s"] for r in rows.values())
+    assert set(speed["auto"]) == {"quality", "balanced", "speed"}
+    assert speed["auto"]["balanced"]["precision"] in ("fp32", "bf16", "q8", "int8")
+    assert main(["estimate", "starter", "--free-gb", "16", "--draft", "starter"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s at 8192" in out and "auto: " in out and "draft: Slower" in out
