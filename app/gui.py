@@ -110,8 +110,11 @@ def run_gui(model: Optional[str] = None, engine_factory=None) -> int:
     import qasync
     from PySide6.QtWidgets import QApplication
 
+    from redline.ui.garbage import UiGarbageCollector
+
     app = QApplication.instance() or QApplication(sys.argv[:1])
     configure_application(app)
+    collector = UiGarbageCollector(app)  # Qt objects in Python's garbage are destroyed on this thread only
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     window = build_window(model, engine_factory=engine_factory)
@@ -121,6 +124,7 @@ def run_gui(model: Optional[str] = None, engine_factory=None) -> int:
     app.aboutToQuit.connect(closed.set)
     with loop:
         loop.run_until_complete(closed.wait())
+    collector.stop()
     return finish_quit(window)
 
 

@@ -62,6 +62,8 @@ from redline.inference.memory.estimator import Estimate, accuracy_margin
 from redline.inference.memory.fit import Planner, Target, detect_target, precisions_for, suggest
 from redline.inference.memory.measured import snapshot as memory_snapshot
 from redline.inference.memory.model_shapes import read_shape
+from redline.inference.memory.policy import collector as garbage_collector
+from redline.inference.memory.policy import set_collector as set_garbage_collector
 from redline.inference.paths import models_dir
 from redline.inference.remote.client import RemoteError, display_url, is_server_url, parse_server_spec
 from redline.inference.remote.client import list_models as list_server_models
@@ -140,6 +142,7 @@ __all__ = [
     "format_bytes",
     "format_config",
     "from_presets",
+    "garbage_collector",
     "GB",
     "GenerationResult",
     "Notice",
@@ -182,6 +185,7 @@ __all__ = [
     "SamplingSettings",
     "save_report",
     "SEED_PRESET",
+    "set_garbage_collector",
     "SpeedCalibration",
     "SpeedModel",
     "SpeedPrediction",

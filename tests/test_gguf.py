@@ -343,7 +343,12 @@ def test_starter_gguf_converts_to_bf16_within_the_bound(tmp_path):
     assert kept["weights_bytes"] < 0.6 * plain["weights_bytes"]
     answer = load(tmp_path / "keep", "auto")
     ids = answer.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_tensors="pt"
+        # A prompt this 4-bit file answers well: llama.cpp on the same Q4_1 file answers it "The capital of France is
+        # Paris." (the bare "What is the capital of France?" gets "L'Étoile, la Marseillaise," from llama.cpp and from
+        # Redline alike: the file's own quality, not the loader's)
+        [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
     )
     ids = ids if torch.is_tensor(ids) else ids["input_ids"]
     out = answer.model.generate(ids, max_new_tokens=12, do_sample=False)

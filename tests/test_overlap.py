@@ -119,9 +119,20 @@ def test_a_message_sent_while_the_model_unloads_is_refused_before_it_is_saved(qt
         w.shutdown()
 
 
-def test_two_chats_reply_at_once_and_stopping_one_leaves_the_other(qtbot, tiny_model_dir):
+def test_two_chats_reply_at_once_and_stopping_one_leaves_the_other(qtbot, tiny_model_dir, monkeypatch):
     """On the fast path the engine decodes both replies together (continuous batching)."""
+    import time
+
     from redline.app.gui import build_window
+    from redline.inference.service.batcher import Batcher
+
+    step = Batcher.step
+
+    def paced(self):  # the tiny model writes 400 tokens in well under a second: slow it to a pace a chat has
+        time.sleep(0.01)
+        step(self)
+
+    monkeypatch.setattr(Batcher, "step", paced)
 
     write_settings(
         model=str(tiny_model_dir),

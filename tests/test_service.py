@@ -214,3 +214,17 @@ def test_the_kv_budget_refuses_what_can_never_fit_and_queues_what_must_wait(tiny
         assert any("memory for the KV cache" in e.reason for e in waited)
     finally:
         assert svc.shutdown(30)
+
+
+def test_a_reply_that_ran_alone_feeds_the_machines_corrections_and_a_batched_one_does_not(
+    service, tmp_path, monkeypatch
+):
+    """A reply decoded alone is a fair sample of this machine's speed and memory; one that shared its steps
+    with others is not, so only the first carries (and records) predicted-vs-measured figures."""
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    alone = service.submit(ask("The quick brown fox", 16)).result(TIMEOUT)
+    assert alone.predicted_tokens_per_s and alone.predicted_memory_bytes
+    handles = [service.submit(ask(p, 40)) for p in ("Paris is the capital", "def add(a, b):")]
+    together = [h.result(TIMEOUT) for h in handles]
+    assert all(any(isinstance(e, Started) and e.batched for e in h.history()) for h in handles)
+    assert all(r.predicted_tokens_per_s is None and r.predicted_memory_bytes is None for r in together)

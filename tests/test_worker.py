@@ -87,3 +87,47 @@ def test_engine_thread_yields_to_the_ui(qtbot, monkeypatch):
     assert blocker.args[1] == min(19, ui_nice + ENGINE_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ui_nice
     assert worker.shutdown()
+
+
+def test_garbage_is_collected_on_the_ui_thread(qtbot, tiny_model_dir):
+    """Collections the engine asks for (an unload) run on the UI thread, and the app's timer collector turns
+    automatic collection (which runs on whichever thread allocates) off while it runs."""
+    import gc
+    import threading
+
+    from redline.inference import garbage_collector, parse_precision
+    from redline.ui.garbage import UiGarbageCollector
+    from redline.ui.worker import EngineThread
+
+    worker = EngineThread()
+    threads = []
+    real_collect = gc.collect
+
+    def spy(*args):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real_collect(*args)
+
+    gc.collect = spy
+    try:
+        assert garbage_collector() == worker._collect_on_ui_thread
+        handle = worker.service.load(str(tiny_model_dir), parse_precision("fp32"))
+        qtbot.waitUntil(lambda h=handle: h.done, timeout=120_000)
+        handle = worker.service.unload()
+        qtbot.waitUntil(lambda h=handle: h.done, timeout=120_000)
+        assert threads and all(threads)  # every collection the engine asked for ran on the UI thread
+    finally:
+        gc.collect = real_collect
+        worker.shutdown(10000)
+    assert garbage_collector() is None
+    collector = UiGarbageCollector(interval_ms=10)
+    try:
+        assert not gc.isenabled()
+        for _ in range(3 * collector.thresholds[0]):  # cycles, more than the youngest generation's threshold
+            junk = []
+            junk.append(junk)
+        del junk
+        assert gc.get_count()[0] > collector.thresholds[0]  # nothing collected them automatically
+        qtbot.waitUntil(lambda: gc.get_count()[0] <= collector.thresholds[0], timeout=5000)
+    finally:
+        collector.stop()
+    assert gc.isenabled()

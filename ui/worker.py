@@ -13,6 +13,7 @@ emits ``events(id, list)`` (and ``progress(id, obj)`` for each), then ``done(id,
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -20,7 +21,16 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from redline.inference import Completed, EngineService, Failed, FinishedEvent, RedlineError, Started
+from redline.inference import (
+    Completed,
+    EngineService,
+    Failed,
+    FinishedEvent,
+    RedlineError,
+    Started,
+    garbage_collector,
+    set_garbage_collector,
+)
 
 Task = Callable[[Any, Callable[[object], None]], object]
 
@@ -28,6 +38,9 @@ Task = Callable[[Any, Callable[[object], None]], object]
 # core busy, and the UI thread then waits for a core: over 100 starter replies through the window on a 2-core
 # machine, a 5 ms timer's longest gap was 41-52 ms at nice 0 and 26-27 ms at nice 5, with the same tokens/s.
 ENGINE_NICE = 5
+# How long the engine waits for the UI thread to collect garbage for it (an unload); past that it goes on and
+# the memory comes back at the next collection.
+COLLECT_WAIT_S = 5.0
 
 
 def yield_to_the_ui() -> None:
@@ -59,6 +72,7 @@ class EngineThread(QObject):
     failed = Signal(int, str, object)  # request id, message for the user, exception
     started = Signal(int)  # request id (the scheduler took it up)
     _wake = Signal(int)
+    _collect = Signal(object)  # a threading.Event to set once the UI thread has collected
 
     def __init__(
         self,
@@ -78,6 +92,12 @@ class EngineThread(QObject):
         # Always queued, also when an event is pushed from this thread (a request's first events are replayed
         # while it is submitted): the submitter learns its request's id before any event reaches it.
         self._wake.connect(self._drain, Qt.QueuedConnection)
+        # When the engine frees a model, the cyclic garbage it collects can hold Qt objects (the window's and
+        # the speed lab's charts), which must be destroyed on the UI thread: a Qt object destroyed on the
+        # engine's thread while the UI thread is inside Qt deadlocked both (seen in a speed-lab run).
+        self._closing = False
+        self._collect.connect(self._collect_now, Qt.QueuedConnection)
+        set_garbage_collector(self._collect_on_ui_thread)
 
     @property
     def engine(self):
@@ -109,7 +129,28 @@ class EngineThread(QObject):
 
     def shutdown(self, timeout_ms: int = 2000) -> bool:
         """Cancel everything and stop the scheduler; True if it stopped within the timeout."""
-        return self.service.shutdown(timeout_ms / 1000)
+        self._closing = True  # the UI thread now waits here, outside Qt: the engine may collect on its own
+        try:
+            return self.service.shutdown(timeout_ms / 1000)
+        finally:
+            if garbage_collector() == self._collect_on_ui_thread:
+                set_garbage_collector(None)
+
+    # -- garbage collection on the UI thread --------------------------------------------------------------
+    def _collect_on_ui_thread(self) -> None:  # any thread
+        if self._closing or threading.current_thread() is threading.main_thread():
+            gc.collect()
+            return
+        done = threading.Event()
+        self._collect.emit(done)
+        done.wait(COLLECT_WAIT_S)  # the UI thread busy for that long: go on; the next collection frees it
+
+    @Slot(object)
+    def _collect_now(self, done) -> None:  # the UI thread
+        try:
+            gc.collect()
+        finally:
+            done.set()
 
     # -- from the scheduler's thread to this one --------------------------------------------------------
     def _follow(self, handle) -> int:

@@ -233,7 +233,8 @@ def machine_summary(machine: dict) -> str:
     ram = machine.get("ram_total_bytes")
     return (
         f"CPU: {machine.get('cpu')} ({machine.get('cpu_cores')} logical cores, torch uses "
-        f"{machine.get('torch_threads')} threads); RAM: {format_bytes(ram)}; GPU: {gpus}; "
+        f"{machine.get('torch_threads')} threads; Redline's CPU kernels {machine.get('cpu_kernels', 'unknown')}); "
+        f"RAM: {format_bytes(ram)}; GPU: {gpus}; "
         f"device: {machine.get('device')}. torch {v.get('torch')}, transformers {v.get('transformers')}, "
         f"bitsandbytes {v.get('bitsandbytes')}; Python {machine.get('python')}; {machine.get('os')}."
         if ram

@@ -99,6 +99,14 @@ class BenchSpec:
         return d
 
 
+def cpu_kernels_state() -> str:
+    """Whether Redline's native CPU kernels run the products ("on"), or why not."""
+    from redline.inference.kernels import native
+
+    kernels = native.status()
+    return "on" if kernels.get("loaded") else f"off ({kernels.get('reason') or 'not built'})"
+
+
 def machine_info(device: Optional[str] = None) -> dict:
     hw = probe()
     versions = {}
@@ -116,6 +124,7 @@ def machine_info(device: Optional[str] = None) -> dict:
     except Exception:  # pragma: no cover - torch is a dependency
         cuda, threads = None, None
     return {
+        "cpu_kernels": cpu_kernels_state(),
         "cpu": hw.cpu,
         "cpu_cores": hw.cpu_cores,
         "torch_threads": threads,
@@ -522,6 +531,7 @@ def run_bench(
         if restore_model:
             _restore(engine, previous, previous_draft)
     report.seconds = time.perf_counter() - started
+    report.machine["cpu_kernels"] = cpu_kernels_state()  # known once a model has loaded
     report.finished_at = _dt.datetime.now().isoformat(timespec="seconds")
     emit(BenchPhase(1.0, None, "cancelled" if report.cancelled else "done"))
     return report

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from redline.inference.loading.precision import (
     torch_dtype,
 )
 from redline.inference.memory.measured import PeakMemory, process_rss
-from redline.inference.memory.policy import returning_freed_memory, trim, weights_in_own_mappings
+from redline.inference.memory.policy import collect_garbage, returning_freed_memory, trim, weights_in_own_mappings
 from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress, transformers_progress
 from redline.inference.sources.resolve import ModelSource
 from redline.inference.sources.trust import fingerprint, pickle_files, remote_code_files
@@ -132,7 +131,7 @@ def free_memory(device: str) -> None:
     """Give freed model memory back: collect cycles, empty torch's CUDA cache, and return the C heap's free
     pages to the system (see ``memory_policy`` for why glibc would otherwise keep them)."""
     with returning_freed_memory():
-        gc.collect()
+        collect_garbage()
         if device.startswith("cuda"):
             import torch
 
@@ -257,6 +256,11 @@ def load_model(
 ) -> LoadedModel:
     """Load ``source`` at ``precision``. Raises a RedlineError subclass with a fix on failure."""
     device = device or default_device()
+    # The baseline is the process with its runtime (torch and transformers imported) but without this model: the
+    # estimator's CPU overhead is that runtime, so measuring before the first import would leave it out.
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
     baseline_rss = process_rss()
     notes = []
     warning = check_supported(precision, device)
@@ -302,7 +306,7 @@ def load_model(
                 model = _load_float(
                     folder, precision, device, kwargs, progress, should_cancel, trust_remote_code, allow_pickle
                 )
-                gc.collect()
+                collect_garbage()
     except Cancelled:
         with returning_freed_memory():
             model = None

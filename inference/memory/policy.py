@@ -28,11 +28,12 @@ ends near where it started. Two things on CPU builds of torch keep memory that n
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -93,6 +94,29 @@ def weights_in_own_mappings():
 def returning_freed_memory():
     """Frees inside give a heap's free top back to the system as soon as it passes 128 KiB."""
     return _window("release")
+
+
+_collector: Optional[Callable[[], None]] = None
+
+
+def set_collector(fn: Optional[Callable[[], None]]) -> None:
+    """Who runs the cyclic garbage collector when the engine frees a model (None: the calling thread).
+
+    Why: in the desktop app the garbage can hold Qt objects (a chart's items, a widget in a cycle), and a Qt
+    object destroyed on the engine's thread while the UI thread is inside Qt can deadlock both (pyqtgraph's
+    ``GarbageCollector`` exists for the same reason). The window installs a collector that runs on the UI
+    thread."""
+    global _collector
+    _collector = fn
+
+
+def collector() -> Optional[Callable[[], None]]:
+    return _collector
+
+
+def collect_garbage() -> None:
+    """``gc.collect()``, on the thread the installed collector chooses."""
+    (_collector or gc.collect)()
 
 
 def trim() -> None:
