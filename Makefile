@@ -33,9 +33,10 @@ lint: $(VENV)/.installed
 test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
 
-# While working: no packaging build and no slow subprocess or accuracy tests (under two minutes on 2 cores).
+# While working: no packaging build, no slow subprocess or accuracy tests and no tests on the real starter
+# model, on every core (pytest-xdist); about two minutes on 2 cores. `make test` runs everything, in one process.
 test-fast: lint
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not packaging"
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider -n auto -m "not slow and not packaging and not starter"
 
 # PNGs of the main window (mid-reply, finished, prompt-lookup with settings) into docs/screenshots/.
 # Offscreen by default; under a virtual display: xvfb-run -s "-screen 0 1400x900x24" make screenshots
