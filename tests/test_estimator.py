@@ -470,7 +470,7 @@ def test_weight_only_q8_q4_bytes(monkeypatch):
     spec = SimpleNamespace(name="q8", compute_dtype="bf16", quantised=False, skip_modules=(), label=lambda: "q8")
     q8 = weights_bytes(shape, spec, "cuda")
     assert q8.quantised == q + v * h and q8.constants == rows * 2 and q8.unquantised == (p - q) * 2
-    monkeypatch.setattr(estimator, "_q8_in_blocks", lambda device: True)
+    monkeypatch.setattr(estimator, "q8_in_blocks", lambda device: True)
     q8_blocks = weights_bytes(shape, spec, "cpu")
     assert q8_blocks.quantised == q8.quantised
     assert q8_blocks.constants == sum(o * (i // 32) * 2 for _, i, o, _b in shape.linears)

@@ -321,7 +321,7 @@ def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -
     return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
 
 
-def _q8_in_blocks(device: str) -> bool:
+def q8_in_blocks(device: str) -> bool:
     """On an x86-64 CPU with AVX2 q8 keeps GGUF's blocks (an fp16 scale per 32 weights) for Redline's kernels;
     elsewhere torch's per-row int8 layout (weight_only.py)."""
     if device.startswith("cuda"):
@@ -340,7 +340,7 @@ def _as_file_bytes(shape: ModelShape, dtype: str, device: str = "cpu") -> Weight
             "Choose bf16, fp16, q8, q4, int8 or nf4.",
         )
     tied = set(shape.tied_linears)
-    blocks = _q8_in_blocks(device)  # the file's own blocks, kept as they are where Redline's kernels run
+    blocks = q8_in_blocks(device)  # the file's own blocks, kept as they are where Redline's kernels run
     q_params = packed = tied_extra = 0
     for name, fan_in, fan_out, bits, _mins in shape.packed:
         n = fan_in * fan_out
@@ -359,7 +359,7 @@ def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, devic
     hold GGUF blocks of 32 weights (Q8_0: an fp16 scale per block; Q4_1: fp16 scale and minimum); on CUDA
     torch's layouts (int8: one scale per output row; int4: a bf16 scale and zero per group of 32)."""
     bits = 8 if spec.name == "q8" else 4
-    blocks = _q8_in_blocks(device)
+    blocks = q8_in_blocks(device)
     q_params = packed = scales = 0
     tied_extra = 0
     for name, fan_in, fan_out, _bias in shape.linears:

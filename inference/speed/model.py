@@ -40,6 +40,8 @@ from redline.inference.memory.estimator import (
     ModelShape,
     compute_dtype,
     kv_cache_bytes,
+    packed_layer_bytes,
+    q8_in_blocks,
     weights_bytes,
 )
 
@@ -144,20 +146,12 @@ def _label(device: str) -> str:
 
 # --------------------------------------------------------------------------- bytes and FLOPs
 def packed_linear_bytes(fan_in: int, fan_out: int, bits: int, device: str, compute_bytes: int) -> int:
-    """A linear layer's weight bytes in q8/q4 as the loader packs them.
-
-    CPU (Redline's native kernels): GGUF blocks of 32 — Q8_0 32 int8 + an fp16 scale (1 + 2/32 bytes per
-    weight), Q4_1 16 bytes + fp16 scale and minimum (0.5 + 4/32). CUDA: torch's layouts — per-channel int8
-    with one scale per output row; int4 with a (scale, zero) pair in bf16 per group of 32 (also 0.5 + 4/32).
-    """
-    n = fan_in * fan_out
-    if bits == 8:
-        if _kind(device) == "cuda":
-            return n + fan_out * compute_bytes
-        return n + (n // BLOCK) * 2
-    if _kind(device) == "cuda":
-        return n // 2 + fan_out * (fan_in // BLOCK) * 4
-    return n // 2 + (n // BLOCK) * 4
+    """A linear layer's weight bytes in q8/q4 as the loader packs them: the estimator's own count
+    (``packed_layer_bytes``) — GGUF blocks of 32 where Redline's CPU kernels run (Q8_0: 1 + 2/32 bytes per
+    weight; Q4_1: 0.5 + 4/32), torch's layouts elsewhere (int8 with one scale per row; int4 with a bf16
+    scale and zero per group of 32)."""
+    dtype = "float32" if compute_bytes == 4 else "bfloat16"
+    return packed_layer_bytes(bits, fan_in, fan_out, dtype, q8_in_blocks(device))
 
 
 def embedding_params(shape: ModelShape) -> int:
