@@ -8,22 +8,12 @@ memory — and cache it per device and thread count.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Optional
 
-from redline.inference.hardware.probe import cpu_name
-from redline.inference.paths import cache_dir
+from redline.inference.hardware.measurements import measured
 
 MEASURE_BYTES = 512 * 1024 * 1024
-
-
-def _key(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda"):
-        return f"cuda:{torch.cuda.get_device_name()}"
-    return f"cpu:{cpu_name()}:threads={torch.get_num_threads()}"
 
 
 def measure_bandwidth(device: str = "cpu", repeats: int = 8) -> float:
@@ -46,18 +36,7 @@ def measure_bandwidth(device: str = "cpu", repeats: int = 8) -> float:
 
 def bandwidth(device: str = "cpu", refresh: bool = False) -> float:
     """The measured bandwidth for ``device``, from the cache when it has one."""
-    path = cache_dir() / "bandwidth.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    key = _key(device)
-    if not refresh and key in data:
-        return float(data[key]["bytes_per_s"])
-    value = measure_bandwidth(device)
-    data[key] = {"bytes_per_s": value, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    path.write_text(json.dumps(data, indent=2))
-    return value
+    return measured("bandwidth", "bytes_per_s", device, measure_bandwidth, refresh)
 
 
 def bytes_read_per_token(model, context_tokens: int = 0) -> int:

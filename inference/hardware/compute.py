@@ -11,16 +11,11 @@ from __future__ import annotations
 import json
 import time
 
+from redline.inference.hardware.measurements import measured
 from redline.inference.paths import cache_dir
 
 CPU_SIZE = 1024  # 2·1024³ ≈ 2.1 GFLOP per product: a few hundred ms on a small CPU
 CUDA_SIZE = 4096
-
-
-def _key(device: str) -> str:
-    from redline.inference.hardware.bandwidth import _key as bandwidth_key
-
-    return bandwidth_key(device)
 
 
 def measure_flops(device: str = "cpu", repeats: int = 3) -> float:
@@ -47,21 +42,7 @@ def measure_flops(device: str = "cpu", repeats: int = 3) -> float:
 
 def flops(device: str = "cpu", refresh: bool = False) -> float:
     """The measured FLOP/s for ``device``, from the cache when it has one."""
-    path = cache_dir() / "compute.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    key = _key(device)
-    if not refresh and key in data:
-        return float(data[key]["flops"])
-    value = measure_flops(device)
-    data[key] = {"flops": value, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    try:
-        path.write_text(json.dumps(data, indent=2))
-    except OSError:
-        pass  # a figure that cannot be cached is measured again next time
-    return value
+    return measured("compute", "flops", device, measure_flops, refresh)
 
 
 def cached(name: str, device: str):
