@@ -65,7 +65,8 @@ def test_the_window_serves_its_model_and_chat_and_api_share_the_engine(qtbot, ti
 
 def test_an_address_beyond_loopback_needs_a_key_and_the_window_says_it_is_reachable(qtbot, tiny_window, monkeypatch):
     w = tiny_window
-    w.set_settings(dataclasses.replace(w.settings, server_host="0.0.0.0"))
+    # Refused before anything binds: 192.0.2.1 (TEST-NET-1) stands for any address beyond loopback.
+    w.set_settings(dataclasses.replace(w.settings, server_host="192.0.2.1"))
     w.set_serving(True)
     qtbot.waitUntil(lambda: "needs an API key" in w.banner.label.text(), timeout=10_000)
     qtbot.waitUntil(lambda: not w.server.busy, timeout=10_000)

@@ -271,9 +271,10 @@ def test_cors_is_off_unless_origins_are_listed(tiny_server, tiny_model_dir):
 
 
 def test_an_api_key_is_required_when_set_and_for_any_address_but_loopback(tiny_model_dir, caplog):
+    # Only validated, never served: 192.0.2.1 (TEST-NET-1) stands for any address other machines could reach.
     with pytest.raises(ServerConfigError, match="needs an API key"):
-        ServerConfig(host="0.0.0.0").validate()
-    ServerConfig(host="0.0.0.0", api_key="a-long-enough-key").validate()
+        ServerConfig(host="192.0.2.1").validate()
+    ServerConfig(host="192.0.2.1", api_key="a-long-enough-key").validate()
     key = "s3cret-key-for-tests"
     assert key not in repr(ServerConfig(api_key=key))
     service, server = start(tiny_model_dir, api_key=key)
