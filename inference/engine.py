@@ -133,8 +133,8 @@ class Engine:
             loaded.predicted_bytes = None
 
     def check_result(self, result: GenerationResult, options: DecodeOptions) -> GenerationResult:
-        """Predicted vs measured memory and speed for a reply decoded outside ``chat`` (the service's batch,
-        when the reply ran alone); the per-machine corrections learn from it."""
+        """Predicted vs measured memory and speed for a finished reply (``chat``, ``generate_ids``, and the
+        service's batch when the reply ran alone); the per-machine corrections learn from it."""
         return self._check_speed(self._check_memory(result), options)
 
     def _check_memory(self, result: GenerationResult) -> GenerationResult:
@@ -188,7 +188,7 @@ class Engine:
         result = generate(
             target, input_ids, sampling, options, self.draft, on_event, should_cancel, context, logits_processor
         )
-        return self._check_speed(self._check_memory(result), options)
+        return self.check_result(result, options)
 
     def chat(
         self,
@@ -221,4 +221,4 @@ class Engine:
         )
         result.notes[:0] = prepared.notes
         result.dropped_messages = prepared.dropped_messages
-        return self._check_speed(self._check_memory(result), options)
+        return self.check_result(result, options)
