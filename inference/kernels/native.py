@@ -1,4 +1,4 @@
-"""Building and loading the native CPU kernels (``cpu_kernels.cpp``) with torch's C++ extension tooling.
+"""Building and loading the native CPU kernels (``cpu_kernels.cpp`` and its header ``simd.h``) with torch's C++ extension tooling.
 
 Built once per machine and kept in Redline's cache, keyed by the source, torch's version, the Python
 version and the compiler flags; a later start only loads the shared library (milliseconds). Used only
@@ -23,7 +23,9 @@ from typing import Optional
 
 from redline.inference.paths import cache_dir
 
-SOURCE = "cpu_kernels.cpp"
+# The translation units and the header they share; all of them are part of the build key.
+SOURCES = ("cpu_kernels.cpp",)
+HEADERS = ("simd.h",)
 # -ffp-contract=off: no fused multiply-adds where a multiply and an add are written, so the quantisers round
 # exactly as block_quant.py does.
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++17", "-ffp-contract=off"]
@@ -31,8 +33,8 @@ _lock = threading.Lock()
 _state: dict = {"loaded": False, "reason": "not built yet", "build_seconds": None, "from_cache": None}
 
 
-def _source_text() -> str:
-    return (files("redline.inference.kernels") / SOURCE).read_text(encoding="utf-8")
+def _source_text(name: str) -> str:
+    return (files("redline.inference.kernels") / name).read_text(encoding="utf-8")
 
 
 def cpu_supports_kernels() -> Optional[str]:
@@ -64,7 +66,8 @@ def cpu_supports_kernels() -> Optional[str]:
 def build_key() -> str:
     import torch
 
-    text = "\n".join([_source_text(), torch.__version__, sys.version, " ".join(FLAGS), platform.machine()])
+    sources = [_source_text(name) for name in SOURCES + HEADERS]
+    text = "\n".join([*sources, torch.__version__, sys.version, " ".join(FLAGS), platform.machine()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -146,12 +149,12 @@ def _load_or_build() -> None:
 
     verify_ninja_availability()
     folder.mkdir(parents=True, exist_ok=True)
-    source = folder / SOURCE
-    source.write_text(_source_text(), encoding="utf-8")
+    for file in SOURCES + HEADERS:
+        (folder / file).write_text(_source_text(file), encoding="utf-8")
     started = time.perf_counter()
     load(
         name=name,
-        sources=[str(source)],
+        sources=[str(folder / file) for file in SOURCES],
         extra_cflags=FLAGS,
         extra_ldflags=["-fopenmp"],
         build_directory=str(folder),
