@@ -1,4 +1,4 @@
-"""Building and loading the native CPU kernels (``cpu_kernels.cpp`` and its header ``simd.h``) with torch's C++ extension tooling.
+"""Building and loading the native CPU kernels (``*.cpp`` and ``simd.h``) with torch's C++ extension tooling.
 
 Built once per machine and kept in Redline's cache, keyed by the source, torch's version, the Python
 version and the compiler flags; a later start only loads the shared library (milliseconds). Used only
