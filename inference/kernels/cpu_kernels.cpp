@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "paged_attention.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -149,18 +150,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const auto x2 = as_rows(x, H);
   auto y = at::empty_like(x2);
   const float* xp = x2.data_ptr<float>();
-  const float* wp = weight.contiguous().data_ptr<float>();
+  const auto w = weight.contiguous();
   float* yp = y.data_ptr<float>();
-  for (int64_t m = 0; m < x2.size(0); ++m) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < H; i += 8) {
-      const __m256 v = _mm256_loadu_ps(xp + m * H + i);
-      acc = _mm256_fmadd_ps(v, v, acc);
-    }
-    const __m256 r = _mm256_set1_ps(1.f / std::sqrt(hsum(acc) / H + static_cast<float>(eps)));
-    for (int64_t i = 0; i < H; i += 8)
-      _mm256_storeu_ps(yp + m * H + i, _mm256_mul_ps(_mm256_loadu_ps(wp + i), _mm256_mul_ps(_mm256_loadu_ps(xp + m * H + i), r)));
-  }
+  for (int64_t m = 0; m < x2.size(0); ++m) rms_norm_row(xp + m * H, w.data_ptr<float>(), static_cast<float>(eps), H, yp + m * H);
   return y.view(x.sizes());
 }
 
@@ -170,11 +162,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {  // [.., 2I] → silu(gate) * u
   auto y = at::empty({g.size(0), I}, g.options());
   const float* gp = g.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for (int64_t m = 0; m < g.size(0); ++m)
-    for (int64_t i = 0; i < I; ++i) {
-      const float a = gp[m * I2 + i];
-      yp[m * I + i] = a / (1.f + std::exp(-a)) * gp[m * I2 + I + i];
-    }
+  for (int64_t m = 0; m < g.size(0); ++m) silu_mul_span(gp + m * I2, gp + m * I2 + I, I, yp + m * I);
   auto shape = out_shape(gate_up, I);
   return y.view(shape);
 }
@@ -188,62 +176,27 @@ template <typename C>
 void attend_impl(const float* qkv, const float* cos, const float* sin, C* kp, C* vp, const int32_t* pages,
                  int64_t max_pages, const int64_t* pos, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t page,
                  float scale, float* out) {
-  const int64_t row = (H + 2 * Hkv) * D, half = D / 2, group = H / Hkv;
+  const int64_t row = (H + 2 * Hkv) * D, group = H / Hkv;
+  const PagedPools<C> kv{kp, vp, pages, max_pages, Hkv, page, D};
   std::vector<float> qr(B * H * D);
-  const auto at_pos = [&](C* pool, int64_t b, int64_t h, int64_t t) {
-    return pool + ((static_cast<int64_t>(pages[b * max_pages + t / page]) * Hkv + h) * page + t % page) * D;
-  };
   for (int64_t b = 0; b < B; ++b) {
     const int64_t p = pos[b];
-    const float* c = cos + p * D;
-    const float* s = sin + p * D;
     const float* q = qkv + b * row;
     const float* k = q + H * D;
     const float* v = k + Hkv * D;
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < half; ++i) {
-        const float x1 = q[h * D + i], x2 = q[h * D + i + half];
-        qr[(b * H + h) * D + i] = x1 * c[i] - x2 * s[i];
-        qr[(b * H + h) * D + i + half] = x2 * c[i + half] + x1 * s[i + half];
-      }
+    for (int64_t h = 0; h < H; ++h) rotate_half(q + h * D, cos + p * D, sin + p * D, D, qr.data() + (b * H + h) * D);
     for (int64_t h = 0; h < Hkv; ++h) {
-      C* kd = at_pos(kp, b, h, p);
-      C* vd = at_pos(vp, b, h, p);
-      for (int64_t i = 0; i < half; ++i) {
-        const float x1 = k[h * D + i], x2 = k[h * D + i + half];
-        kd[i] = static_cast<C>(x1 * c[i] - x2 * s[i]);
-        kd[i + half] = static_cast<C>(x2 * c[i + half] + x1 * s[i + half]);
-      }
+      rotate_half(k + h * D, cos + p * D, sin + p * D, D, kv.at(kp, b, h, p));
+      C* vd = kv.at(vp, b, h, p);
       for (int64_t i = 0; i < D; ++i) vd[i] = static_cast<C>(v[h * D + i]);
     }
   }
   at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> sc;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / H, h = i % H, kvh = h / group, n = pos[b] + 1;
-      const float* q = qr.data() + i * D;
+      const int64_t b = i / H, h = i % H, n = pos[b] + 1;
       sc.resize(n);
-      float mx = -INFINITY;
-      for (int64_t t = 0; t < n; ++t) {
-        const C* kr = at_pos(kp, b, kvh, t);
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kr + d), acc);
-        sc[t] = hsum(acc) * scale;
-        mx = std::max(mx, sc[t]);
-      }
-      float sum = 0.f;
-      for (int64_t t = 0; t < n; ++t) {
-        sc[t] = std::exp(sc[t] - mx);
-        sum += sc[t];
-      }
-      float* o = out + i * D;
-      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_setzero_ps());
-      for (int64_t t = 0; t < n; ++t) {
-        const C* vr = at_pos(vp, b, kvh, t);
-        const __m256 wgt = _mm256_set1_ps(sc[t] / sum);
-        for (int64_t d = 0; d < D; d += 8)
-          _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wgt, load8(vr + d), _mm256_loadu_ps(o + d)));
-      }
+      attend_head(qr.data() + i * D, kv, b, h / group, n, scale, sc.data(), out + i * D);
     }
   });
 }

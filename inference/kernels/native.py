@@ -25,7 +25,7 @@ from redline.inference.paths import cache_dir
 
 # The translation units and the header they share; all of them are part of the build key.
 SOURCES = ("cpu_kernels.cpp",)
-HEADERS = ("simd.h",)
+HEADERS = ("simd.h", "paged_attention.h")
 # -ffp-contract=off: no fused multiply-adds where a multiply and an add are written, so the quantisers round
 # exactly as block_quant.py does.
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++17", "-ffp-contract=off"]

@@ -32,38 +32,55 @@ inline __m256 bf16x8(const uint16_t* p) {
 inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 // -- activations quantised per block of 32: q int8, d = max|x| / 127, s = d * sum(q) -------------------
-inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* qx, float* dx, float* sx) {
-  const int64_t nb = K / BLOCK;
+inline void quantize_block(const float* v, int8_t* q, float* dx, float* sx) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  at::parallel_for(0, T * nb, 64, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* v = x + i * BLOCK;  // rows are contiguous, so block i of the whole matrix
-      const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
-                   v3 = _mm256_loadu_ps(v + 24);
-      __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
-      m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-      __m128 mm = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-      mm = _mm_max_ps(mm, _mm_movehl_ps(mm, mm));
-      mm = _mm_max_ss(mm, _mm_movehdup_ps(mm));
-      const float d = _mm_cvtss_f32(mm) / 127.f;
-      const __m256 mul = _mm256_set1_ps(d > 0 ? 1.f / d : 0.f);
-      __m256i i0v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      __m256i i1v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      __m256i i2v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      __m256i i3v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0v, i1v), _mm256_add_epi32(i2v, i3v));
-      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-      s4 = _mm_hadd_epi32(s4, s4);
-      s4 = _mm_hadd_epi32(s4, s4);
-      dx[i] = d;
-      sx[i] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
-      i0v = _mm256_packs_epi32(i0v, i1v);
-      i2v = _mm256_packs_epi32(i2v, i3v);
-      i0v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i0v, i2v), perm);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx + i * BLOCK), i0v);
-    }
+  const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+               v3 = _mm256_loadu_ps(v + 24);
+  __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
+  m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+  __m128 mm = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+  mm = _mm_max_ps(mm, _mm_movehl_ps(mm, mm));
+  mm = _mm_max_ss(mm, _mm_movehdup_ps(mm));
+  const float d = _mm_cvtss_f32(mm) / 127.f;
+  const __m256 mul = _mm256_set1_ps(d > 0 ? 1.f / d : 0.f);
+  __m256i i0v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i1v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i2v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i3v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0v, i1v), _mm256_add_epi32(i2v, i3v));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_hadd_epi32(s4, s4);
+  s4 = _mm_hadd_epi32(s4, s4);
+  *dx = d;
+  *sx = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  i0v = _mm256_packs_epi32(i0v, i1v);
+  i2v = _mm256_packs_epi32(i2v, i3v);
+  i0v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i0v, i2v), perm);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), i0v);
+}
+
+inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* qx, float* dx, float* sx) {
+  at::parallel_for(0, T * (K / BLOCK), 64, [&](int64_t i0, int64_t i1) {
+    // rows are contiguous, so block i of the whole matrix
+    for (int64_t i = i0; i < i1; ++i) quantize_block(x + i * BLOCK, qx + i * BLOCK, dx + i, sx + i);
   });
+}
+
+// -- between the products: one row at a time --------------------------------------------------------
+inline void rms_norm_row(const float* x, const float* w, float eps, int64_t H, float* y) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < H; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  const __m256 r = _mm256_set1_ps(1.f / std::sqrt(hsum(acc) / H + eps));
+  for (int64_t i = 0; i < H; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+}
+
+inline void silu_mul_span(const float* gate, const float* up, int64_t n, float* y) {  // y = silu(gate) * up
+  for (int64_t i = 0; i < n; ++i) y[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
 
 inline __m256 dot_i8(__m256i x, __m256i y) {  // 32 int8 × int8 products, summed in pairs, as 8 floats
@@ -144,8 +161,5 @@ inline void bf16_rows(const uint16_t* w0, const uint16_t* w1, const float* x, in
   }
 }
 
-template <typename C> inline __m256 load8(const C* p);
-template <> inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
-template <> inline __m256 load8<at::BFloat16>(const at::BFloat16* p) { return bf16x8(reinterpret_cast<const uint16_t*>(p)); }
 
 }  // namespace redline_kernels
