@@ -22,6 +22,7 @@ reason, and the caller falls back to transformers' ``generate()``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -79,6 +80,9 @@ class _Layer:
     down: Callable[[torch.Tensor], torch.Tensor]
     q_norm: Optional[tuple[torch.Tensor, float]]
     k_norm: Optional[tuple[torch.Tensor, float]]
+    # The four products' weights as redline::decode_step reads them (weight, scales, mins, bias), None for a
+    # product it cannot read (then the step runs operator by operator).
+    specs: tuple[Optional[tuple], ...] = ()
 
 
 def _with_bias(product, bias):
@@ -87,18 +91,40 @@ def _with_bias(product, bias):
     return lambda x: product(x) + bias.to(x.dtype)
 
 
-def _fuse_linears(modules) -> Callable[[torch.Tensor], torch.Tensor]:
+_NONE = torch.empty(0)
+
+
+def _spec(weight, scales=None, mins=None, bias=None) -> Optional[tuple]:
+    """A product as the whole-step operator reads it: fp32/bf16 rows or GGUF blocks, fp32 bias; else None."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16, torch.int8, torch.uint8):
+        return None
+    if weight.dim() != 2 or weight.stride(1) != 1:
+        return None
+    bias = _NONE if bias is None else bias.detach().float().contiguous()
+    return (weight, _NONE if scales is None else scales, _NONE if mins is None else mins, bias)
+
+
+def _blocks_spec(blocks, bias) -> Optional[tuple]:
+    return _spec(blocks.qweight, blocks.scales, blocks.mins, bias)
+
+
+def _fuse_linears(modules) -> tuple[Callable[[torch.Tensor], torch.Tensor], Optional[tuple]]:
     """One product for several projections that read the same input.
 
     Plain nn.Linear: concatenate the weights once and give the original modules
     views into the fused tensor, so the model's own forward (used by the other
     strategies) keeps working and no second copy stays in memory.
     Packed weight-only layers: fused the same way through their own ``fuse``.
+    Returns the product and its weights for the whole-step operator (None where it cannot read them).
     """
     from redline.inference.loading.weight_only import PackedLinear
 
     if all(isinstance(m, PackedLinear) for m in modules):
-        return PackedLinear.fuse(modules)
+        joined = PackedLinear.fused_blocks(modules)
+        if joined is None:
+            return PackedLinear.fuse(modules), None
+        blocks, bias = joined
+        return _with_bias(ops.bind_blocks(blocks), bias), _blocks_spec(blocks, bias)
     weight = torch.cat([m.weight.data for m in modules], dim=0)
     offset = 0
     for m in modules:
@@ -114,17 +140,17 @@ def _fuse_linears(modules) -> Callable[[torch.Tensor], torch.Tensor]:
                 for b, m in zip(biases, modules)
             ]
         )
-    return _with_bias(ops.bind_linear(weight), bias)
+    return _with_bias(ops.bind_linear(weight), bias), _spec(weight, bias=bias)
 
 
-def _linear(module) -> Callable[[torch.Tensor], torch.Tensor]:
+def _linear(module) -> tuple[Callable[[torch.Tensor], torch.Tensor], Optional[tuple]]:
     from redline.inference.loading.weight_only import PackedLinear
 
     if isinstance(module, PackedLinear):
         if module.blocks is not None:  # the fast step's activations are fp32 already: call the kernel directly
-            return _with_bias(ops.bind_blocks(module.blocks), module.bias)
-        return module.forward
-    return _with_bias(ops.bind_linear(module.weight), module.bias)
+            return _with_bias(ops.bind_blocks(module.blocks), module.bias), _blocks_spec(module.blocks, module.bias)
+        return module.forward, None
+    return _with_bias(ops.bind_linear(module.weight), module.bias), _spec(module.weight.data, bias=module.bias)
 
 
 def _native_cpu(device: torch.device) -> bool:
@@ -159,7 +185,7 @@ class FastDecoder:
         self.kv_size = self.n_kv * self.head_dim
         self.embed = inner.embed_tokens.weight
         self.norm_w, self.norm_eps = self._norm_weight(inner.norm.weight), inner.norm.variance_epsilon
-        self.lm_head = _linear(model.lm_head)
+        self.lm_head, head_spec = _linear(model.lm_head)
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -173,18 +199,21 @@ class FastDecoder:
                 if hasattr(attn, "k_norm")
                 else None
             )
+            (qkv, qkv_spec), (o, o_spec) = _fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]), _linear(attn.o_proj)
+            (gate_up, gu_spec), (down, down_spec) = _fuse_linears([mlp.gate_proj, mlp.up_proj]), _linear(mlp.down_proj)
             self.layers.append(
                 _Layer(
                     ln1=self._norm_weight(layer.input_layernorm.weight),
                     ln2=self._norm_weight(layer.post_attention_layernorm.weight),
                     eps1=layer.input_layernorm.variance_epsilon,
                     eps2=layer.post_attention_layernorm.variance_epsilon,
-                    qkv=_fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]),
-                    o=_linear(attn.o_proj),
-                    gate_up=_fuse_linears([mlp.gate_proj, mlp.up_proj]),
-                    down=_linear(mlp.down_proj),
+                    qkv=qkv,
+                    o=o,
+                    gate_up=gate_up,
+                    down=down,
                     q_norm=qn,
                     k_norm=kn,
+                    specs=(qkv_spec, o_spec, gu_spec, down_spec),
                 )
             )
         self.scaling = self.head_dim**-0.5
@@ -203,6 +232,33 @@ class FastDecoder:
         self.max_context = 0
         self.ensure_context(max_context or 256)
         self.compiled = None  # a CompiledStep once compiling is asked for (decoding/compiled.py)
+        self.whole_step_plan, self.whole_step_reason = self._whole_step_plan(head_spec)
+        # Whether decode steps (and short prefills) run as one redline::decode_step call; a switch, so the
+        # operator-by-operator step can be measured against it in one process (tools/whole_step_ab.py).
+        self.whole_step = self.whole_step_plan is not None
+
+    def _whole_step_plan(self, head_spec) -> tuple[Optional[tuple], Optional[str]]:
+        """The weight lists redline::decode_step reads (decode_step.cpp), or None and why it cannot run."""
+        if not (self.native and self.kv.paged):
+            return None, "the native kernels do not run here"
+        if os.environ.get("REDLINE_WHOLE_STEP", "1").strip().lower() in ("0", "false", "no", "off"):
+            return None, "turned off (REDLINE_WHOLE_STEP=0)"
+        hidden = self.embed.shape[1]
+        if hidden % 8 or self.head_dim % 8:
+            return None, f"hidden size {hidden} / head size {self.head_dim} not a multiple of 8"
+        if head_spec is None or any(spec is None for L in self.layers for spec in L.specs):
+            return None, "a product's weights are in a layout the whole-step kernel does not read"
+        tensors, eps = [], []
+        for L in self.layers:
+            qn, qe = L.q_norm if L.q_norm is not None else (_NONE, 0.0)
+            kn, ke = L.k_norm if L.k_norm is not None else (_NONE, 0.0)
+            tensors += [L.ln1, L.ln2, qn, kn]
+            for spec in L.specs:
+                tensors += list(spec)
+            eps += [float(L.eps1), float(L.eps2), float(qe), float(ke)]
+        head = [self.norm_w, *head_spec]
+        eps.append(float(self.norm_eps))
+        return (tensors, head, eps), None
 
     def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
         return w.detach().to(self.act_dtype) if w.dtype != self.act_dtype else w.detach()
@@ -255,6 +311,13 @@ class FastDecoder:
         self.ensure_context(end)
         self.kv.reserve(seq, end)
         x = self._embed(tokens)  # [T, H]
+        if self.whole_step and T < ops.GEMM_ROWS:
+            # A short prompt is a step of T rows of one sequence: each row attends to the positions up to its
+            # own, which the step writes before any row attends. Longer prompts run through torch's matrix
+            # products and attention (faster from ops.GEMM_ROWS rows on).
+            pages = self.kv.table([seq]).expand(T, -1)
+            pos = torch.arange(start, end, dtype=torch.long, device=self.device)
+            return self._whole_step(x, pages, pos, self.kv.k, self.kv.v, self.cos, self.sin, 1)[0]
         cos = self.cos[start:end, None, :].to(self.act_dtype)
         sin = self.sin[start:end, None, :].to(self.act_dtype)
         for i, L in enumerate(self.layers):
@@ -302,6 +365,8 @@ class FastDecoder:
         """The decode step as a function of tensors alone (what torch.compile compiles): ``where`` is the page
         table [B, pages] (paged cache) or each sequence's slot [B] (one page per sequence)."""
         x = self._embed(tokens)  # [B, H]
+        if self.whole_step:
+            return self._whole_step(x, where, pos, k_pool, v_pool, cos, sin, x.shape[0])
         for i, L in enumerate(self.layers):
             h = ops.rms_norm(x, L.ln1, L.eps1)
             qkv = self._qk_norms(L.qkv(h), L)
@@ -314,6 +379,25 @@ class FastDecoder:
             x = x + L.o(attn.to(x.dtype))
             x = self._mlp(x, L)
         return self._logits(x)
+
+    def _whole_step(self, x, pages, pos, k_pool, v_pool, cos, sin, logit_rows: int) -> torch.Tensor:
+        tensors, head, eps = self.whole_step_plan
+        return torch.ops.redline.decode_step(
+            x,
+            tensors,
+            head,
+            eps,
+            cos,
+            sin,
+            k_pool,
+            v_pool,
+            pages,
+            pos,
+            self.n_heads,
+            self.n_kv,
+            self.scaling,
+            logit_rows,
+        )
 
     def _attend_static(self, qkv, k_cache, v_cache, slots, pos, cos, sin) -> torch.Tensor:
         """One page per sequence: gather the sequences' slots, attend with static shapes, write the slots back."""

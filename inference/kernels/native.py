@@ -24,7 +24,7 @@ from typing import Optional
 from redline.inference.paths import cache_dir
 
 # The translation units and the header they share; all of them are part of the build key.
-SOURCES = ("cpu_kernels.cpp",)
+SOURCES = ("cpu_kernels.cpp", "decode_step.cpp")
 HEADERS = ("simd.h", "paged_attention.h")
 # -ffp-contract=off: no fused multiply-adds where a multiply and an add are written, so the quantisers round
 # exactly as block_quant.py does.
@@ -181,5 +181,10 @@ def register_fakes() -> None:
     torch.library.register_fake("redline::silu_mul")(lambda g: g.new_empty((*g.shape[:-1], g.shape[-1] // 2)))
     torch.library.register_fake("redline::attend")(
         lambda qkv, cos, sin, kp, vp, pages, pos, h, hkv, scale: qkv.new_empty((pos.shape[0], h * kp.shape[-1]))
+    )
+    torch.library.register_fake("redline::decode_step")(
+        lambda x, layers, head, eps, cos, sin, kp, vp, pages, pos, h, hkv, scale, rows: x.new_empty(
+            (rows, head[1].shape[0])
+        )
     )
     _state["fakes"] = True

@@ -136,6 +136,39 @@ class PackedLinear(nn.Module):
         return y
 
     @staticmethod
+    def fused_blocks(modules: Sequence["PackedLinear"]) -> Optional[tuple[BlockWeights, Optional[torch.Tensor]]]:
+        """The modules' blocks concatenated into one weight (the modules keep views: no second copy) and their
+        biases as one fp32 vector (None without biases); None when they are not blocks of one kind."""
+        if not (
+            all(m.blocks is not None for m in modules)
+            and len({m.blocks.bits for m in modules}) == 1
+            and (len({m.blocks.mins is None for m in modules}) == 1)
+        ):
+            return None
+        parts = [m.blocks for m in modules]
+        mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
+        fused = BlockWeights(
+            parts[0].bits, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), mins
+        )
+        offset = 0
+        for m in modules:
+            n = m.out_features
+            m.blocks = BlockWeights(
+                fused.bits,
+                fused.qweight[offset : offset + n],
+                fused.scales[offset : offset + n],
+                None if mins is None else fused.mins[offset : offset + n],
+            )
+            offset += n
+        if not any(m.bias is not None for m in modules):
+            return fused, None
+        device = fused.qweight.device
+        bias = torch.cat(
+            [m.bias.float() if m.bias is not None else torch.zeros(m.out_features, device=device) for m in modules]
+        )
+        return fused, bias
+
+    @staticmethod
     def fuse(modules: Sequence["PackedLinear"]) -> Callable[[torch.Tensor], torch.Tensor]:
         """One kernel call for projections sharing an input. Blocks and int8 rows concatenate (the modules
         keep views); torch's int4 layout is tiled, so those layers run one after another."""
@@ -152,27 +185,9 @@ class PackedLinear(nn.Module):
                 ]
             )
 
-        if (
-            all(m.blocks is not None for m in modules)
-            and len({m.blocks.bits for m in modules}) == 1
-            and (len({m.blocks.mins is None for m in modules}) == 1)
-        ):
-            parts = [m.blocks for m in modules]
-            mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
-            fused = BlockWeights(
-                parts[0].bits, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), mins
-            )
-            offset = 0
-            for m in modules:  # the modules keep views into the fused tensors: no second copy
-                n = m.out_features
-                m.blocks = BlockWeights(
-                    fused.bits,
-                    fused.qweight[offset : offset + n],
-                    fused.scales[offset : offset + n],
-                    None if mins is None else fused.mins[offset : offset + n],
-                )
-                offset += n
-            bias = fused_bias(torch.float32, fused.qweight.device) if has_bias else None
+        joined = PackedLinear.fused_blocks(modules)
+        if joined is not None:
+            fused, bias = joined
             product = ops.bind_blocks(fused)
             if bias is None:
                 return product

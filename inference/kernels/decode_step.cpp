@@ -1,0 +1,398 @@
+// A whole forward pass of a Llama-shaped decoder in one operator call, `redline::decode_step`: for T rows (one
+// new token of each of B sequences, or several positions of one sequence in a prefill) every layer's RMSNorm,
+// fused q/k/v product, optional q/k norms, rotary embedding, paged KV-cache write, attention, output product,
+// RMSNorm, fused gate/up product, SiLU·up and down product, then the final norm and the output head.
+//
+// Why one call: the per-operator step (cpu_kernels.cpp, called from inference/decoding/fastpath.py) pays per
+// layer about ten dispatches from Python, ten starts of a parallel region and a dozen tensor allocations — on
+// the starter (30 layers) about a third of a q4 decode step. Here the threads stay in one OpenMP region for
+// the whole pass and meet at a barrier between stages, as llama.cpp's threads do in its graph loop; all
+// scratch memory is allocated once per call.
+//
+// The arithmetic is the per-operator kernels' (the same inline row products, quantiser, norms and attention),
+// and every row's result is independent of the other rows, so a sequence decodes the same alone or in a batch.
+#include <ATen/ATen.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include "paged_attention.h"
+#include "simd.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using namespace redline_kernels;
+
+enum class Kind { F32, BF16, Q8, Q4, Q4_ASYM };
+
+// One product's weight as the kernels read it: fp32 or bf16 rows [N, K], or GGUF blocks (inference/loading/
+// block_quant.py), plus an optional fp32 bias [N].
+struct Product {
+  Kind kind = Kind::F32;
+  const uint8_t* w = nullptr;
+  int64_t row_bytes = 0;
+  const uint16_t* sc = nullptr;
+  const uint16_t* mn = nullptr;
+  const float* bias = nullptr;
+  int64_t N = 0, K = 0;
+  bool quantised() const { return kind == Kind::Q8 || kind == Kind::Q4 || kind == Kind::Q4_ASYM; }
+};
+
+Product product_of(const at::Tensor& w, const at::Tensor& s, const at::Tensor& m, const at::Tensor& b, int64_t K,
+                   const char* what) {
+  TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1, "redline::decode_step: ", what, " weight must be 2-D with rows");
+  Product p;
+  p.N = w.size(0);
+  p.w = static_cast<const uint8_t*>(w.data_ptr());
+  switch (w.scalar_type()) {
+    case at::kFloat:
+    case at::kBFloat16:
+      p.kind = w.scalar_type() == at::kFloat ? Kind::F32 : Kind::BF16;
+      p.K = w.size(1);
+      p.row_bytes = w.stride(0) * w.element_size();
+      TORCH_CHECK(p.K % 8 == 0, "redline::decode_step: ", what, " has ", p.K, " inputs, not a multiple of 8");
+      break;
+    case at::kChar:
+    case at::kByte:
+      TORCH_CHECK(w.is_contiguous() && s.scalar_type() == at::kHalf && s.is_contiguous(),
+                  "redline::decode_step: ", what, " blocks must be contiguous with fp16 scales");
+      p.kind = w.scalar_type() == at::kChar ? Kind::Q8 : (m.numel() > 0 ? Kind::Q4_ASYM : Kind::Q4);
+      p.K = w.scalar_type() == at::kChar ? w.size(1) : 2 * w.size(1);
+      p.row_bytes = w.size(1);
+      TORCH_CHECK(s.size(0) == p.N && s.size(1) * BLOCK == p.K, "redline::decode_step: ", what, " scales do not match");
+      p.sc = reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>());
+      if (p.kind == Kind::Q4_ASYM) {
+        TORCH_CHECK(m.scalar_type() == at::kHalf && m.is_contiguous() && m.sizes() == s.sizes());
+        p.mn = reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>());
+      }
+      break;
+    default:
+      TORCH_CHECK(false, "redline::decode_step: ", what, " weight of type ", w.scalar_type(), " is not supported");
+  }
+  TORCH_CHECK(p.K == K, "redline::decode_step: ", what, " takes ", p.K, " inputs, the step gives it ", K);
+  if (b.numel() > 0) {
+    TORCH_CHECK(b.scalar_type() == at::kFloat && b.is_contiguous() && b.numel() == p.N,
+                "redline::decode_step: ", what, " bias must be fp32 [", p.N, "]");
+    p.bias = b.data_ptr<float>();
+  }
+  return p;
+}
+
+// The input rows of a product: fp32 [T, K] for dense weights, int8 blocks (q, d, s per block) for quantised ones.
+struct Acts {
+  const float* x;
+  const int8_t* q;
+  const float* d;
+  const float* s;
+};
+
+inline __m256 wload(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 wload(const uint16_t* p) { return bf16x8(p); }
+
+// Two dense weight rows against TT activation rows (the order of bf16_rows in simd.h).
+template <typename W, int TT>
+inline void dense_rows(const W* w0, const W* w1, const float* x, int64_t K, float out[][2]) {
+  __m256 a0[TT], a1[TT];
+  for (int t = 0; t < TT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 wa = wload(w0 + k), wb = wload(w1 + k);
+    for (int t = 0; t < TT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * K + k);
+      a0[t] = _mm256_fmadd_ps(wa, xv, a0[t]);
+      a1[t] = _mm256_fmadd_ps(wb, xv, a1[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t) {
+    out[t][0] = hsum(a0[t]);
+    out[t][1] = hsum(a1[t]);
+  }
+}
+
+inline void emit(const Product& p, float* y, int64_t n, float v, bool add) {  // y[n] (+)= product + bias
+  v += p.bias ? p.bias[n] : 0.f;
+  y[n] = add ? y[n] + v : v;
+}
+
+template <typename W>
+void dense_range(const Product& p, const float* x, int64_t T, int64_t n0, int64_t n1, float* y, int64_t ys, bool add) {
+  const int64_t stride = p.row_bytes / static_cast<int64_t>(sizeof(W)), K = p.K;
+  const W* base = reinterpret_cast<const W*>(p.w);
+  float out[4][2];
+  for (int64_t n = n0; n < n1; n += 2) {
+    const bool pair = n + 1 < n1;
+    const W* w0 = base + n * stride;
+    const W* w1 = pair ? w0 + stride : w0;
+    int64_t t = 0;
+    const auto put = [&](int64_t t0, int tt) {
+      for (int j = 0; j < tt; ++j) {
+        emit(p, y + (t0 + j) * ys, n, out[j][0], add);
+        if (pair) emit(p, y + (t0 + j) * ys, n + 1, out[j][1], add);
+      }
+    };
+    for (; t + 4 <= T; t += 4) {
+      dense_rows<W, 4>(w0, w1, x + t * K, K, out);
+      put(t, 4);
+    }
+    for (; t < T; ++t) {
+      dense_rows<W, 1>(w0, w1, x + t * K, K, out);
+      put(t, 1);
+    }
+  }
+}
+
+template <int R>
+inline void quant_rows(const Product& p, int64_t n, const int8_t* q, const float* d, const float* s, float* out) {
+  const int64_t nb = p.K / BLOCK;
+  const uint8_t* w = p.w + n * p.row_bytes;
+  switch (p.kind) {
+    case Kind::Q8: block_rows<8, false, R>(w, p.row_bytes, p.sc + n * nb, nullptr, nb, q, d, s, out); break;
+    case Kind::Q4: block_rows<4, false, R>(w, p.row_bytes, p.sc + n * nb, nullptr, nb, q, d, s, out); break;
+    default: block_rows<4, true, R>(w, p.row_bytes, p.sc + n * nb, p.mn + n * nb, nb, q, d, s, out); break;
+  }
+}
+
+// Output columns n0..n1 of y [T, ys] = x @ Wᵀ (+ bias), added to y when `add` (the residual stream).
+void product_range(const Product& p, const Acts& a, int64_t T, int64_t n0, int64_t n1, float* y, int64_t ys, bool add) {
+  if (n0 >= n1) return;
+  if (p.kind == Kind::F32) return dense_range<float>(p, a.x, T, n0, n1, y, ys, add);
+  if (p.kind == Kind::BF16) return dense_range<uint16_t>(p, a.x, T, n0, n1, y, ys, add);
+  const int64_t K = p.K, nb = K / BLOCK;
+  float out[4];
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int64_t r = std::min<int64_t>(4, n1 - n);
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* q = a.q + t * K;
+      const float* d = a.d + t * nb;
+      const float* s = a.s + t * nb;
+      if (r == 4) {
+        quant_rows<4>(p, n, q, d, s, out);
+        for (int j = 0; j < 4; ++j) emit(p, y + t * ys, n + j, out[j], add);
+      } else {
+        for (int64_t m = n; m < n + r; ++m) {
+          quant_rows<1>(p, m, q, d, s, out);
+          emit(p, y + t * ys, m, out[0], add);
+        }
+      }
+    }
+  }
+}
+
+struct LayerWeights {
+  const float *ln1, *ln2, *q_norm, *k_norm;  // q_norm / k_norm null when the model has none
+  float eps1, eps2, q_eps, k_eps;
+  Product qkv, o, gate_up, down;
+};
+
+// Each thread's share of n items, in whole units (so a share starts on a group of rows).
+inline void share(int64_t n, int64_t unit, int tid, int nt, int64_t& a, int64_t& b) {
+  const int64_t groups = (n + unit - 1) / unit;
+  a = std::min(n, groups * tid / nt * unit);
+  b = std::min(n, groups * (tid + 1) / nt * unit);
+}
+
+template <typename C>
+void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& layers, const float* final_norm,
+             float final_eps, const Product& head, const float* cos, const float* sin, C* k_all, C* v_all,
+             int64_t layer_elems, const int32_t* pages, int64_t max_pages, const int64_t* pos, int64_t H, int64_t Hkv,
+             int64_t D, int64_t page, float scale, int64_t logit_rows, float* logits) {
+  const int64_t QKV = (H + 2 * Hkv) * D, I = layers.empty() ? 0 : layers[0].down.K, group = H / Hkv;
+  const int64_t kmax = std::max({Hd, H * D, I});
+  int64_t longest = 1;
+  for (int64_t t = 0; t < T; ++t) longest = std::max(longest, pos[t] + 1);
+  const int nthreads = std::max(1, at::get_num_threads());
+  std::vector<float> h(T * Hd), qkv(T * QKV), qr(T * H * D), attn(T * H * D), gu(T * 2 * I), act(T * I);
+  std::vector<int8_t> qbuf(T * kmax);
+  std::vector<float> dbuf(T * kmax / BLOCK + 1), sbuf(T * kmax / BLOCK + 1);
+  std::vector<float> scores(static_cast<size_t>(nthreads) * longest), scratch(static_cast<size_t>(nthreads) * D);
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    float* sc = scores.data() + tid * longest;
+    float* tmp = scratch.data() + tid * D;
+    int64_t a = 0, b = 0;
+    // Rows r0.. of src [*, K] quantised into the shared int8 buffer (row t of the product at t·K).
+    const auto quantise_blocks = [&](const float* src, int64_t rows, int64_t K) {
+      share(rows * (K / BLOCK), 1, tid, nt, a, b);
+      for (int64_t i = a; i < b; ++i) quantize_block(src + i * BLOCK, qbuf.data() + i * BLOCK, &dbuf[i], &sbuf[i]);
+    };
+    const auto norm_rows = [&](const float* w, float eps, int64_t r0, bool quantise) {
+      share(T - r0, 1, tid, nt, a, b);
+      for (int64_t t = r0 + a; t < r0 + b; ++t) {
+        rms_norm_row(x + t * Hd, w, eps, Hd, h.data() + t * Hd);
+        if (quantise)
+          for (int64_t i = 0; i < Hd / BLOCK; ++i) {
+            const int64_t blk = (t - r0) * (Hd / BLOCK) + i;
+            quantize_block(h.data() + t * Hd + i * BLOCK, qbuf.data() + blk * BLOCK, &dbuf[blk], &sbuf[blk]);
+          }
+      }
+    };
+    const auto product = [&](const Product& p, const float* in, int64_t rows, float* y, bool add) {
+      share(p.N, 4, tid, nt, a, b);
+      product_range(p, Acts{in, qbuf.data(), dbuf.data(), sbuf.data()}, rows, a, b, y, p.N, add);
+    };
+
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const LayerWeights& L = layers[l];
+      const PagedPools<C> kv{k_all + l * layer_elems, v_all + l * layer_elems, pages, max_pages, Hkv, page, D};
+      norm_rows(L.ln1, L.eps1, 0, L.qkv.quantised());
+#pragma omp barrier
+      product(L.qkv, h.data(), T, qkv.data(), false);
+#pragma omp barrier
+      // q/k norms, rotary, and this position's keys and values into the cache.
+      share(T * (H + Hkv), 1, tid, nt, a, b);
+      for (int64_t i = a; i < b; ++i) {
+        const int64_t t = i / (H + Hkv), j = i % (H + Hkv), p = pos[t];
+        const float* row = qkv.data() + t * QKV;
+        const float* c = cos + p * D;
+        const float* s = sin + p * D;
+        if (j < H) {
+          const float* src = row + j * D;
+          if (L.q_norm) rms_norm_row(src, L.q_norm, L.q_eps, D, tmp), src = tmp;
+          rotate_half(src, c, s, D, qr.data() + (t * H + j) * D);
+        } else {
+          const int64_t g = j - H;
+          const float* src = row + H * D + g * D;
+          if (L.k_norm) rms_norm_row(src, L.k_norm, L.k_eps, D, tmp), src = tmp;
+          rotate_half(src, c, s, D, kv.at(kv.k, t, g, p));
+          const float* v = row + (H + Hkv) * D + g * D;
+          C* vd = kv.at(kv.v, t, g, p);
+          for (int64_t e = 0; e < D; ++e) vd[e] = static_cast<C>(v[e]);
+        }
+      }
+#pragma omp barrier
+      share(T * H, 1, tid, nt, a, b);
+      for (int64_t i = a; i < b; ++i) {
+        const int64_t t = i / H;
+        attend_head(qr.data() + i * D, kv, t, (i % H) / group, pos[t] + 1, scale, sc, attn.data() + i * D);
+      }
+#pragma omp barrier
+      if (L.o.quantised()) {
+        quantise_blocks(attn.data(), T, H * D);
+#pragma omp barrier
+      }
+      product(L.o, attn.data(), T, x, true);
+#pragma omp barrier
+      norm_rows(L.ln2, L.eps2, 0, L.gate_up.quantised());
+#pragma omp barrier
+      product(L.gate_up, h.data(), T, gu.data(), false);
+#pragma omp barrier
+      {  // SiLU·up, quantised block by block as it is made when the down product wants blocks
+        const int64_t unit = L.down.quantised() ? BLOCK : I, per_row = I / unit;
+        share(T * per_row, 1, tid, nt, a, b);
+        for (int64_t i = a; i < b; ++i) {
+          const int64_t t = i / per_row, e = (i % per_row) * unit;
+          float* dst = act.data() + t * I + e;
+          silu_mul_span(gu.data() + t * 2 * I + e, gu.data() + t * 2 * I + I + e, unit, dst);
+          if (L.down.quantised()) quantize_block(dst, qbuf.data() + t * I + e, &dbuf[t * per_row + e / BLOCK],
+                                                 &sbuf[t * per_row + e / BLOCK]);
+        }
+      }
+#pragma omp barrier
+      product(L.down, act.data(), T, x, true);
+#pragma omp barrier
+    }
+    const int64_t r0 = T - logit_rows;
+    norm_rows(final_norm, final_eps, r0, head.quantised());
+#pragma omp barrier
+    product(head, h.data() + r0 * Hd, logit_rows, logits, false);
+  }
+}
+
+// x [T, hidden] fp32 (the embedded tokens; used as the residual stream and overwritten); `layers` 20 tensors per
+// layer: ln1, ln2, q_norm, k_norm (empty if none), then for qkv, o, gate_up, down: weight, scales, mins, bias
+// (empty where absent); `head`: final norm, weight, scales, mins, bias; `eps`: eps1, eps2, q_eps, k_eps per
+// layer, then the final norm's. k_pool / v_pool [layers, pages, Hkv, page, D]; pages [T, max_pages] int32 (the
+// page table of each row's sequence); pos [T] int64. Returns the logits of the last `logit_rows` rows.
+at::Tensor decode_step(const at::Tensor& x_in, at::TensorList layer_tensors, at::TensorList head_tensors,
+                       c10::ArrayRef<double> eps, const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_pool,
+                       at::Tensor v_pool, const at::Tensor& pages, const at::Tensor& pos, int64_t H, int64_t Hkv,
+                       double scale, int64_t logit_rows) {
+  constexpr size_t PER_LAYER = 20;
+  TORCH_CHECK(layer_tensors.size() % PER_LAYER == 0 && head_tensors.size() == 5, "redline::decode_step: bad weight lists");
+  const size_t n_layers = layer_tensors.size() / PER_LAYER;
+  TORCH_CHECK(eps.size() == 4 * n_layers + 1, "redline::decode_step: ", eps.size(), " eps values for ", n_layers, " layers");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "redline::decode_step: x must be fp32 [T, hidden]");
+  TORCH_CHECK(k_pool.dim() == 5 && k_pool.is_contiguous() && v_pool.is_contiguous() &&
+                  k_pool.sizes() == v_pool.sizes() && k_pool.scalar_type() == v_pool.scalar_type() &&
+                  static_cast<size_t>(k_pool.size(0)) == n_layers,
+              "redline::decode_step: KV pools must be contiguous [layers, pages, Hkv, page, D]");
+  TORCH_CHECK(pages.scalar_type() == at::kInt && pos.scalar_type() == at::kLong && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat, "redline::decode_step: pages int32, pos int64, cos/sin fp32");
+  const int64_t T = x_in.size(0), Hd = x_in.size(1), D = k_pool.size(4), page = k_pool.size(3);
+  TORCH_CHECK(k_pool.size(2) == Hkv && H % Hkv == 0 && D % 8 == 0 && Hd % 8 == 0);
+  TORCH_CHECK(pos.numel() == T && pages.dim() == 2 && pages.size(0) == T, "redline::decode_step: one page row per row");
+  TORCH_CHECK(logit_rows >= 1 && logit_rows <= T);
+  const auto ps = pos.contiguous(), pg = pages.contiguous(), c = cos.contiguous(), s = sin.contiguous();
+  const int64_t* pp = ps.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(pp[t] >= 0 && pp[t] < c.size(0) && pp[t] < pg.size(1) * page,
+                "redline::decode_step: position ", pp[t], " is outside the rotary table or the row's pages");
+  {
+    const int32_t* pt = pg.data_ptr<int32_t>();
+    for (int64_t i = 0; i < pg.numel(); ++i)
+      TORCH_CHECK(pt[i] >= 0 && pt[i] < k_pool.size(1), "redline::decode_step: page ", pt[i], " is not in the pool");
+  }
+
+  const auto f32 = [&](const at::Tensor& t, int64_t n, const char* what) -> const float* {
+    if (t.numel() == 0) return nullptr;
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, "redline::decode_step: ", what,
+                " must be fp32 [", n, "]");
+    return t.data_ptr<float>();
+  };
+  std::vector<LayerWeights> layers(n_layers);
+  for (size_t l = 0; l < n_layers; ++l) {
+    const at::Tensor* w = layer_tensors.data() + l * PER_LAYER;
+    LayerWeights& L = layers[l];
+    L.ln1 = f32(w[0], Hd, "ln1");
+    L.ln2 = f32(w[1], Hd, "ln2");
+    L.q_norm = f32(w[2], D, "q_norm");
+    L.k_norm = f32(w[3], D, "k_norm");
+    TORCH_CHECK(L.ln1 && L.ln2, "redline::decode_step: layer norms are required");
+    L.eps1 = static_cast<float>(eps[4 * l]);
+    L.eps2 = static_cast<float>(eps[4 * l + 1]);
+    L.q_eps = static_cast<float>(eps[4 * l + 2]);
+    L.k_eps = static_cast<float>(eps[4 * l + 3]);
+    L.qkv = product_of(w[4], w[5], w[6], w[7], Hd, "qkv");
+    TORCH_CHECK(L.qkv.N == (H + 2 * Hkv) * D, "redline::decode_step: qkv gives ", L.qkv.N, " outputs");
+    L.o = product_of(w[8], w[9], w[10], w[11], H * D, "o");
+    TORCH_CHECK(L.o.N == Hd, "redline::decode_step: o gives ", L.o.N, " outputs, hidden is ", Hd);
+    L.gate_up = product_of(w[12], w[13], w[14], w[15], Hd, "gate_up");
+    TORCH_CHECK(L.gate_up.N % 2 == 0, "redline::decode_step: gate_up has an odd number of outputs");
+    L.down = product_of(w[16], w[17], w[18], w[19], L.gate_up.N / 2, "down");
+    TORCH_CHECK(L.down.N == Hd, "redline::decode_step: down gives ", L.down.N, " outputs, hidden is ", Hd);
+    TORCH_CHECK(l == 0 || L.down.K == layers[0].down.K, "redline::decode_step: layers differ in MLP width");
+  }
+  const float* final_norm = f32(head_tensors[0], Hd, "final norm");
+  TORCH_CHECK(final_norm, "redline::decode_step: the final norm is required");
+  const Product head = product_of(head_tensors[1], head_tensors[2], head_tensors[3], head_tensors[4], Hd, "head");
+
+  auto x = x_in.contiguous().clone();  // the residual stream, overwritten layer by layer
+  auto logits = at::empty({logit_rows, head.N}, x.options());
+  const int64_t layer_elems = k_pool.numel() / k_pool.size(0);
+  const auto run = [&](auto* k, auto* v) {
+    forward(x.data_ptr<float>(), T, Hd, layers, final_norm, static_cast<float>(eps.back()), head, c.data_ptr<float>(),
+            s.data_ptr<float>(), k, v, layer_elems, pg.data_ptr<int32_t>(), pg.size(1), pp, H, Hkv, D, page,
+            static_cast<float>(scale), logit_rows, logits.data_ptr<float>());
+  };
+  if (k_pool.scalar_type() == at::kFloat)
+    run(k_pool.data_ptr<float>(), v_pool.data_ptr<float>());
+  else if (k_pool.scalar_type() == at::kBFloat16)
+    run(k_pool.data_ptr<at::BFloat16>(), v_pool.data_ptr<at::BFloat16>());
+  else
+    TORCH_CHECK(false, "redline::decode_step: the KV cache must be fp32 or bf16");
+  return logits;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(redline, m) {
+  m.def(
+      "decode_step(Tensor x, Tensor[] layers, Tensor[] head, float[] eps, Tensor cos, Tensor sin, Tensor(a!) k_pool, "
+      "Tensor(b!) v_pool, Tensor pages, Tensor pos, int H, int Hkv, float scale, int logit_rows) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(redline, CPU, m) { m.impl("decode_step", &decode_step); }
