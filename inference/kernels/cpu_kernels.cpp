@@ -46,22 +46,29 @@ void block_linear(const QuantisedActivations& a, const void* w, int64_t wstride,
   const int8_t* qx = a.q.data_ptr<int8_t>();
   const float* dx = a.d.data_ptr<float>();
   const float* sx = a.s.data_ptr<float>();
+  const auto* wb = static_cast<const uint8_t*>(w);
   at::parallel_for(0, (N + R - 1) / R, 8, [&](int64_t g0, int64_t g1) {
     float out[R];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t n = g * R;
+      if (BITS == 4) {
+        const auto put = [&](int64_t first) { return [&, first](int64_t t, int r, float v) { y[t * N + first + r] = v; }; };
+        if (n + R <= N)
+          q4_rows<ASYM, R>(wb + n * wstride, wstride, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, T, qx, dx, sx, K, put(n));
+        else
+          for (int64_t m = n; m < N; ++m)
+            q4_rows<ASYM, 1>(wb + m * wstride, wstride, sc + m * nb, ASYM ? mn + m * nb : nullptr, nb, T, qx, dx, sx, K, put(m));
+        continue;
+      }
       for (int64_t t = 0; t < T; ++t) {
         const int8_t* q = qx + t * K;
         const float* d = dx + t * nb;
-        const float* s = sx + t * nb;
         if (n + R <= N) {
-          const void* wr = static_cast<const uint8_t*>(w) + n * wstride;
-          block_rows<BITS, ASYM, R>(wr, wstride, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, q, d, s, out);
+          q8_rows<R>(reinterpret_cast<const int8_t*>(wb + n * wstride), wstride, sc + n * nb, nb, q, d, out);
           for (int r = 0; r < R; ++r) y[t * N + n + r] = out[r];
         } else {
           for (int64_t m = n; m < N; ++m) {
-            const void* wr = static_cast<const uint8_t*>(w) + m * wstride;
-            block_rows<BITS, ASYM, 1>(wr, wstride, sc + m * nb, ASYM ? mn + m * nb : nullptr, nb, q, d, s, out);
+            q8_rows<1>(reinterpret_cast<const int8_t*>(wb + m * wstride), wstride, sc + m * nb, nb, q, d, out);
             y[t * N + m] = out[0];
           }
         }

@@ -19,12 +19,21 @@
 #include "simd.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 using namespace redline_kernels;
+
+// An opt-in profile of the step's stages (redline::step_profile, tools/step_profile.py): wall time between the
+// barriers, read on thread 0, so a stage's time includes waiting for the slowest thread.
+constexpr int STAGES = 11;  // norm, qkv, rotary + cache write, attention, quantise, o, norm, gate_up, silu, down, head
+std::atomic<bool> g_profiling{false};
+double g_stage_seconds[STAGES] = {};
+int64_t g_profiled_steps = 0;
 
 enum class Kind { F32, BF16, Q8, Q4, Q4_ASYM };
 
@@ -143,36 +152,43 @@ void dense_range(const Product& p, const float* x, int64_t T, int64_t n0, int64_
   }
 }
 
-template <int R>
-inline void quant_rows(const Product& p, int64_t n, const int8_t* q, const float* d, const float* s, float* out) {
-  const int64_t nb = p.K / BLOCK;
-  const uint8_t* w = p.w + n * p.row_bytes;
-  switch (p.kind) {
-    case Kind::Q8: block_rows<8, false, R>(w, p.row_bytes, p.sc + n * nb, nullptr, nb, q, d, s, out); break;
-    case Kind::Q4: block_rows<4, false, R>(w, p.row_bytes, p.sc + n * nb, nullptr, nb, q, d, s, out); break;
-    default: block_rows<4, true, R>(w, p.row_bytes, p.sc + n * nb, p.mn + n * nb, nb, q, d, s, out); break;
-  }
-}
-
 // Output columns n0..n1 of y [T, ys] = x @ Wᵀ (+ bias), added to y when `add` (the residual stream).
 void product_range(const Product& p, const Acts& a, int64_t T, int64_t n0, int64_t n1, float* y, int64_t ys, bool add) {
   if (n0 >= n1) return;
   if (p.kind == Kind::F32) return dense_range<float>(p, a.x, T, n0, n1, y, ys, add);
   if (p.kind == Kind::BF16) return dense_range<uint16_t>(p, a.x, T, n0, n1, y, ys, add);
   const int64_t K = p.K, nb = K / BLOCK;
+  const auto put = [&](int64_t first) {
+    return [&, first](int64_t t, int r, float v) { emit(p, y + t * ys, first + r, v, add); };
+  };
+  const auto q4 = [&](auto asym) {
+    constexpr bool ASYM = decltype(asym)::value;
+    for (int64_t n = n0; n < n1; n += 4) {
+      const uint16_t* mn = ASYM ? p.mn + n * nb : nullptr;
+      if (n + 4 <= n1) {
+        q4_rows<ASYM, 4>(p.w + n * p.row_bytes, p.row_bytes, p.sc + n * nb, mn, nb, T, a.q, a.d, a.s, K, put(n));
+      } else {
+        for (int64_t m = n; m < n1; ++m)
+          q4_rows<ASYM, 1>(p.w + m * p.row_bytes, p.row_bytes, p.sc + m * nb, ASYM ? p.mn + m * nb : nullptr, nb, T,
+                           a.q, a.d, a.s, K, put(m));
+      }
+    }
+  };
+  if (p.kind == Kind::Q4) return q4(std::false_type{});
+  if (p.kind == Kind::Q4_ASYM) return q4(std::true_type{});
   float out[4];
   for (int64_t n = n0; n < n1; n += 4) {
     const int64_t r = std::min<int64_t>(4, n1 - n);
     for (int64_t t = 0; t < T; ++t) {
       const int8_t* q = a.q + t * K;
       const float* d = a.d + t * nb;
-      const float* s = a.s + t * nb;
+      const auto* w = reinterpret_cast<const int8_t*>(p.w);
       if (r == 4) {
-        quant_rows<4>(p, n, q, d, s, out);
+        q8_rows<4>(w + n * p.row_bytes, p.row_bytes, p.sc + n * nb, nb, q, d, out);
         for (int j = 0; j < 4; ++j) emit(p, y + t * ys, n + j, out[j], add);
       } else {
         for (int64_t m = n; m < n + r; ++m) {
-          quant_rows<1>(p, m, q, d, s, out);
+          q8_rows<1>(w + m * p.row_bytes, p.row_bytes, p.sc + m * nb, nb, q, d, out);
           emit(p, y + t * ys, m, out[0], add);
         }
       }
@@ -214,6 +230,14 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
     float* sc = scores.data() + tid * longest;
     float* tmp = scratch.data() + tid * D;
     int64_t a = 0, b = 0;
+    const bool profiling = g_profiling.load(std::memory_order_relaxed) && tid == 0;
+    double mark = profiling ? omp_get_wtime() : 0.0;
+    const auto stage = [&](int i) {
+      if (!profiling) return;
+      const double now = omp_get_wtime();
+      g_stage_seconds[i] += now - mark;
+      mark = now;
+    };
     // Rows r0.. of src [*, K] quantised into the shared int8 buffer (row t of the product at t·K).
     const auto quantise_blocks = [&](const float* src, int64_t rows, int64_t K) {
       share(rows * (K / BLOCK), 1, tid, nt, a, b);
@@ -240,8 +264,10 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
       const PagedPools<C> kv{k_all + l * layer_elems, v_all + l * layer_elems, pages, max_pages, Hkv, page, D};
       norm_rows(L.ln1, L.eps1, 0, L.qkv.quantised());
 #pragma omp barrier
+      stage(0);
       product(L.qkv, h.data(), T, qkv.data(), false);
 #pragma omp barrier
+      stage(1);
       // q/k norms, rotary, and this position's keys and values into the cache.
       share(T * (H + Hkv), 1, tid, nt, a, b);
       for (int64_t i = a; i < b; ++i) {
@@ -264,22 +290,28 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
         }
       }
 #pragma omp barrier
+      stage(2);
       share(T * H, 1, tid, nt, a, b);
       for (int64_t i = a; i < b; ++i) {
         const int64_t t = i / H;
         attend_head(qr.data() + i * D, kv, t, (i % H) / group, pos[t] + 1, scale, sc, attn.data() + i * D);
       }
 #pragma omp barrier
+      stage(3);
       if (L.o.quantised()) {
         quantise_blocks(attn.data(), T, H * D);
 #pragma omp barrier
       }
+      stage(4);
       product(L.o, attn.data(), T, x, true);
 #pragma omp barrier
+      stage(5);
       norm_rows(L.ln2, L.eps2, 0, L.gate_up.quantised());
 #pragma omp barrier
+      stage(6);
       product(L.gate_up, h.data(), T, gu.data(), false);
 #pragma omp barrier
+      stage(7);
       {  // SiLU·up, quantised block by block as it is made when the down product wants blocks
         const int64_t unit = L.down.quantised() ? BLOCK : I, per_row = I / unit;
         share(T * per_row, 1, tid, nt, a, b);
@@ -292,14 +324,19 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
         }
       }
 #pragma omp barrier
+      stage(8);
       product(L.down, act.data(), T, x, true);
 #pragma omp barrier
+      stage(9);
     }
     const int64_t r0 = T - logit_rows;
     norm_rows(final_norm, final_eps, r0, head.quantised());
 #pragma omp barrier
     product(head, h.data() + r0 * Hd, logit_rows, logits, false);
+#pragma omp barrier
+    stage(10);
   }
+  if (g_profiling.load(std::memory_order_relaxed)) ++g_profiled_steps;
 }
 
 // x [T, hidden] fp32 (the embedded tokens; used as the residual stream and overwritten); `layers` 20 tensors per
@@ -387,12 +424,31 @@ at::Tensor decode_step(const at::Tensor& x_in, at::TensorList layer_tensors, at:
   return logits;
 }
 
+// Turn the stage profile on or off; returns the seconds per stage summed since the last call and, last, the
+// number of steps they cover (then starts again from zero).
+at::Tensor step_profile(bool enable) {
+  auto out = at::empty({STAGES + 1}, at::kDouble);
+  double* o = out.data_ptr<double>();
+  for (int i = 0; i < STAGES; ++i) {
+    o[i] = g_stage_seconds[i];
+    g_stage_seconds[i] = 0.0;
+  }
+  o[STAGES] = static_cast<double>(g_profiled_steps);
+  g_profiled_steps = 0;
+  g_profiling.store(enable);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(redline, m) {
   m.def(
       "decode_step(Tensor x, Tensor[] layers, Tensor[] head, float[] eps, Tensor cos, Tensor sin, Tensor(a!) k_pool, "
       "Tensor(b!) v_pool, Tensor pages, Tensor pos, int H, int Hkv, float scale, int logit_rows) -> Tensor");
+  m.def("step_profile(bool enable) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(redline, CPU, m) { m.impl("decode_step", &decode_step); }
+
+// No tensor arguments, so no dispatch key to pick an implementation by: registered for every backend.
+TORCH_LIBRARY_IMPL(redline, CompositeExplicitAutograd, m) { m.impl("step_profile", &step_profile); }
