@@ -296,6 +296,34 @@ class FastDecoder:
         k = ops.rms_norm(k, *L.k_norm)
         return torch.cat([q.reshape(rows, -1), k.reshape(rows, -1), qkv[:, self.q_size + self.kv_size :]], dim=-1)
 
+    def _prefill_attention(self, q, keys, values, mask, T: int, start: int) -> torch.Tensor:
+        """q [T, H, D], keys/values [Hkv, S, D] → [H, T, D]."""
+        if self.device.type == "cpu":
+            # torch's fused (flash) kernel for CPUs wants 4-D inputs, as many KV heads as query heads and an additive
+            # mask; grouped-query keys or a boolean mask send it to the unfused math path. Measured (starter shapes,
+            # 256 rows over 1,536 positions, 2-core Zen 3): 10.9 ms this way vs 29.6 ms.
+            rep = self.n_heads // self.n_kv
+            if rep > 1:
+                keys, values = keys.repeat_interleave(rep, 0), values.repeat_interleave(rep, 0)
+            return F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                keys[None],
+                values[None],
+                attn_mask=mask,
+                is_causal=mask is None and T > 1,
+                scale=self.scaling,
+            )[0]
+        gqa = self.n_kv != self.n_heads
+        return F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=mask is None and T > 1,
+            scale=self.scaling,
+            enable_gqa=gqa,
+        )
+
     def _mlp(self, x: torch.Tensor, L: _Layer) -> torch.Tensor:
         h = ops.rms_norm(x, L.ln2, L.eps2)
         return x + L.down(ops.silu_mul(L.gate_up(h)))
@@ -320,6 +348,11 @@ class FastDecoder:
             return self._whole_step(x, pages, pos, self.kv.k, self.kv.v, self.cos, self.sin, 1)[0]
         cos = self.cos[start:end, None, :].to(self.act_dtype)
         sin = self.sin[start:end, None, :].to(self.act_dtype)
+        mask = None  # a chunk after the first sees every earlier position and its own causally
+        if T > 1 and start > 0:
+            mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
+            if self.device.type == "cpu":
+                mask = torch.zeros(T, end, dtype=self.act_dtype, device=self.device).masked_fill(~mask, float("-inf"))
         for i, L in enumerate(self.layers):
             h = ops.rms_norm(x, L.ln1, L.eps1)
             qkv = self._qk_norms(L.qkv(h), L)
@@ -328,16 +361,7 @@ class FastDecoder:
             self.kv.write(i, seq, start, k.to(self.kv.dtype), v.to(self.kv.dtype))
             keys, values = self.kv.read(i, seq, end)
             keys, values = keys.to(self.act_dtype), values.to(self.act_dtype)
-            gqa = self.n_kv != self.n_heads
-            if T > 1 and start > 0:
-                mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
-                attn = F.scaled_dot_product_attention(
-                    q.transpose(0, 1), keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=gqa
-                )
-            else:
-                attn = F.scaled_dot_product_attention(
-                    q.transpose(0, 1), keys, values, is_causal=T > 1, scale=self.scaling, enable_gqa=gqa
-                )
+            attn = self._prefill_attention(q, keys, values, mask, T, start)
             x = x + L.o(attn.transpose(0, 1).reshape(T, self.q_size))
             x = self._mlp(x, L)
         return self._logits(x[-1:])[0]
