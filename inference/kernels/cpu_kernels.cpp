@@ -133,6 +133,22 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const float* xp = x2.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  if (T == 1) {
+    at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t n = 4 * g;
+        if (n + 4 <= N) {
+          dense4_rows(wp + n * ws, ws, xp, K, yp + n);
+          continue;
+        }
+        float dummy[4];
+        for (int64_t m = n; m < N; m += 2)
+          bf16_rows<1>(wp + m * ws, m + 1 < N ? wp + (m + 1) * ws : wp + m * ws, xp, K, yp + m,
+                       m + 1 < N ? yp + m + 1 : dummy, 1, 1);
+      }
+    });
+    return y.view(out_shape(x, N));
+  }
   at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t g0, int64_t g1) {
     float dummy[4];
     for (int64_t g = g0; g < g1; ++g) {

@@ -98,15 +98,17 @@ struct Acts {
   const float* s;
 };
 
-inline __m256 wload(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 wload(const uint16_t* p) { return bf16x8(p); }
-
 // Two dense weight rows against TT activation rows (the order of bf16_rows in simd.h).
 template <typename W, int TT>
 inline void dense_rows(const W* w0, const W* w1, const float* x, int64_t K, float out[][2]) {
   __m256 a0[TT], a1[TT];
   for (int t = 0; t < TT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  const bool pf = prefetching();
   for (int64_t k = 0; k < K; k += 8) {
+    if (pf && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(w0 + AHEAD * (w1 - w0) + k), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + AHEAD * (w1 - w0) + k), _MM_HINT_T0);
+    }
     const __m256 wa = wload(w0 + k), wb = wload(w1 + k);
     for (int t = 0; t < TT; ++t) {
       const __m256 xv = _mm256_loadu_ps(x + t * K + k);
@@ -130,6 +132,16 @@ void dense_range(const Product& p, const float* x, int64_t T, int64_t n0, int64_
   const int64_t stride = p.row_bytes / static_cast<int64_t>(sizeof(W)), K = p.K;
   const W* base = reinterpret_cast<const W*>(p.w);
   float out[4][2];
+  if (T < 4) {  // one activation row at a time, four weight rows at a time
+    float four[4];
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4)
+      for (int64_t t = 0; t < T; ++t) {
+        dense4_rows(base + n * stride, stride, x + t * K, K, four);
+        for (int j = 0; j < 4; ++j) emit(p, y + t * ys, n + j, four[j], add);
+      }
+    n0 = n;
+  }
   for (int64_t n = n0; n < n1; n += 2) {
     const bool pair = n + 1 < n1;
     const W* w0 = base + n * stride;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 namespace redline_kernels {
 
@@ -110,6 +111,20 @@ inline void silu_mul_span(const float* gate, const float* up, int64_t n, float* 
   for (; i < n; ++i) y[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
 
+// Software prefetch of the weight rows AHEAD rows on (the next group a thread will read): on the 2-core Zen 3
+// VM this was measured on, the hardware prefetchers alone left the products well under the memory's bandwidth
+// (bf16 step 21 -> 15 ms with it; q8 12.3 -> 11.4 ms). Not for 4-bit rows: their products are bound by the
+// arithmetic, and the prefetches only added instructions (7.6 -> 8.1 ms).
+constexpr int AHEAD = 4;
+inline bool prefetching() {
+  static const bool on = !(getenv("REDLINE_PREFETCH") && getenv("REDLINE_PREFETCH")[0] == '0');
+  return on;
+}
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+
 inline __m256 dot_i8(__m256i x, __m256i y) {  // 32 int8 × int8 products, summed in pairs, as 8 floats
   const __m256i dot = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)));
@@ -136,7 +151,13 @@ inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
     return dot_i8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * wstride + b * BLOCK)), q);
   };
   int64_t b = 0;
+  const bool pf = prefetching();
   for (; b + 8 <= nb; b += 8) {
+    if (pf)
+      for (int r = 0; r < R; ++r) {
+        prefetch_lines(w + (AHEAD + r) * wstride + b * BLOCK, 8 * BLOCK);
+        _mm_prefetch(reinterpret_cast<const char*>(sc + (AHEAD + r) * nb + b), _MM_HINT_T0);
+      }
     const __m256 dxv = _mm256_loadu_ps(dx + b);
     __m256 d[R];
     for (int r = 0; r < R; ++r)
@@ -238,6 +259,25 @@ inline void q4_rows(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
     for (int t = 0; t < tt; ++t)
       for (int r = 0; r < R; ++r) emit(t0 + t, r, out[t][r]);
   }
+}
+
+inline __m256 wload(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 wload(const uint16_t* p) { return bf16x8(p); }
+
+// Four dense weight rows (fp32 or bf16, `stride` elements apart) against one activation row: more rows in flight
+// than two, measured 15-30 % faster on a 2-core Zen 3 for the starter's shapes; each row is summed in the same
+// order as in bf16_rows, so one row or a batch gives the same numbers.
+template <typename W>
+inline void dense4_rows(const W* w, int64_t stride, const float* x, int64_t K, float* out) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const bool pf = prefetching();
+  for (int64_t k = 0; k < K; k += 8) {
+    if (pf && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
+      for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (AHEAD + r) * stride + k), _MM_HINT_T0);
+    const __m256 xv = _mm256_loadu_ps(x + k);
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_fmadd_ps(wload(w + r * stride + k), xv, a[r]);
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum(a[r]);
 }
 
 // Up to four activation rows (TT) share each converted weight vector; two weight rows at a time.
