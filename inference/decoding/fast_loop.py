@@ -41,7 +41,8 @@ def logits_processors(cfg):
 
 class FastSequence:
     """One sequence on the fast decoder. The token history, the end-of-sequence ids and the sampling live
-    on the model's device: the one host synchronisation per token is reading the new id to stream it."""
+    on the model's device: the one host synchronisation per token is reading the new id to stream it. The
+    history grows only when a logits processor reads it (greedy and plain sampling never do)."""
 
     def __init__(
         self,
@@ -109,14 +110,14 @@ class FastSequence:
 
         scores = logits[None]
         if self.steps < self.min_new and self.eos_ids is not None:  # as MinNewTokensLengthLogitsProcessor does
-            scores = scores.clone()
-            scores[:, self.eos_ids] = -float("inf")
+            scores[:, self.eos_ids] = -float("inf")  # in place: the logits are this step's own, read once
         if self.procs:
             scores = self.procs(self.history, scores)
         next_id = self.sample(scores)
         tok = int(next_id)
         self.collector.put(next_id)
-        self.history = torch.cat([self.history, next_id.view(1, 1)], dim=1)
+        if self.procs:  # only the logits processors (penalties, a grammar) read the history
+            self.history = torch.cat([self.history, next_id.view(1, 1)], dim=1)
         step = self.steps
         self.steps += 1
         self.next_token = next_id
