@@ -64,11 +64,11 @@ void block_linear(const QuantisedActivations& a, const void* w, int64_t wstride,
         const int8_t* q = qx + t * K;
         const float* d = dx + t * nb;
         if (n + R <= N) {
-          q8_rows<R>(reinterpret_cast<const int8_t*>(wb + n * wstride), wstride, sc + n * nb, nb, q, d, out);
+          q8_rows<R>(reinterpret_cast<const int8_t*>(wb + n * wstride), wstride, sc + n * nb, nb, q, d, out, t == 0);
           for (int r = 0; r < R; ++r) y[t * N + n + r] = out[r];
         } else {
           for (int64_t m = n; m < N; ++m) {
-            q8_rows<1>(reinterpret_cast<const int8_t*>(wb + m * wstride), wstride, sc + m * nb, nb, q, d, out);
+            q8_rows<1>(reinterpret_cast<const int8_t*>(wb + m * wstride), wstride, sc + m * nb, nb, q, d, out, t == 0);
             y[t * N + m] = out[0];
           }
         }

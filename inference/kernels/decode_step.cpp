@@ -100,10 +100,10 @@ struct Acts {
 
 // Two dense weight rows against TT activation rows (the order of bf16_rows in simd.h).
 template <typename W, int TT>
-inline void dense_rows(const W* w0, const W* w1, const float* x, int64_t K, float out[][2]) {
+inline void dense_rows(const W* w0, const W* w1, const float* x, int64_t K, float out[][2], bool prefetch) {
   __m256 a0[TT], a1[TT];
   for (int t = 0; t < TT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
-  const bool pf = prefetching();
+  const bool pf = prefetch && prefetching();
   for (int64_t k = 0; k < K; k += 8) {
     if (pf && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0) {
       _mm_prefetch(reinterpret_cast<const char*>(w0 + AHEAD * (w1 - w0) + k), _MM_HINT_T0);
@@ -137,7 +137,7 @@ void dense_range(const Product& p, const float* x, int64_t T, int64_t n0, int64_
     int64_t n = n0;
     for (; n + 4 <= n1; n += 4)
       for (int64_t t = 0; t < T; ++t) {
-        dense4_rows(base + n * stride, stride, x + t * K, K, four);
+        dense4_rows(base + n * stride, stride, x + t * K, K, four, t == 0);
         for (int j = 0; j < 4; ++j) emit(p, y + t * ys, n + j, four[j], add);
       }
     n0 = n;
@@ -154,11 +154,11 @@ void dense_range(const Product& p, const float* x, int64_t T, int64_t n0, int64_
       }
     };
     for (; t + 4 <= T; t += 4) {
-      dense_rows<W, 4>(w0, w1, x + t * K, K, out);
+      dense_rows<W, 4>(w0, w1, x + t * K, K, out, t == 0);
       put(t, 4);
     }
     for (; t < T; ++t) {
-      dense_rows<W, 1>(w0, w1, x + t * K, K, out);
+      dense_rows<W, 1>(w0, w1, x + t * K, K, out, t == 0);
       put(t, 1);
     }
   }
@@ -196,11 +196,11 @@ void product_range(const Product& p, const Acts& a, int64_t T, int64_t n0, int64
       const float* d = a.d + t * nb;
       const auto* w = reinterpret_cast<const int8_t*>(p.w);
       if (r == 4) {
-        q8_rows<4>(w + n * p.row_bytes, p.row_bytes, p.sc + n * nb, nb, q, d, out);
+        q8_rows<4>(w + n * p.row_bytes, p.row_bytes, p.sc + n * nb, nb, q, d, out, t == 0);
         for (int j = 0; j < 4; ++j) emit(p, y + t * ys, n + j, out[j], add);
       } else {
         for (int64_t m = n; m < n + r; ++m) {
-          q8_rows<1>(w + m * p.row_bytes, p.row_bytes, p.sc + m * nb, nb, q, d, out);
+          q8_rows<1>(w + m * p.row_bytes, p.row_bytes, p.sc + m * nb, nb, q, d, out, t == 0);
           emit(p, y + t * ys, m, out[0], add);
         }
       }

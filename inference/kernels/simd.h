@@ -113,7 +113,8 @@ inline void silu_mul_span(const float* gate, const float* up, int64_t n, float* 
 
 // Software prefetch of the weight rows AHEAD rows on (the next group a thread will read): on the 2-core Zen 3
 // VM this was measured on, the hardware prefetchers alone left the products well under the memory's bandwidth
-// (bf16 step 21 -> 15 ms with it; q8 12.3 -> 11.4 ms). Not for 4-bit rows: their products are bound by the
+// (bf16 step 21 -> 15 ms with it; q8 12.3 -> 11.4 ms). With several activation rows only the first pass over a
+// group prefetches: the later ones find the group in the cache. Not for 4-bit rows: their products are bound by the
 // arithmetic, and the prefetches only added instructions (7.6 -> 8.1 ms).
 constexpr int AHEAD = 4;
 inline bool prefetching() {
@@ -144,14 +145,14 @@ inline __m256i nibbles(const uint8_t* p) {  // 16 bytes → 32 values 0..15: low
 // blocks at a time.
 template <int R>
 inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_t nb, const int8_t* qx, const float* dx,
-                    float* y) {
+                    float* y, bool prefetch = true) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const auto row_dot = [&](int r, int64_t b, __m256i q) -> __m256 {
     return dot_i8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * wstride + b * BLOCK)), q);
   };
   int64_t b = 0;
-  const bool pf = prefetching();
+  const bool pf = prefetch && prefetching();
   for (; b + 8 <= nb; b += 8) {
     if (pf)
       for (int r = 0; r < R; ++r) {
@@ -268,9 +269,9 @@ inline __m256 wload(const uint16_t* p) { return bf16x8(p); }
 // than two, measured 15-30 % faster on a 2-core Zen 3 for the starter's shapes; each row is summed in the same
 // order as in bf16_rows, so one row or a batch gives the same numbers.
 template <typename W>
-inline void dense4_rows(const W* w, int64_t stride, const float* x, int64_t K, float* out) {
+inline void dense4_rows(const W* w, int64_t stride, const float* x, int64_t K, float* out, bool prefetch = true) {
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  const bool pf = prefetching();
+  const bool pf = prefetch && prefetching();
   for (int64_t k = 0; k < K; k += 8) {
     if (pf && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
       for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (AHEAD + r) * stride + k), _MM_HINT_T0);
