@@ -140,3 +140,51 @@ def test_the_step_says_why_it_runs_operator_by_operator(monkeypatch):
         assert "native kernels" in dec.whole_step_reason
     logits = dec.step(torch.tensor([1]), [0], [0])  # and the operator-by-operator step still runs
     assert logits.shape == (1, 300) and fastpath.supports(dec.model) is None
+
+
+@needs_native
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_long_contexts_split_the_keys_and_merge_to_the_same_attention(precision):
+    """Past 512 positions the step splits each head's keys over the threads and merges the parts (as
+    flash-decoding does): the same result as one pass (the operator step), and still the same for a sequence
+    alone or beside a short one."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=300,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # head size 64, two query heads per KV head: the split kernel's shapes
+        max_position_embeddings=2048,
+    )
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    dec = FastDecoder(model, 1024)
+    assert dec.whole_step_plan is not None
+    g = torch.Generator().manual_seed(2)
+    long_prompt, short_prompt = torch.randint(0, 300, (900,), generator=g), torch.randint(0, 300, (5,), generator=g)
+
+    def decode(whole: bool, with_short: bool):
+        dec.release()
+        dec.whole_step = False
+        dec.prefill(long_prompt, 0, seq=0)
+        seqs, pos, tokens = [0], [900], [7]
+        if with_short:
+            dec.prefill(short_prompt, 0, seq=1)
+            seqs, pos, tokens = [0, 1], [900, 5], [7, 8]
+        dec.whole_step = whole
+        out = []
+        tok = torch.tensor(tokens)
+        for _ in range(3):
+            logits = dec.step(tok, pos, seqs)
+            out.append(logits[0])
+            tok, pos = logits.argmax(-1), [p + 1 for p in pos]
+        return torch.stack(out)
+
+    split, one_pass = decode(True, False), decode(False, False)
+    torch.testing.assert_close(split, one_pass, rtol=1e-4, atol=1e-4)
+    assert torch.equal(decode(True, True), split)

@@ -214,12 +214,12 @@ void attend_impl(const float* qkv, const float* cos, const float* sin, C* kp, C*
       for (int64_t i = 0; i < D; ++i) vd[i] = static_cast<C>(v[h * D + i]);
     }
   }
-  at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> sc;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / H, h = i % H, n = pos[b] + 1;
-      sc.resize(n);
-      attend_head(qr.data() + i * D, kv, b, h / group, n, scale, sc.data(), out + i * D);
+      const int64_t b = i / Hkv, first = b * H + (i % Hkv) * group, n = pos[b] + 1;
+      sc.resize(group * n);
+      attend_group(group, qr.data() + first * D, kv, b, i % Hkv, n, scale, sc.data(), out + first * D);
     }
   });
 }

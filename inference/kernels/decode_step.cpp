@@ -208,6 +208,13 @@ void product_range(const Product& p, const Acts& a, int64_t T, int64_t n0, int64
   }
 }
 
+// Attention over keys lo..hi of row t's KV head kvh: the whole row (parts == 1) or one of `parts` parts whose
+// unnormalised result goes to the part buffer at `part`.
+struct Unit {
+  int64_t t, kvh, lo, hi, parts, part;
+};
+constexpr int64_t SPLIT_KEYS = 512;
+
 struct LayerWeights {
   const float *ln1, *ln2, *q_norm, *k_norm;  // q_norm / k_norm null when the model has none
   float eps1, eps2, q_eps, k_eps;
@@ -234,12 +241,30 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
   std::vector<float> h(T * Hd), qkv(T * QKV), qr(T * H * D), attn(T * H * D), gu(T * 2 * I), act(T * I);
   std::vector<int8_t> qbuf(T * kmax);
   std::vector<float> dbuf(T * kmax / BLOCK + 1), sbuf(T * kmax / BLOCK + 1);
-  std::vector<float> scores(static_cast<size_t>(nthreads) * longest), scratch(static_cast<size_t>(nthreads) * D);
+  std::vector<float> scores(static_cast<size_t>(nthreads) * group * longest), scratch(static_cast<size_t>(nthreads) * D);
+  // Attention work: one unit per row and KV head, or, past SPLIT_KEYS positions, one per part of the keys (merged
+  // afterwards), so one long sequence keeps every thread busy. The split depends on the row alone: a sequence
+  // gets the same numbers alone or in a batch.
+  std::vector<Unit> units;
+  std::vector<int64_t> merges;  // index of each split group's first part
+  int64_t part_floats = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = pos[t] + 1;
+    const int64_t S = splittable(group, D) ? std::max<int64_t>(1, (n + SPLIT_KEYS - 1) / SPLIT_KEYS) : 1;
+    for (int64_t g = 0; g < Hkv; ++g) {
+      if (S > 1) merges.push_back(static_cast<int64_t>(units.size()));
+      for (int64_t p = 0; p < S; ++p) {
+        units.push_back(Unit{t, g, n * p / S, n * (p + 1) / S, S, part_floats});
+        if (S > 1) part_floats += group * (D + 2);
+      }
+    }
+  }
+  std::vector<float> parts(static_cast<size_t>(part_floats));
 
 #pragma omp parallel num_threads(nthreads)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-    float* sc = scores.data() + tid * longest;
+    float* sc = scores.data() + tid * group * longest;
     float* tmp = scratch.data() + tid * D;
     int64_t a = 0, b = 0;
     const bool profiling = g_profiling.load(std::memory_order_relaxed) && tid == 0;
@@ -303,12 +328,26 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
       }
 #pragma omp barrier
       stage(2);
-      share(T * H, 1, tid, nt, a, b);
+      share(static_cast<int64_t>(units.size()), 1, tid, nt, a, b);
       for (int64_t i = a; i < b; ++i) {
-        const int64_t t = i / H;
-        attend_head(qr.data() + i * D, kv, t, (i % H) / group, pos[t] + 1, scale, sc, attn.data() + i * D);
+        const Unit& u = units[i];
+        const int64_t first = u.t * H + u.kvh * group;  // the group's heads are adjacent
+        if (u.parts == 1)
+          attend_group(group, qr.data() + first * D, kv, u.t, u.kvh, u.hi, scale, sc, attn.data() + first * D);
+        else
+          attend_group_part(group, qr.data() + first * D, kv, u.t, u.kvh, u.lo, u.hi, scale, sc,
+                            parts.data() + u.part);
       }
 #pragma omp barrier
+      if (!merges.empty()) {
+        share(static_cast<int64_t>(merges.size()) * group, 1, tid, nt, a, b);
+        for (int64_t i = a; i < b; ++i) {
+          const Unit& u = units[merges[i / group]];  // the first part of a split group
+          const int64_t g = i % group, head = u.t * H + u.kvh * group + g;
+          merge_parts(parts.data() + u.part + g * (D + 2), u.parts, group * (D + 2), D, attn.data() + head * D);
+        }
+#pragma omp barrier
+      }
       stage(3);
       if (L.o.quantised()) {
         quantise_blocks(attn.data(), T, H * D);
