@@ -112,22 +112,10 @@ def test_bad_inputs_are_refused_with_the_reason():
         dec._whole_step(x, pages, torch.tensor([100_000]), dec.kv.k, dec.kv.v, dec.cos, dec.sin, 1)
     tensors, head, eps = dec.whole_step_plan
     with pytest.raises(RuntimeError, match="eps values"):
-        torch.ops.redline.decode_step(
-            x,
-            tensors,
-            head,
-            eps[:-1],
-            dec.cos,
-            dec.sin,
-            dec.kv.k,
-            dec.kv.v,
-            pages,
-            torch.tensor([4]),
-            dec.n_heads,
-            dec.n_kv,
-            dec.scaling,
-            1,
-        )
+        torch.ops.redline.step_plan(tensors, head, eps[:-1], dec.n_heads, dec.n_kv, dec.head_dim)
+    torch.ops.redline.drop_plan(dec.whole_step_id)
+    with pytest.raises(RuntimeError, match="no step plan"):
+        dec._whole_step(x, pages, torch.tensor([4]), dec.kv.k, dec.kv.v, dec.cos, dec.sin, 1)
 
 
 def test_the_step_says_why_it_runs_operator_by_operator(monkeypatch):

@@ -23,6 +23,7 @@ reason, and the caller falls back to transformers' ``generate()``.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -258,6 +259,13 @@ class FastDecoder:
             eps += [float(L.eps1), float(L.eps2), float(qe), float(ke)]
         head = [self.norm_w, *head_spec]
         eps.append(float(self.norm_eps))
+        try:  # checked once, in C++: a layout it refuses leaves the operator-by-operator step
+            self.whole_step_id = torch.ops.redline.step_plan(tensors, head, eps, self.n_heads, self.n_kv, self.head_dim)
+        except RuntimeError as exc:
+            return None, f"the whole-step kernel refused the weights ({str(exc).splitlines()[0][:200]})"
+        self.vocab = int(head_spec[0].shape[0])
+        # The plan holds the weights; it goes when this decoder does.
+        weakref.finalize(self, torch.ops.redline.drop_plan, self.whole_step_id)
         return (tensors, head, eps), None
 
     def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
@@ -405,22 +413,8 @@ class FastDecoder:
         return self._logits(x)
 
     def _whole_step(self, x, pages, pos, k_pool, v_pool, cos, sin, logit_rows: int) -> torch.Tensor:
-        tensors, head, eps = self.whole_step_plan
         return torch.ops.redline.decode_step(
-            x,
-            tensors,
-            head,
-            eps,
-            cos,
-            sin,
-            k_pool,
-            v_pool,
-            pages,
-            pos,
-            self.n_heads,
-            self.n_kv,
-            self.scaling,
-            logit_rows,
+            x, self.whole_step_id, self.vocab, cos, sin, k_pool, v_pool, pages, pos, self.scaling, logit_rows
         )
 
     def _attend_static(self, qkv, k_cache, v_cache, slots, pos, cos, sin) -> torch.Tensor:

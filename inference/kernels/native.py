@@ -183,8 +183,6 @@ def register_fakes() -> None:
         lambda qkv, cos, sin, kp, vp, pages, pos, h, hkv, scale: qkv.new_empty((pos.shape[0], h * kp.shape[-1]))
     )
     torch.library.register_fake("redline::decode_step")(
-        lambda x, layers, head, eps, cos, sin, kp, vp, pages, pos, h, hkv, scale, rows: x.new_empty(
-            (rows, head[1].shape[0])
-        )
+        lambda x, plan, vocab, cos, sin, kp, vp, pages, pos, scale, rows: x.new_empty((rows, vocab))
     )
     _state["fakes"] = True
