@@ -52,7 +52,7 @@ def run(dec: FastDecoder, whole_prefill: bool, whole_steps: bool, steps: int = 1
     """Prefill the prompts, then decode them together; each decode step's logits [B, vocab]."""
     dec.release()
     g = torch.Generator().manual_seed(1)
-    dec.whole_step = whole_prefill
+    dec.whole_step = dec.whole_prefill = whole_prefill
     prompts = {s: torch.randint(0, 300, (PROMPTS[s],), generator=g) for s in (0, 1, 2)}
     for s in seqs:
         dec.prefill(prompts[s], 0, seq=s)

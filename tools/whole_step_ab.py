@@ -1,4 +1,5 @@
-"""The fast path with and without the whole-step operator (``redline::decode_step``, decode_step.cpp),
+"""The fast path with and without the whole-step operator (``redline::decode_step``, decode_step.cpp) for decode
+steps and short prompts alike,
 interleaved on one engine per precision (A B, then B A, …): decode tokens/s and TTFT of the short chat
 prompt, and the median of the per-round ratios (whole step ÷ operator by operator):
 
@@ -40,15 +41,16 @@ def main(argv=None) -> int:
         if dec.whole_step_plan is None:
             print(f"{precision}: no whole step here ({dec.whole_step_reason})")
             continue
+        prefill_default = dec.whole_prefill
         rows = {True: [], False: []}
         tokens = {}
         for r in range(args.rounds):
             for whole in (True, False) if r % 2 == 0 else (False, True):
-                dec.whole_step = whole
+                dec.whole_step = dec.whole_prefill = whole
                 result = generate(target, ids, sampling, fast)
                 rows[whole].append((result.tokens_per_s, result.ttft_ms))
                 tokens.setdefault(whole, result.token_ids)
-        dec.whole_step = True
+        dec.whole_step, dec.whole_prefill = True, prefill_default
         speed = statistics.median(a[0] / b[0] for a, b in zip(rows[True], rows[False]))
         ttft = statistics.median(b[1] / a[1] for a, b in zip(rows[True], rows[False]))
 

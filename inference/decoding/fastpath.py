@@ -237,6 +237,12 @@ class FastDecoder:
         # Whether decode steps (and short prefills) run as one redline::decode_step call; a switch, so the
         # operator-by-operator step can be measured against it in one process (tools/whole_step_ab.py).
         self.whole_step = self.whole_step_plan is not None
+        # Short prompts through the whole step too where it measured faster: block-quantised weights (44-token
+        # prompt, 5 interleaved rounds: q8 130 vs 169 ms, q4 118 vs 151 ms). With bf16 rows the operators were
+        # as fast or faster (143 vs 132 ms), so those prompts keep them (tools/whole_step_ab.py).
+        self.whole_prefill = any(
+            spec is not None and spec[0].dtype in (torch.int8, torch.uint8) for L in self.layers for spec in L.specs
+        )
 
     def _whole_step_plan(self, head_spec) -> tuple[Optional[tuple], Optional[str]]:
         """The weight lists redline::decode_step reads (decode_step.cpp), or None and why it cannot run."""
@@ -347,7 +353,7 @@ class FastDecoder:
         self.ensure_context(end)
         self.kv.reserve(seq, end)
         x = self._embed(tokens)  # [T, H]
-        if self.whole_step and T < ops.GEMM_ROWS:
+        if self.whole_step and self.whole_prefill and T < ops.GEMM_ROWS:
             # A short prompt is a step of T rows of one sequence: each row attends to the positions up to its
             # own, which the step writes before any row attends. Longer prompts run through torch's matrix
             # products and attention (faster from ops.GEMM_ROWS rows on).
