@@ -3,8 +3,6 @@ wall time between its barriers on thread 0), per precision, for a real reply on 
 per token outside the step (sampling, streaming, Python):
 
     python tools/step_profile.py [--precisions bf16,q8,q4] [--new-tokens 64] [--prompt short|long]
-
-Where the prompt itself ran in the whole step (q8/q4, under 128 tokens), its call is profiled too ("prefill").
 """
 
 from __future__ import annotations
@@ -65,14 +63,6 @@ def main(argv=None) -> int:
             + " | ".join(f"{ms:.2f} ({100 * ms / step_ms:.0f} %)" for ms in stage_ms)
             + f" | {per_token_ms - step_ms:.2f} |"
         )
-        prefill = profiles[1]
-        if prefill[-1] >= 1:  # the prompt ran in the whole step (q8/q4 prompts under 128 tokens): its one call
-            ms = [x * 1e3 / prefill[-1] for x in prefill[:-1]]
-            print(
-                f"| {precision} prefill | {sum(ms):.2f} | "
-                + " | ".join(f"{m:.2f} ({100 * m / sum(ms):.0f} %)" for m in ms)
-                + " | — |"
-            )
         engine.unload()
     print(
         f"\nprompt {args.prompt} ({len(ids)} tokens), {args.new_tokens} new tokens; ms per decode step, averaged over "

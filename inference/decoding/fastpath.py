@@ -310,8 +310,9 @@ class FastDecoder:
         k = ops.rms_norm(k, *L.k_norm)
         return torch.cat([q.reshape(rows, -1), k.reshape(rows, -1), qkv[:, self.q_size + self.kv_size :]], dim=-1)
 
-    def _prefill_attention(self, q, keys, values, mask, T: int, start: int) -> torch.Tensor:
+    def _prefill_attention(self, q, keys, values, mask, T: int) -> torch.Tensor:
         """q [T, H, D], keys/values [Hkv, S, D] → [H, T, D]."""
+        q, grouped = q.transpose(0, 1), {"enable_gqa": self.n_kv != self.n_heads}
         if self.device.type == "cpu":
             # torch's fused (flash) kernel for CPUs wants 4-D inputs, as many KV heads as query heads and an additive
             # mask; grouped-query keys or a boolean mask send it to the unfused math path. Measured (starter shapes,
@@ -319,24 +320,11 @@ class FastDecoder:
             rep = self.n_heads // self.n_kv
             if rep > 1:
                 keys, values = keys.repeat_interleave(rep, 0), values.repeat_interleave(rep, 0)
-            return F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None],
-                keys[None],
-                values[None],
-                attn_mask=mask,
-                is_causal=mask is None and T > 1,
-                scale=self.scaling,
-            )[0]
-        gqa = self.n_kv != self.n_heads
-        return F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            keys,
-            values,
-            attn_mask=mask,
-            is_causal=mask is None and T > 1,
-            scale=self.scaling,
-            enable_gqa=gqa,
+            q, keys, values, grouped = q[None], keys[None], values[None], {}
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None and T > 1, scale=self.scaling, **grouped
         )
+        return out[0] if out.dim() == 4 else out
 
     def _mlp(self, x: torch.Tensor, L: _Layer) -> torch.Tensor:
         h = ops.rms_norm(x, L.ln2, L.eps2)
@@ -375,7 +363,7 @@ class FastDecoder:
             self.kv.write(i, seq, start, k.to(self.kv.dtype), v.to(self.kv.dtype))
             keys, values = self.kv.read(i, seq, end)
             keys, values = keys.to(self.act_dtype), values.to(self.act_dtype)
-            attn = self._prefill_attention(q, keys, values, mask, T, start)
+            attn = self._prefill_attention(q, keys, values, mask, T)
             x = x + L.o(attn.transpose(0, 1).reshape(T, self.q_size))
             x = self._mlp(x, L)
         return self._logits(x[-1:])[0]
