@@ -26,6 +26,18 @@ def test_bf16_product_matches_fp32(rows, shape):
 
 
 @needs_native
+def test_a_bf16_row_gives_the_same_numbers_alone_and_in_a_batch():
+    """Batches of every size take other register tiles; each row's sum runs in the same order in all of them."""
+    torch.manual_seed(0)
+    w = (torch.randn(962, 576) * 0.05).bfloat16()  # 962: a remainder past the groups of four rows
+    x = torch.randn(9, 576)
+    linear = ops.bind_linear(w)
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(9)])
+    for rows in range(2, 10):
+        assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+
+
+@needs_native
 @pytest.mark.parametrize("rows", [1, 2, 7])
 @pytest.mark.parametrize("kind", ["q8", "q4", "q4-symmetric"])
 @pytest.mark.parametrize("shape", [(960, 576), (13, 64), (576, 1536)])

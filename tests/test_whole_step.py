@@ -45,7 +45,7 @@ def tiny(kind: str, precision: str):
     return model
 
 
-PROMPTS = [7, 70, 3]  # the second crosses a 64-token page
+PROMPTS = [7, 70, 3, 20, 41]  # the second crosses a 64-token page
 
 
 def run(dec: FastDecoder, whole_prefill: bool, whole_steps: bool, steps: int = 12, seqs=(0, 1, 2)):
@@ -53,7 +53,7 @@ def run(dec: FastDecoder, whole_prefill: bool, whole_steps: bool, steps: int = 1
     dec.release()
     g = torch.Generator().manual_seed(1)
     dec.whole_step = dec.whole_prefill = whole_prefill
-    prompts = {s: torch.randint(0, 300, (PROMPTS[s],), generator=g) for s in (0, 1, 2)}
+    prompts = {s: torch.randint(0, 300, (n,), generator=g) for s, n in enumerate(PROMPTS)}
     for s in seqs:
         dec.prefill(prompts[s], 0, seq=s)
     dec.whole_step = whole_steps
@@ -93,9 +93,10 @@ def test_short_prefill_in_one_call_matches_the_operators(precision):
 
 @needs_native
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_a_sequence_decodes_the_same_alone_and_in_a_batch(precision):
+@pytest.mark.parametrize("seqs", [(0, 1), (0, 1, 2), (0, 1, 2, 3, 4)])  # each batch size takes other tiles
+def test_a_sequence_decodes_the_same_alone_and_in_a_batch(precision, seqs):
     dec = FastDecoder(tiny("llama", precision), 256)
-    batch = run(dec, whole_prefill=True, whole_steps=True)
+    batch = run(dec, whole_prefill=True, whole_steps=True, seqs=seqs)
     alone = run(dec, whole_prefill=True, whole_steps=True, seqs=(1,))
     assert torch.equal(batch[:, 1], alone[:, 0])
 

@@ -133,35 +133,13 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const float* xp = x2.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  if (T == 1) {
-    at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t n = 4 * g;
-        if (n + 4 <= N) {
-          dense4_rows(wp + n * ws, ws, xp, K, yp + n);
-          continue;
-        }
-        float dummy[4];
-        for (int64_t m = n; m < N; m += 2)
-          bf16_rows<1>(wp + m * ws, m + 1 < N ? wp + (m + 1) * ws : wp + m * ws, xp, K, yp + m,
-                       m + 1 < N ? yp + m + 1 : dummy, 1, 1);
+  at::parallel_for(0, (N + 3) / 4, T == 1 ? 4 : 8, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t n = 4 * g; n < std::min(N, 4 * g + 4);) {
+        const int R = n + 4 <= N ? 4 : 1;
+        dense_group(wp + n * ws, ws, R, xp, T, K, true, [&](int64_t t, int r, float v) { yp[t * N + n + r] = v; });
+        n += R;
       }
-    });
-    return y.view(out_shape(x, N));
-  }
-  at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t g0, int64_t g1) {
-    float dummy[4];
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n = 2 * g;
-      const bool pair = n + 1 < N;
-      const uint16_t* w0 = wp + n * ws;
-      const uint16_t* w1 = pair ? w0 + ws : w0;
-      int64_t t = 0;
-      for (; t + 4 <= T; t += 4)
-        bf16_rows<4>(w0, w1, xp + t * K, K, yp + t * N + n, pair ? yp + t * N + n + 1 : dummy, N, pair ? N : 1);
-      for (; t < T; ++t)
-        bf16_rows<1>(w0, w1, xp + t * K, K, yp + t * N + n, pair ? yp + t * N + n + 1 : dummy, N, pair ? N : 1);
-    }
   });
   return y.view(out_shape(x, N));
 }

@@ -101,30 +101,6 @@ struct Acts {
   const float* s;
 };
 
-// Two dense weight rows against TT activation rows (the order of bf16_rows in simd.h).
-template <typename W, int TT>
-inline void dense_rows(const W* w0, const W* w1, const float* x, int64_t K, float out[][2], bool prefetch) {
-  __m256 a0[TT], a1[TT];
-  for (int t = 0; t < TT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
-  const bool pf = prefetch && prefetching();
-  for (int64_t k = 0; k < K; k += 8) {
-    if (pf && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(w0 + AHEAD * (w1 - w0) + k), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w1 + AHEAD * (w1 - w0) + k), _MM_HINT_T0);
-    }
-    const __m256 wa = wload(w0 + k), wb = wload(w1 + k);
-    for (int t = 0; t < TT; ++t) {
-      const __m256 xv = _mm256_loadu_ps(x + t * K + k);
-      a0[t] = _mm256_fmadd_ps(wa, xv, a0[t]);
-      a1[t] = _mm256_fmadd_ps(wb, xv, a1[t]);
-    }
-  }
-  for (int t = 0; t < TT; ++t) {
-    out[t][0] = hsum(a0[t]);
-    out[t][1] = hsum(a1[t]);
-  }
-}
-
 inline void emit(const Product& p, float* y, int64_t n, float v, bool add) {  // y[n] (+)= product + bias
   v += p.bias ? p.bias[n] : 0.f;
   y[n] = add ? y[n] + v : v;
@@ -134,36 +110,11 @@ template <typename W>
 void dense_range(const Product& p, const float* x, int64_t T, int64_t n0, int64_t n1, float* y, int64_t ys, bool add) {
   const int64_t stride = p.row_bytes / static_cast<int64_t>(sizeof(W)), K = p.K;
   const W* base = reinterpret_cast<const W*>(p.w);
-  float out[4][2];
-  if (T < 4) {  // one activation row at a time, four weight rows at a time
-    float four[4];
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4)
-      for (int64_t t = 0; t < T; ++t) {
-        dense4_rows(base + n * stride, stride, x + t * K, K, four, t == 0);
-        for (int j = 0; j < 4; ++j) emit(p, y + t * ys, n + j, four[j], add);
-      }
-    n0 = n;
-  }
-  for (int64_t n = n0; n < n1; n += 2) {
-    const bool pair = n + 1 < n1;
-    const W* w0 = base + n * stride;
-    const W* w1 = pair ? w0 + stride : w0;
-    int64_t t = 0;
-    const auto put = [&](int64_t t0, int tt) {
-      for (int j = 0; j < tt; ++j) {
-        emit(p, y + (t0 + j) * ys, n, out[j][0], add);
-        if (pair) emit(p, y + (t0 + j) * ys, n + 1, out[j][1], add);
-      }
-    };
-    for (; t + 4 <= T; t += 4) {
-      dense_rows<W, 4>(w0, w1, x + t * K, K, out, t == 0);
-      put(t, 4);
-    }
-    for (; t < T; ++t) {
-      dense_rows<W, 1>(w0, w1, x + t * K, K, out, t == 0);
-      put(t, 1);
-    }
+  for (int64_t n = n0; n < n1;) {
+    const int R = n + 4 <= n1 ? 4 : 1;
+    dense_group(base + n * stride, stride, R, x, T, K, true,
+                [&](int64_t t, int r, float v) { emit(p, y + t * ys, n + r, v, add); });
+    n += R;
   }
 }
 
