@@ -350,3 +350,15 @@ def test_concurrency_sweep_rows_for_each_level_and_mode(tiny_model_dir):
         assert c.throughput_tokens_per_s > 0 and len(c.ttft_ms) == c.concurrency and c.latency_ms_p95 > 0
     assert rows[(3, "continuous")].kv_overhead is not None
     assert "Concurrency sweep" in to_markdown(report) and json.loads(to_json(report))["concurrency"]
+
+
+def test_the_arrivals_ceiling_bounds_what_batching_can_gain():
+    """One at a time, four requests 0.5 s apart taking 2 s each end at 2, 4, 6, 8 s; no schedule ends the last
+    before 1.5 + 2 s, so batching can gain at most 8 / 3.5. Requests shorter than the gap leave nothing to gain."""
+    from redline.inference.bench.concurrency import ConcurrencyRow, schedule_ceiling
+
+    busy = ConcurrencyRow(4, "one-at-a-time", arrival_gap_s=0.5, latency_ms=[2000, 3500, 5000, 6500], wall_s=8.0)
+    assert schedule_ceiling(busy) == pytest.approx(8 / 3.5)
+    idle = ConcurrencyRow(4, "one-at-a-time", arrival_gap_s=0.5, latency_ms=[200] * 4, wall_s=1.7)
+    assert schedule_ceiling(idle) == pytest.approx(1.0)
+    assert schedule_ceiling(ConcurrencyRow(4, "one-at-a-time", status="error")) is None

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from redline.inference import Engine, load_prompt_set, resolve_precision
-    from redline.inference.bench.concurrency import run_concurrency
+    from redline.inference.bench.concurrency import run_concurrency, schedule_ceiling
     from redline.inference.decoding.prompt import build_prompt
 
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -85,6 +85,14 @@ def main(argv=None) -> int:
                 f"{n} requests: continuous ÷ one-at-a-time total tok/s, median of rounds {med(ratios):.2f}× "
                 f"({', '.join(f'{x:.2f}' for x in ratios)})"
             )
+            ceilings = [c for c in (schedule_ceiling(b) for a, b in pairs) if c]
+            if ceilings and n > 1:
+                reached = [r / c for r, c in zip(ratios, ceilings)]
+                print(
+                    f"{n} requests: the arrivals' ceiling for that ratio (no schedule can do better: the last "
+                    f"arrival plus one request's own time), median {med(ceilings):.2f}× "
+                    f"({', '.join(f'{x:.2f}' for x in ceilings)}); continuous reached {100 * med(reached):.0f} % of it"
+                )
     alone = rows.get((1, "continuous", args.tokens), [])
     for n in levels:
         if n > 1 and alone:

@@ -63,6 +63,24 @@ class ConcurrencyRow:
         return d
 
 
+def schedule_ceiling(one_at_a_time: ConcurrencyRow) -> Optional[float]:
+    """The most any way of serving these arrivals could gain over ``one_at_a_time`` (its row, same requests):
+    no request can end before it arrives plus the time it takes alone (one at a time's, from when it got the
+    engine to its last token), since a batched step is never faster for a sequence than a step of that
+    sequence alone. So no wall time is under the latest of those ends — about the last arrival plus one
+    request's own time — and the throughput ratio against one at a time is at most its wall time over that.
+    The faster one request is alone, the lower this ceiling: it is a property of the arrivals and of the
+    machine's speed, not of the batching."""
+    r = one_at_a_time
+    if r.status != "ok" or not r.latency_ms or not r.wall_s:
+        return None
+    gap = r.arrival_gap_s
+    ends = [i * gap + ms / 1000 for i, ms in enumerate(r.latency_ms)]
+    own = [end - max(i * gap, ends[i - 1] if i else 0.0) for i, end in enumerate(ends)]
+    floor = max(i * gap + t for i, t in enumerate(own))
+    return r.wall_s / floor if floor > 0 else None
+
+
 def _fill(row: ConcurrencyRow, ttfts: list[float], latencies: list[float], tokens: int, wall: float) -> None:
     row.ttft_ms, row.latency_ms = ttfts, latencies
     row.ttft_ms_p50, row.ttft_ms_p95 = percentile(ttfts, 0.5), percentile(ttfts, 0.95)
