@@ -2,14 +2,25 @@
 
 Decoding token by token breaks multi-byte characters (emoji, CJK) that span
 tokens, and some tokenizers change earlier text when later tokens arrive. We
-decode the whole sequence each time and release only the part that is stable:
-no trailing U+FFFD (an incomplete UTF-8 sequence), nothing that could still
-become a stop string, and only when what was released before is still a prefix.
+release only the part of the text that is stable: no trailing U+FFFD (an
+incomplete UTF-8 sequence), nothing that could still become a stop string, and
+only when what was released before is still a prefix.
+
+The text of all tokens so far is not decoded whole at every token (that made a
+reply of n tokens cost O(n²): 0.06 ms a token at 128 tokens, 0.48 ms at 2,048 on
+the starter, per reply, beside a 15 ms decode step): the tokens up to an anchor
+keep their text, and each token decodes only the tokens after the anchor with a
+few before it for context (a tokenizer drops or keeps a leading space by what
+precedes it). Where that tail's text does not start with the context's own, the
+whole text is decoded as before; ``finish`` always decodes the whole.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+CONTEXT = 4  # tokens before the anchor decoded with the tail
+ADVANCE = 16  # new tokens between moves of the anchor (a move costs one short decode)
 
 
 class DeltaDecoder:
@@ -18,9 +29,30 @@ class DeltaDecoder:
         self.stop_strings = [s for s in stop_strings if s]
         self.emitted = ""
         self.stopped_at_string = False
+        self._anchor = 0  # the first ``_anchor`` tokens' text is ``_anchor_text``
+        self._anchor_text = ""
+        self._context = ""  # the text of the CONTEXT tokens before the anchor, decoded alone
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def text(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (the tokens so far, a list that only grows), decoding only its tail."""
+        n = len(ids)
+        if n < self._anchor:  # not the list this decoder has seen grow
+            self._anchor, self._anchor_text, self._context = 0, "", ""
+        if self._anchor == 0:
+            text = self._decode(ids)
+        else:
+            tail = self._decode(ids[self._anchor - CONTEXT :])
+            if self._context and tail.startswith(self._context):
+                text = self._anchor_text + tail[len(self._context) :]
+            else:  # the context reads differently before the tail: no safe join
+                text = self._decode(ids)
+        if n - self._anchor >= ADVANCE and n > CONTEXT and not text.endswith("\ufffd"):
+            self._anchor, self._anchor_text = n, text
+            self._context = self._decode(ids[n - CONTEXT : n])
+        return text
 
     def _cut_at_stop(self, text: str) -> str:
         cut = len(text)
@@ -33,7 +65,7 @@ class DeltaDecoder:
 
     def step(self, ids: Sequence[int]) -> str:
         """Return the new stable text after ``ids`` (all new tokens so far)."""
-        text = self._cut_at_stop(self._decode(ids))
+        text = self._cut_at_stop(self.text(ids))
         if self.stopped_at_string:
             stable = text
         else:
