@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from redline.inference.bench.concurrency import ConcurrencyRow, schedule_ceiling
 from redline.inference.bench.configs import parse_config, parse_configs
 from redline.inference.bench.export import to_csv, to_json, to_markdown, to_text
 from redline.inference.bench.prompts import assets_dir, builtin_prompt_sets, load_prompt_set, prompt_set_from_dict
@@ -349,13 +350,15 @@ def test_concurrency_sweep_rows_for_each_level_and_mode(tiny_model_dir):
         assert c.status == "ok", c.error
         assert c.throughput_tokens_per_s > 0 and len(c.ttft_ms) == c.concurrency and c.latency_ms_p95 > 0
     assert rows[(3, "continuous")].kv_overhead is not None
-    assert "Concurrency sweep" in to_markdown(report) and json.loads(to_json(report))["concurrency"]
+    assert schedule_ceiling(rows[(3, "one-at-a-time")]) >= 1 - 1e-6  # one at a time ends no earlier than its floor
+    markdown = to_markdown(report)
+    assert "Concurrency sweep" in markdown and "batching gains at most" in markdown
+    assert json.loads(to_json(report))["concurrency"]
 
 
 def test_the_arrivals_ceiling_bounds_what_batching_can_gain():
     """One at a time, four requests 0.5 s apart taking 2 s each end at 2, 4, 6, 8 s; no schedule ends the last
     before 1.5 + 2 s, so batching can gain at most 8 / 3.5. Requests shorter than the gap leave nothing to gain."""
-    from redline.inference.bench.concurrency import ConcurrencyRow, schedule_ceiling
 
     busy = ConcurrencyRow(4, "one-at-a-time", arrival_gap_s=0.5, latency_ms=[2000, 3500, 5000, 6500], wall_s=8.0)
     assert schedule_ceiling(busy) == pytest.approx(8 / 3.5)

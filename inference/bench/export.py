@@ -7,6 +7,7 @@ import io
 import json
 from typing import Callable, Optional
 
+from redline.inference.bench.concurrency import schedule_ceiling
 from redline.inference.bench.results import BenchReport, ConfigResult, SweepRow
 from redline.inference.units import MB, format_bytes
 
@@ -80,6 +81,8 @@ CONCURRENCY_COLUMNS: list[tuple[str, Callable]] = [
     ("latency p95 ms", lambda c: _ms(c.latency_ms_p95)),
     ("total tok/s", lambda c: _rate(c.throughput_tokens_per_s)),
     ("KV peak ÷ needed", lambda c: "" if c.kv_overhead is None else f"{c.kv_overhead:.2f}×"),
+    # On a one-at-a-time row: the most any batching could gain at these arrivals (bench.concurrency).
+    ("batching gains at most", lambda c: _x(schedule_ceiling(c)) if c.mode == "one-at-a-time" else ""),
     ("status", lambda c: c.status if not c.error else f"{c.status}: {c.error}"),
 ]
 
