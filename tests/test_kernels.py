@@ -16,7 +16,7 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @needs_native
 @pytest.mark.parametrize("rows", [1, 3, 5, 40])
-@pytest.mark.parametrize("shape", [(960, 576), (17, 64), (33, 96)])
+@pytest.mark.parametrize("shape", [(960, 576), (17, 64), (33, 96), (17, 40)])  # 40: not sixteen at a time
 def test_bf16_product_matches_fp32(rows, shape):
     torch.manual_seed(0)
     w = (torch.randn(*shape) * 0.05).bfloat16()
@@ -26,11 +26,12 @@ def test_bf16_product_matches_fp32(rows, shape):
 
 
 @needs_native
-def test_a_bf16_row_gives_the_same_numbers_alone_and_in_a_batch():
+@pytest.mark.parametrize("K", [576, 40])  # sixteen weights a load, and eight
+def test_a_bf16_row_gives_the_same_numbers_alone_and_in_a_batch(K):
     """Batches of every size take other register tiles; each row's sum runs in the same order in all of them."""
     torch.manual_seed(0)
-    w = (torch.randn(962, 576) * 0.05).bfloat16()  # 962: a remainder past the groups of four rows
-    x = torch.randn(9, 576)
+    w = (torch.randn(962, K) * 0.05).bfloat16()  # 962: a remainder past the groups of four rows
+    x = torch.randn(9, K)
     linear = ops.bind_linear(w)
     alone = torch.cat([linear(x[i : i + 1]) for i in range(9)])
     for rows in range(2, 10):

@@ -133,14 +133,24 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const float* xp = x2.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, (N + 3) / 4, T == 1 ? 4 : 8, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g)
-      for (int64_t n = 4 * g; n < std::min(N, 4 * g + 4);) {
-        const int R = n + 4 <= N ? 4 : 1;
-        dense_group(wp + n * ws, ws, R, xp, T, K, true, [&](int64_t t, int r, float v) { yp[t * N + n + r] = v; });
-        n += R;
-      }
-  });
+  const auto rows = [&](auto p16, const float* xs) {
+    at::parallel_for(0, (N + 3) / 4, T == 1 ? 4 : 8, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t n = 4 * g; n < std::min(N, 4 * g + 4);) {
+          const int R = n + 4 <= N ? 4 : 1;
+          dense_group<uint16_t, decltype(p16)::value>(wp + n * ws, ws, R, xs, T, K, true,
+                                                      [&](int64_t t, int r, float v) { yp[t * N + n + r] = v; });
+          n += R;
+        }
+    });
+  };
+  if (K % 16 == 0) {  // the activations once in permute16's order, read by every thread
+    std::vector<float> permuted(T * K);
+    permute16(xp, T, K, permuted.data());
+    rows(std::true_type{}, permuted.data());
+  } else {
+    rows(std::false_type{}, xp);
+  }
   return y.view(out_shape(x, N));
 }
 

@@ -110,12 +110,23 @@ template <typename W>
 void dense_range(const Product& p, const float* x, int64_t T, int64_t n0, int64_t n1, float* y, int64_t ys, bool add) {
   const int64_t stride = p.row_bytes / static_cast<int64_t>(sizeof(W)), K = p.K;
   const W* base = reinterpret_cast<const W*>(p.w);
-  for (int64_t n = n0; n < n1;) {
-    const int R = n + 4 <= n1 ? 4 : 1;
-    dense_group(base + n * stride, stride, R, x, T, K, true,
-                [&](int64_t t, int r, float v) { emit(p, y + t * ys, n + r, v, add); });
-    n += R;
+  const auto rows = [&](auto p16, const float* xs) {
+    for (int64_t n = n0; n < n1;) {
+      const int R = n + 4 <= n1 ? 4 : 1;
+      dense_group<W, decltype(p16)::value>(base + n * stride, stride, R, xs, T, K, true,
+                                           [&](int64_t t, int r, float v) { emit(p, y + t * ys, n + r, v, add); });
+      n += R;
+    }
+  };
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    if (K % 16 == 0) {
+      thread_local std::vector<float> xp;  // this thread's copy of the activations in permute16's order
+      xp.resize(T * K);
+      permute16(x, T, K, xp.data());
+      return rows(std::true_type{}, xp.data());
+    }
   }
+  rows(std::false_type{}, x);
 }
 
 // Output columns n0..n1 of y [T, ys] = x @ Wᵀ (+ bias), added to y when `add` (the residual stream).
