@@ -39,6 +39,20 @@ def test_a_bf16_row_gives_the_same_numbers_alone_and_in_a_batch(K):
 
 
 @needs_native
+@pytest.mark.parametrize("kind", ["q8", "q4", "q4-symmetric"])
+def test_a_block_row_gives_the_same_numbers_alone_and_in_a_batch(kind):
+    """Batches of up to eight in tiles of up to four, prompts in tiles of sixteen: the same sums as alone."""
+    torch.manual_seed(2)
+    w = torch.randn(962, 576) * 0.05
+    blocks = block_quant.quantize_q8(w) if kind == "q8" else block_quant.quantize_q4(w, kind == "q4-symmetric")
+    linear = ops.bind_blocks(blocks)
+    x = torch.randn(20, 576)
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(20)])
+    for rows in (*range(2, 10), 20):
+        assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+
+
+@needs_native
 @pytest.mark.parametrize("rows", [1, 2, 7])
 @pytest.mark.parametrize("kind", ["q8", "q4", "q4-symmetric"])
 @pytest.mark.parametrize("shape", [(960, 576), (13, 64), (576, 1536)])

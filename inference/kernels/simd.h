@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 namespace redline_kernels {
 
@@ -236,7 +237,7 @@ inline void q4_tile(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
 }
 
 // y[t·ys + n0 + r] = f(t, r, value) for 4-bit weight rows n0..n0+R over all T activation rows: one activation row
-// as it comes, more in tiles of 16 rows.
+// as it comes, a batch of up to eight in tiles of up to four, a prompt in tiles of 16 rows.
 template <bool ASYM, int R, typename Emit>
 inline void q4_rows(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t T,
                     const int8_t* qx, const float* dx, const float* sx, int64_t K, Emit emit) {
@@ -251,6 +252,31 @@ inline void q4_rows(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
       q4_tile<ASYM, P, 1>(w + r * row_bytes, row_bytes, sc + r * nb, ASYM ? mn + r * nb : nullptr, nb, 1, qx, dx, sx, K,
                           pair);
       for (int p = 0; p < P; ++p) emit(0, r + p, pair[0][p]);
+    }
+    return;
+  }
+  if (T <= 8) {
+    // A decode batch: tiles of up to four activation rows, their size known when compiled, so the accumulators
+    // stay in registers (a runtime-sized tile of 16 keeps them in memory). Measured (q4 step on the starter, median
+    // of 6 rounds alternating with the tile of 16, load 1.2-1.6): two sequences 15.3 -> 11.6 ms, three 18.9 ->
+    // 17.2, four 23.2 -> 19.9; one unchanged (7.0-7.3).
+    constexpr int P = R % 2 == 0 ? 2 : 1;
+    const auto rows = [&](int64_t t0, auto tt) {
+      constexpr int TT = decltype(tt)::value;
+      float o[TT][P];
+      for (int r = 0; r < R; r += P) {
+        q4_tile<ASYM, P, TT>(w + r * row_bytes, row_bytes, sc + r * nb, ASYM ? mn + r * nb : nullptr, nb, TT,
+                             qx + t0 * K, dx + t0 * nb, sx + t0 * nb, K, o);
+        for (int t = 0; t < TT; ++t)
+          for (int p = 0; p < P; ++p) emit(t0 + t, r + p, o[t][p]);
+      }
+    };
+    for (int64_t t0 = 0; t0 < T;) {
+      const int64_t left = T - t0;
+      if (left >= 4) rows(t0, std::integral_constant<int, 4>{}), t0 += 4;
+      else if (left == 3) rows(t0, std::integral_constant<int, 3>{}), t0 += 3;
+      else if (left == 2) rows(t0, std::integral_constant<int, 2>{}), t0 += 2;
+      else rows(t0, std::integral_constant<int, 1>{}), t0 += 1;
     }
     return;
   }
