@@ -48,32 +48,12 @@ void block_linear(const QuantisedActivations& a, const void* w, int64_t wstride,
   const float* sx = a.s.data_ptr<float>();
   const auto* wb = static_cast<const uint8_t*>(w);
   at::parallel_for(0, (N + R - 1) / R, 8, [&](int64_t g0, int64_t g1) {
-    float out[R];
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n = g * R;
-      if (BITS == 4) {
-        const auto put = [&](int64_t first) { return [&, first](int64_t t, int r, float v) { y[t * N + first + r] = v; }; };
-        if (n + R <= N)
-          q4_rows<ASYM, R>(wb + n * wstride, wstride, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, T, qx, dx, sx, K, put(n));
-        else
-          for (int64_t m = n; m < N; ++m)
-            q4_rows<ASYM, 1>(wb + m * wstride, wstride, sc + m * nb, ASYM ? mn + m * nb : nullptr, nb, T, qx, dx, sx, K, put(m));
-        continue;
-      }
-      for (int64_t t = 0; t < T; ++t) {
-        const int8_t* q = qx + t * K;
-        const float* d = dx + t * nb;
-        if (n + R <= N) {
-          q8_rows<R>(reinterpret_cast<const int8_t*>(wb + n * wstride), wstride, sc + n * nb, nb, q, d, out, t == 0);
-          for (int r = 0; r < R; ++r) y[t * N + n + r] = out[r];
-        } else {
-          for (int64_t m = n; m < N; ++m) {
-            q8_rows<1>(reinterpret_cast<const int8_t*>(wb + m * wstride), wstride, sc + m * nb, nb, q, d, out, t == 0);
-            y[t * N + m] = out[0];
-          }
-        }
-      }
-    }
+    const int64_t n0 = g0 * R, n1 = std::min(N, g1 * R);
+    const auto put = [&](int64_t t, int64_t n, float v) { y[t * N + n] = v; };
+    if constexpr (BITS == 4)
+      q4_span<ASYM>(wb, wstride, sc, mn, nb, n0, n1, qx, dx, sx, T, K, put);
+    else
+      q8_span(reinterpret_cast<const int8_t*>(wb), wstride, sc, nb, n0, n1, qx, dx, T, K, put);
   });
 }
 
@@ -135,13 +115,8 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
   float* yp = y.data_ptr<float>();
   const auto rows = [&](auto p16, const float* xs) {
     at::parallel_for(0, (N + 3) / 4, T == 1 ? 4 : 8, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        for (int64_t n = 4 * g; n < std::min(N, 4 * g + 4);) {
-          const int R = n + 4 <= N ? 4 : 1;
-          dense_group<uint16_t, decltype(p16)::value>(wp + n * ws, ws, R, xs, T, K, true,
-                                                      [&](int64_t t, int r, float v) { yp[t * N + n + r] = v; });
-          n += R;
-        }
+      dense_span<uint16_t, decltype(p16)::value>(wp, ws, 4 * g0, std::min(N, 4 * g1), xs, T, K,
+                                                 [&](int64_t t, int64_t n, float v) { yp[t * N + n] = v; });
     });
   };
   if (K % 16 == 0) {  // the activations once in permute16's order, read by every thread

@@ -110,23 +110,16 @@ template <typename W>
 void dense_range(const Product& p, const float* x, int64_t T, int64_t n0, int64_t n1, float* y, int64_t ys, bool add) {
   const int64_t stride = p.row_bytes / static_cast<int64_t>(sizeof(W)), K = p.K;
   const W* base = reinterpret_cast<const W*>(p.w);
-  const auto rows = [&](auto p16, const float* xs) {
-    for (int64_t n = n0; n < n1;) {
-      const int R = n + 4 <= n1 ? 4 : 1;
-      dense_group<W, decltype(p16)::value>(base + n * stride, stride, R, xs, T, K, true,
-                                           [&](int64_t t, int r, float v) { emit(p, y + t * ys, n + r, v, add); });
-      n += R;
-    }
-  };
+  const auto put = [&](int64_t t, int64_t n, float v) { emit(p, y + t * ys, n, v, add); };
   if constexpr (std::is_same_v<W, uint16_t>) {
     if (K % 16 == 0) {
       thread_local std::vector<float> xp;  // this thread's copy of the activations in permute16's order
       xp.resize(T * K);
       permute16(x, T, K, xp.data());
-      return rows(std::true_type{}, xp.data());
+      return dense_span<W, true>(base, stride, n0, n1, xp.data(), T, K, put);
     }
   }
-  rows(std::false_type{}, x);
+  dense_span<W, false>(base, stride, n0, n1, x, T, K, put);
 }
 
 // Output columns n0..n1 of y [T, ys] = x @ Wᵀ (+ bias), added to y when `add` (the residual stream).
@@ -135,42 +128,10 @@ void product_range(const Product& p, const Acts& a, int64_t T, int64_t n0, int64
   if (p.kind == Kind::F32) return dense_range<float>(p, a.x, T, n0, n1, y, ys, add);
   if (p.kind == Kind::BF16) return dense_range<uint16_t>(p, a.x, T, n0, n1, y, ys, add);
   const int64_t K = p.K, nb = K / BLOCK;
-  const auto put = [&](int64_t first) {
-    return [&, first](int64_t t, int r, float v) { emit(p, y + t * ys, first + r, v, add); };
-  };
-  const auto q4 = [&](auto asym) {
-    constexpr bool ASYM = decltype(asym)::value;
-    for (int64_t n = n0; n < n1; n += 4) {
-      const uint16_t* mn = ASYM ? p.mn + n * nb : nullptr;
-      if (n + 4 <= n1) {
-        q4_rows<ASYM, 4>(p.w + n * p.row_bytes, p.row_bytes, p.sc + n * nb, mn, nb, T, a.q, a.d, a.s, K, put(n));
-      } else {
-        for (int64_t m = n; m < n1; ++m)
-          q4_rows<ASYM, 1>(p.w + m * p.row_bytes, p.row_bytes, p.sc + m * nb, ASYM ? p.mn + m * nb : nullptr, nb, T,
-                           a.q, a.d, a.s, K, put(m));
-      }
-    }
-  };
-  if (p.kind == Kind::Q4) return q4(std::false_type{});
-  if (p.kind == Kind::Q4_ASYM) return q4(std::true_type{});
-  float out[4];
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t r = std::min<int64_t>(4, n1 - n);
-    for (int64_t t = 0; t < T; ++t) {
-      const int8_t* q = a.q + t * K;
-      const float* d = a.d + t * nb;
-      const auto* w = reinterpret_cast<const int8_t*>(p.w);
-      if (r == 4) {
-        q8_rows<4>(w + n * p.row_bytes, p.row_bytes, p.sc + n * nb, nb, q, d, out, t == 0);
-        for (int j = 0; j < 4; ++j) emit(p, y + t * ys, n + j, out[j], add);
-      } else {
-        for (int64_t m = n; m < n + r; ++m) {
-          q8_rows<1>(w + m * p.row_bytes, p.row_bytes, p.sc + m * nb, nb, q, d, out, t == 0);
-          emit(p, y + t * ys, m, out[0], add);
-        }
-      }
-    }
-  }
+  const auto put = [&](int64_t t, int64_t n, float v) { emit(p, y + t * ys, n, v, add); };
+  if (p.kind == Kind::Q4) return q4_span<false>(p.w, p.row_bytes, p.sc, nullptr, nb, n0, n1, a.q, a.d, a.s, T, K, put);
+  if (p.kind == Kind::Q4_ASYM) return q4_span<true>(p.w, p.row_bytes, p.sc, p.mn, nb, n0, n1, a.q, a.d, a.s, T, K, put);
+  q8_span(reinterpret_cast<const int8_t*>(p.w), p.row_bytes, p.sc, nb, n0, n1, a.q, a.d, T, K, put);
 }
 
 // Attention over keys lo..hi of row t's KV head kvh: the whole row (parts == 1) or one of `parts` parts whose

@@ -363,7 +363,8 @@ inline void dense_tile_at(const W* w, int64_t stride, const float* x, int64_t K,
 // Weight rows w.. (four, or one for a remainder) against all T activation rows, in register-sized tiles; the rows
 // are read from memory on the first tile (which prefetches the next group) and from the cache after it. Tiles of
 // the batch's rows together, not one row at a time: bf16 step on the starter, 2-core Zen 3, before -> after:
-// two sequences 20.2 -> 14.3 ms, three 26.9 -> 19.0 ms (one 14-15 ms either way; tools/step_profile-style loop).
+// two sequences 20.4 -> 15.8 ms, three 27.7 -> 19.5 ms (40 steps a batch size, median of 3 rounds alternating
+// the builds; one sequence 16.4 -> 14.4 ms).
 // emit(t, r, value) for activation row t and weight row r of the group.
 template <typename W, bool P16, typename Emit>
 inline void dense_group(const W* w, int64_t stride, int R, const float* x, int64_t T, int64_t K, bool prefetch,
@@ -387,6 +388,56 @@ inline void dense_group(const W* w, int64_t stride, int R, const float* x, int64
     } else {
       dense_tile_at<W, 4, 1, P16>(w, stride, x, K, t, 0, pf, emit), t += 1;
     }
+  }
+}
+
+// Weight rows n0..n1 of a product against all T activation rows, in groups of four and single rows for a remainder;
+// emit(t, n, value) for activation row t and output column n. One loop for the per-operator kernels
+// (cpu_kernels.cpp) and the whole step (decode_step.cpp), so the two compute the same sums in the same order.
+template <typename W, bool P16, typename Emit>
+inline void dense_span(const W* w, int64_t stride, int64_t n0, int64_t n1, const float* x, int64_t T, int64_t K,
+                       Emit emit) {
+  for (int64_t n = n0; n < n1;) {
+    const int R = n + 4 <= n1 ? 4 : 1;
+    dense_group<W, P16>(w + n * stride, stride, R, x, T, K, true, [&](int64_t t, int r, float v) { emit(t, n + r, v); });
+    n += R;
+  }
+}
+
+// Q8_0 rows (int8, `wstride` bytes apart, fp16 scales `nb` a row): each activation row in turn against a group of
+// four; the group is read from memory by the first row (which prefetches the next group) and from the cache after.
+template <typename Emit>
+inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_t nb, int64_t n0, int64_t n1,
+                    const int8_t* qx, const float* dx, int64_t T, int64_t K, Emit emit) {
+  float out[4];
+  for (int64_t n = n0; n < n1; n += 4)
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* q = qx + t * K;
+      const float* d = dx + t * nb;
+      if (n + 4 <= n1) {
+        q8_rows<4>(w + n * wstride, wstride, sc + n * nb, nb, q, d, out, t == 0);
+        for (int r = 0; r < 4; ++r) emit(t, n + r, out[r]);
+      } else {
+        for (int64_t m = n; m < n1; ++m) {
+          q8_rows<1>(w + m * wstride, wstride, sc + m * nb, nb, q, d, out, t == 0);
+          emit(t, m, out[0]);
+        }
+      }
+    }
+}
+
+// 4-bit rows (`row_bytes` apart; scales, and mins for Q4_1, `nb` a row) in groups of four, single rows for a remainder.
+template <bool ASYM, typename Emit>
+inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t n0,
+                    int64_t n1, const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, Emit emit) {
+  for (int64_t n = n0; n < n1;) {
+    const int R = n + 4 <= n1 ? 4 : 1;
+    const auto put = [&](int64_t t, int r, float v) { emit(t, n + r, v); };
+    if (R == 4)
+      q4_rows<ASYM, 4>(w + n * row_bytes, row_bytes, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, T, qx, dx, sx, K, put);
+    else
+      q4_rows<ASYM, 1>(w + n * row_bytes, row_bytes, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, T, qx, dx, sx, K, put);
+    n += R;
   }
 }
 
