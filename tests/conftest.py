@@ -96,6 +96,21 @@ def build_tiny_model(
     return folder
 
 
+@pytest.fixture
+def native_kernels():
+    """Redline's native kernels (``torch.ops.redline``). Skipped where they cannot be built (another CPU, no
+    compiler or ninja); on a machine that can build them, a failed build fails the test instead of hiding it."""
+    from redline.inference.kernels import native
+
+    ops = native.native()
+    if ops is None:
+        reason = native.status()["reason"]
+        if native.buildable_here():
+            pytest.fail(f"The native kernels should build on this machine and did not: {reason}")
+        pytest.skip(f"native kernels unavailable here: {reason}")
+    return ops
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")

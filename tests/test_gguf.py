@@ -218,7 +218,9 @@ def test_estimator_reads_the_files_tensor_types(mixed, tmp_path, monkeypatch):
     bits = {row[0]: row[3] for row in shape.packed}
     assert bits["model.layers.0.self_attn.q_proj"] == 4 and bits["lm_head"] == 8 and len(bits) == 13
     assert not any((tmp_path / "cache").rglob("*.safetensors"))  # nothing was converted
-    # The prediction for "as the file is" is what the loaded model holds, byte for byte.
+    # The prediction for "as the file is" is what the loaded model holds, byte for byte, in the layout this
+    # machine loads (GGUF's blocks where Redline's kernels run, torch's packed layouts where they do not): the
+    # estimator asks the question the loader asks (kernels.native.will_run).
     model = load(convert_gguf(mixed, tmp_path / "keep"), "auto").model
     held = sum(t.numel() * t.element_size() for t in model.parameters())
     held += sum(m.weight_bytes for m in model.modules() if isinstance(m, PackedLinear))

@@ -8,9 +8,7 @@ from redline.inference.decoding.fastpath import FastDecoder
 from redline.inference.kernels import native
 from redline.inference.loading.weight_only import quantize_model
 
-needs_native = pytest.mark.skipif(
-    native.native() is None, reason=f"native kernels unavailable: {native.status()['reason']}"
-)
+needs_native = pytest.mark.usefixtures("native_kernels")  # conftest: a failed build where one is possible fails
 PRECISIONS = ["fp32", "bf16", "q8", "q4"]
 
 

@@ -28,7 +28,8 @@ SOURCES = ("cpu_kernels.cpp", "decode_step.cpp")
 HEADERS = ("simd.h", "paged_attention.h")
 # -ffp-contract=off: no fused multiply-adds where a multiply and an add are written, so the quantisers round
 # exactly as block_quant.py does.
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++17", "-ffp-contract=off"]
+# -std=c++20: torch 2.14's headers refuse anything older (``#error C++20 or later``); older torch builds with it too.
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-ffp-contract=off"]
 _lock = threading.Lock()
 _state: dict = {"loaded": False, "reason": "not built yet", "build_seconds": None, "from_cache": None}
 
@@ -100,7 +101,7 @@ def ensure_built():
             return torch.ops.redline
         if _state.get("failed"):
             return None
-        reason = _why_not()
+        reason = why_not_here()
         if reason is None:
             try:
                 _load_or_build()
@@ -113,7 +114,38 @@ def ensure_built():
         return None
 
 
-def _why_not() -> Optional[str]:
+def will_run() -> Optional[str]:
+    """None if the kernels are loaded or will load when first asked for; else why not. Cheap: it builds nothing
+    (the estimator and the speed model ask it on any thread, to predict the path that will really run)."""
+    if _state["loaded"]:
+        return None
+    if _state.get("failed"):
+        return _state["reason"]
+    reason = why_not_here()
+    if reason is not None:
+        return reason
+    if _library_path(build_folder(), f"redline_kernels_{build_key()}") is not None:
+        return None
+    return missing_build_tools()
+
+
+def missing_build_tools() -> Optional[str]:
+    """None if this machine has what a build needs (a C++ compiler and ninja), else what is missing."""
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        return "no C++ compiler found to build them (install g++ or clang)"
+    if shutil.which("ninja") is None:
+        return "ninja is not installed (needed to build them)"
+    return None
+
+
+def buildable_here() -> bool:
+    """The kernels can be built and must work here: an x86-64 CPU with AVX2, a compiler and ninja, not turned
+    off. A failed build on such a machine is a bug (the tests fail on it rather than skip)."""
+    return why_not_here() is None and missing_build_tools() is None
+
+
+def why_not_here() -> Optional[str]:
     if os.environ.get("REDLINE_NATIVE_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
         return "turned off (REDLINE_NATIVE_KERNELS=0)"
     reason = cpu_supports_kernels()
@@ -142,9 +174,9 @@ def _load_or_build() -> None:
         torch.ops.load_library(str(lib))
         _state.update(from_cache=True, build_seconds=None)
         return
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        raise RuntimeError("no C++ compiler found (install g++ or clang)")
+    missing = missing_build_tools()
+    if missing is not None:
+        raise RuntimeError(missing)
     from torch.utils.cpp_extension import load, verify_ninja_availability
 
     verify_ninja_availability()

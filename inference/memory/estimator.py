@@ -322,13 +322,14 @@ def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -
 
 
 def q8_in_blocks(device: str) -> bool:
-    """On an x86-64 CPU with AVX2 q8 keeps GGUF's blocks (an fp16 scale per 32 weights) for Redline's kernels;
-    elsewhere torch's per-row int8 layout (weight_only.py)."""
+    """Where Redline's kernels will run (an x86-64 CPU with AVX2, the kernels built or buildable) q8 keeps GGUF's
+    blocks (an fp16 scale per 32 weights); elsewhere torch's per-row int8 layout (weight_only.py). The same
+    question the loader asks, so the estimate is of the layout that will really be loaded."""
     if device.startswith("cuda"):
         return False
-    from redline.inference.kernels.native import cpu_supports_kernels
+    from redline.inference.kernels.native import will_run
 
-    return cpu_supports_kernels() is None
+    return will_run() is None
 
 
 def _as_file_bytes(shape: ModelShape, dtype: str, device: str = "cpu") -> WeightBytes:
