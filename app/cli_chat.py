@@ -10,7 +10,7 @@ from pathlib import Path
 
 from redline.app.cli_args import SEED_MAX, above, at_least, whole_number
 from redline.app.terminal import TerminalProgress
-from redline.app.trust_store import TrustStore, load_with_trust
+from redline.app.trust_store import TrustStore, opt_in_from
 from redline.inference import (
     ACCEPTED_FORMS,
     DEFAULT_PRIORITY,
@@ -27,7 +27,6 @@ from redline.inference import (
     default_device,
     is_server_url,
     resolve_auto,
-    resolve_precision,
 )
 
 REMOTE_KEY_ENV = "REDLINE_REMOTE_API_KEY"
@@ -163,44 +162,36 @@ def start_engine(args, quiet: bool = False) -> EngineService:
     parallel = getattr(args, "parallel", None)
     service = EngineService(max_active=parallel) if parallel else EngineService()
     progress = TerminalProgress()
-
-    key = remote_key(args) if is_server_url(args.model) else None
-
-    def load(engine, report):
-        def on_progress(fraction: float, phase: str) -> None:
-            report(Progress(fraction, phase))
-
-        if key is not None or is_server_url(args.model):
-            return engine.load(args.model, None, on_progress, api_key=key)
-        load_with_trust(
-            engine,
-            args.model,
-            resolve_precision(args.precision, engine.device),
-            on_progress,
-            store=TrustStore(),
-            trust_remote_code=args.trust_remote_code,
-            allow_pickle=args.allow_pickle,
-        )
-        if args.strategy == "speculative":
-            engine.load_draft(args.draft, resolve_precision(args.draft_precision, engine.device), on_progress)
-        return engine.target
-
+    remote = is_server_url(args.model)
+    speculative = args.strategy == "speculative"
     try:
-        handle = service.call(load, "a model load", kind="load")
+        handle = service.load(
+            args.model,
+            args.precision,
+            draft=args.draft if speculative else None,
+            draft_precision=args.draft_precision,
+            opt_in=None if remote else opt_in_from(TrustStore(), args.trust_remote_code, args.allow_pickle),
+            api_key=remote_key(args) if remote else None,
+            draft_required=True,  # --strategy speculative without its draft would only fail later
+        )
         for ev in handle.events():
             if isinstance(ev, Progress):
                 progress(ev.fraction, ev.phase)
         progress.done()
-        target = handle.result()
+        report = handle.result()
     except BaseException:
         service.shutdown()
         raise
-    if args.draft and args.strategy != "speculative" and not quiet:
+    if args.draft and not speculative and not quiet:
         print("note: --draft is only used with --strategy speculative", file=sys.stderr)
-    for note in target.notes:
+    for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
-    if getattr(target, "remote", False) and args.strategy not in ("kv", "fast") and not quiet:
-        print("note: --strategy is the server's to choose for a model on a server; it is not sent", file=sys.stderr)
+    strategies = service.engine.target.capabilities.strategies
+    if args.strategy not in strategies and args.strategy != "auto" and not quiet:
+        print(
+            f"note: --strategy {args.strategy} is not sent: {report.name} decodes as its server chooses",
+            file=sys.stderr,
+        )
     return service
 
 

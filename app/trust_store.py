@@ -49,6 +49,27 @@ class TrustStore:
             write_private(self.path, json.dumps(self._data, indent=2))
 
 
+def opt_in_from(
+    store: TrustStore,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    confirm: Optional[Callable[[NeedsOptIn], bool]] = None,
+) -> Callable[[NeedsOptIn], bool]:
+    """The engine's ``opt_in`` question answered from remembered opt-ins and the user's explicit ones (a CLI flag,
+    or ``confirm`` returning True after asking); an explicit one is remembered for this folder."""
+
+    def opt_in(exc: NeedsOptIn) -> bool:
+        if store.is_trusted(exc.folder, exc.kind, exc.fingerprint):
+            return True
+        explicit = trust_remote_code if exc.kind == "remote_code" else allow_pickle
+        if explicit or (confirm is not None and confirm(exc)):
+            store.remember(exc.folder, exc.kind, exc.fingerprint, exc.files)
+            return True
+        return False
+
+    return opt_in
+
+
 def load_with_trust(
     engine,
     model: str,
@@ -60,21 +81,9 @@ def load_with_trust(
     allow_pickle: bool = False,
     confirm: Optional[Callable[[NeedsOptIn], bool]] = None,
 ):
-    """Load through ``engine``, honouring remembered opt-ins and the user's explicit ones.
-
-    An explicit opt-in (a CLI flag, or ``confirm`` returning True after asking) is remembered
-    for this folder; without one, NeedsOptIn propagates with its explanation.
-    """
-
-    def opt_in(exc: NeedsOptIn) -> bool:
-        if store.is_trusted(exc.folder, exc.kind, exc.fingerprint):
-            return True
-        explicit = trust_remote_code if exc.kind == "remote_code" else allow_pickle
-        if explicit or (confirm is not None and confirm(exc)):
-            store.remember(exc.folder, exc.kind, exc.fingerprint, exc.files)
-            return True
-        return False
-
+    """Load through ``engine``, honouring remembered opt-ins and the user's explicit ones (``opt_in_from``);
+    without one, NeedsOptIn propagates with its explanation."""
+    opt_in = opt_in_from(store, trust_remote_code, allow_pickle, confirm)
     if progress is not None:
         return engine.load(model, precision, progress, opt_in=opt_in)
     return engine.load(model, precision, opt_in=opt_in)

@@ -40,19 +40,35 @@ from redline.inference.bench.sets import READY_SETS, configs_text, every_precisi
 from redline.inference.bench.sweep import MODES as SWEEP_MODES
 from redline.inference.decoding.draft_check import check_pair
 from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
-from redline.inference.engine import Engine
+from redline.inference.engine import Engine, LoadReport, LoadRequest
 from redline.inference.errors import (
+    Busy,
     Cancelled,
+    ContextExceeded,
     IncompatibleDraft,
     ModelLoadError,
     ModelSourceError,
     NeedsOptIn,
     OutOfMemory,
     RedlineError,
+    Refused,
     StarterUnavailable,
     UnsupportedConfiguration,
 )
-from redline.inference.events import FinishedEvent, GenerationResult, Notice, PrefillProgress, StatsEvent, TokenEvent
+from redline.inference.events import (
+    Completed,
+    Failed,
+    FinishedEvent,
+    GenerationResult,
+    Notice,
+    PrefillProgress,
+    Progress,
+    Queued,
+    Started,
+    StatsEvent,
+    TokenEvent,
+)
+from redline.inference.generation.request import GenerationRequest
 from redline.inference.hardware.gpus import CONSUMER_GPUS
 from redline.inference.hardware.probe import default_device, torch_cuda_build
 from redline.inference.hardware.probe import probe as probe_machine
@@ -69,17 +85,7 @@ from redline.inference.remote.client import RemoteError, display_url, is_server_
 from redline.inference.remote.client import list_models as list_server_models
 from redline.inference.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, ServerConfigError, is_loopback
 from redline.inference.server.runner import ApiServer
-from redline.inference.service.requests import (
-    Busy,
-    Completed,
-    Failed,
-    GenerationRequest,
-    Progress,
-    Queued,
-    Refused,
-    RequestHandle,
-    Started,
-)
+from redline.inference.service.requests import RequestHandle
 from redline.inference.service.scheduler import EngineService
 from redline.inference.sources.describe import describe as describe_model
 from redline.inference.sources.gguf import is_complete as is_converted
@@ -136,6 +142,9 @@ __all__ = [
     "detect_target",
     "DraftAdvice",
     "Engine",
+    "LoadReport",
+    "LoadRequest",
+    "ContextExceeded",
     "Estimate",
     "every_precision",
     "FinishedEvent",

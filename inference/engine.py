@@ -1,23 +1,27 @@
-"""The long-lived engine: owns the target model (and draft) and runs every generation.
+"""The long-lived engine: owns the target (a model loaded here, or a model on a server: ``backend.Backend``) and
+its draft, loads them, and runs every generation.
 
 Qt-free and synchronous. The engine service (``service/scheduler.py``) runs one Engine on its worker
-thread and is how the window, the CLI, the speed lab and the HTTP server reach it; scripts and tests may
-call it directly. There is no engine-wide cancel: every load and generation takes its own
-``should_cancel`` (a request's cancel handle), checked by the loader and once per decode step.
+thread and is how the window, the CLI, the speed lab and the HTTP server reach it; scripts, the speed lab's
+jobs and tests may call it directly. There is no engine-wide cancel: every load and generation takes its own
+cancel (a request's handle), checked by the loader and once per decode step.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
-from redline.inference.decoding.generate import generate, new_result
 from redline.inference.decoding.hf import check_draft
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.errors import IncompatibleDraft, NeedsOptIn, RedlineError, UnsupportedConfiguration
-from redline.inference.events import EventFn, FinishedEvent, GenerationResult, Notice
+from redline.inference.errors import Cancelled, IncompatibleDraft, NeedsOptIn, RedlineError, UnsupportedConfiguration
+from redline.inference.events import EventFn, GenerationResult, Progress
+from redline.inference.generation.lifecycle import DirectSink, Sink
+from redline.inference.generation.request import GenerationRequest
 from redline.inference.hardware.probe import default_device
-from redline.inference.loading.loader import LoadedModel, free_memory, load_model
-from redline.inference.loading.precision import PrecisionSpec
+from redline.inference.loading.loader import BatchLimits, LoadedModel, free_memory, load_model
+from redline.inference.loading.precision import PrecisionSpec, resolve_precision
 from redline.inference.memory.calibration import MemoryCheck, check_generation, predict_loaded
 from redline.inference.memory.policy import bound_kernel_caches
 from redline.inference.progress import CancelFn, ProgressFn, noop_progress
@@ -26,11 +30,48 @@ from redline.inference.sources.resolve import resolve
 from redline.inference.speed.calibration import check_generation as check_speed
 
 
+@dataclass
+class LoadRequest:
+    """What to load: a model (a folder, hub id, GGUF file, ``starter``, or a server's ``http://…/v1[#MODEL]``) at
+    a precision, and optionally its draft. ``opt_in(NeedsOptIn) -> bool`` answers whether a folder's code may
+    run or its pickle weights be read. A draft that fails leaves the target loaded and says why in the report,
+    unless ``draft_required`` (the CLI's ``--strategy speculative``), where the load fails."""
+
+    model: str
+    precision: Any = "auto"  # a PrecisionSpec, or its text ("auto", "q8", "nf4+keep=lm_head", …)
+    draft: Optional[str] = None
+    draft_precision: Any = "auto"
+    api_key: Optional[str] = field(default=None, repr=False)
+    opt_in: Optional[Callable[[NeedsOptIn], bool]] = None
+    draft_required: bool = False
+
+
+@dataclass
+class LoadReport:
+    """What was loaded, as the window, the wizard and the CLI show it."""
+
+    name: str
+    device: str
+    precision: str
+    memory_bytes: int
+    load_seconds: float
+    notes: list[str] = field(default_factory=list)
+    draft_name: Optional[str] = None
+    draft_error: Optional[str] = None
+    # The estimator's prediction for what was loaded (target and draft, one token of context) and the
+    # measured peak of the load it predicts (RSS on CPU; torch reserved + the CUDA context on GPUs).
+    predicted_bytes: Optional[int] = None
+    measured_bytes: Optional[int] = None
+    kind: str = "local"  # "remote": a model on a server (its memory is the server's)
+    context_limit: Optional[int] = None
+
+
 class Engine:
-    def __init__(self, device: Optional[str] = None):
+    def __init__(self, device: Optional[str] = None, limits: Optional[BatchLimits] = None):
         bound_kernel_caches()  # before the first product: a day of prompt lengths must not grow them
         self.device = device or default_device()
-        self.target: Optional[LoadedModel] = None
+        self.limits = limits or BatchLimits()
+        self.target: Optional[Any] = None  # a Backend: LoadedModel or RemoteModel
         self.draft: Optional[LoadedModel] = None
         self.memory_check: Optional[MemoryCheck] = None  # predicted vs measured, after the last generation
         self.record_memory = True  # feed measured loads into the per-machine estimator correction
@@ -48,7 +89,7 @@ class Engine:
         opt_in: Optional[Callable[[NeedsOptIn], bool]] = None,
         should_cancel: Optional[CancelFn] = None,
         api_key: Optional[str] = None,
-    ) -> LoadedModel:
+    ):
         """Load ``model`` as the target. A folder whose code would run (or whose weights would be unpickled)
         raises NeedsOptIn unless the matching flag is set, or ``opt_in(exc)`` — asked at most once per kind —
         says yes (the user trusts it, or already did).
@@ -67,7 +108,7 @@ class Engine:
         flags = {"remote_code": trust_remote_code, "pickle": allow_pickle}
         while True:
             try:
-                self.target = load_model(
+                loaded = load_model(
                     source,
                     precision,
                     self.device,
@@ -81,8 +122,11 @@ class Engine:
                 if flags[exc.kind] or opt_in is None or not opt_in(exc):
                     raise
                 flags[exc.kind] = True
-        self._predict(self.target)
-        return self.target
+        loaded.limits = self.limits
+        loaded.on_result = self.check_result
+        self.target = loaded
+        self._predict(loaded)
+        return loaded
 
     def load_draft(
         self,
@@ -93,7 +137,7 @@ class Engine:
     ) -> LoadedModel:
         if self.target is None:
             raise IncompatibleDraft("Load the target model before its draft.")
-        if getattr(self.target, "remote", False):
+        if not self.target.capabilities.draft:
             raise IncompatibleDraft(
                 "A model on a server takes no local draft.", "Use the server's own speculative decoding."
             )
@@ -106,12 +150,77 @@ class Engine:
             free_memory(self.device)
             raise
         self.draft = draft
+        self.target.draft = draft
         self._predict(draft)
         return draft
+
+    def load_all(self, request: LoadRequest, report: Callable[[Any], None], should_cancel=None) -> LoadReport:
+        """The one load job (the window, the wizard, the CLI, the server's load on request): the target, then its
+        draft if asked (else the draft goes), with ``Progress`` reported; what was loaded, predicted and measured."""
+        share = 0.75 if request.draft else 1.0
+
+        def target_progress(fraction: float, phase: str) -> None:
+            report(Progress(fraction * share, phase))
+
+        if is_server_url(request.model):
+            target = self.load(request.model, None, target_progress, api_key=request.api_key)
+            report(Progress(1.0, "Connected"))
+            return LoadReport(
+                target.name, target.device, "server", 0, target.load_seconds, list(target.notes),
+                kind="remote", context_limit=target.context_limit,
+            )  # fmt: skip
+        spec = _precision(request.precision, self.device)
+        target = self.load(request.model, spec, target_progress, opt_in=request.opt_in, should_cancel=should_cancel)
+        info = LoadReport(
+            target.name,
+            target.device,
+            target.precision.label(),
+            target.memory_bytes,
+            target.load_seconds,
+            list(target.notes),
+            context_limit=target.context_limit,
+        )
+        if request.draft:
+            try:
+                draft = self.load_draft(
+                    request.draft,
+                    _precision(request.draft_precision, self.device),
+                    lambda f, phase: report(Progress(share + f * (1 - share), f"draft: {phase}")),
+                    should_cancel,
+                )
+                info.draft_name = draft.name
+            except Cancelled:
+                raise
+            except RedlineError as exc:  # keep the target: the user can still chat without the draft
+                if request.draft_required:
+                    raise
+                info.draft_error = str(exc)
+        else:
+            self.unload_draft()
+        info.predicted_bytes, info.measured_bytes = self._predicted_vs_measured()
+        report(Progress(1.0, "Loaded"))
+        return info
+
+    def _predicted_vs_measured(self) -> tuple[Optional[int], Optional[int]]:
+        from redline.inference.memory.calibration import measured_peak_bytes
+
+        target, draft = self.target, self.draft
+        try:
+            measured = measured_peak_bytes(target, None, draft)
+        except Exception:  # a report only: never fail a load over it
+            measured = None
+        if draft is None:
+            return getattr(target, "predicted_bytes", None), measured
+        try:
+            return predict_loaded(target, 1, draft=draft).total_bytes, measured
+        except Exception:
+            return None, measured
 
     def unload_draft(self) -> None:
         if self.draft is not None:
             draft, self.draft = self.draft, None
+            if self.target is not None and getattr(self.target, "draft", None) is draft:
+                self.target.draft = None
             draft.release()  # its tensors go even if something else still holds the object
             free_memory(self.device)
 
@@ -133,13 +242,13 @@ class Engine:
             loaded.predicted_bytes = None
 
     def check_result(self, result: GenerationResult, options: DecodeOptions) -> GenerationResult:
-        """Predicted vs measured memory and speed for a finished reply (``chat``, ``generate_ids``, and the
-        service's batch when the reply ran alone); the per-machine corrections learn from it."""
+        """Predicted vs measured memory and speed for a finished reply that ran alone (the fair sample); the
+        per-machine corrections learn from it. Only for a model loaded here: a server's figures are its own."""
+        if self.target is None or not self.target.capabilities.measured_here:
+            return result
         return self._check_speed(self._check_memory(result), options)
 
     def _check_memory(self, result: GenerationResult) -> GenerationResult:
-        if getattr(self.target, "remote", False):
-            return result  # the memory is the server's
         try:
             check = check_generation(self.target, result, self.draft, save=self.record_memory)
         except Exception:  # the comparison is a report; it must never break a chat
@@ -152,8 +261,6 @@ class Engine:
         return result
 
     def _check_speed(self, result: GenerationResult, options: DecodeOptions) -> GenerationResult:
-        if getattr(self.target, "remote", False):
-            return result  # the speed is the server's and its network's, not this machine's
         try:
             pred = check_speed(self.target, result, options, self.draft, save=self.record_speed)
         except Exception:  # a report only: it must never break a chat
@@ -165,10 +272,35 @@ class Engine:
         return result
 
     # -- generation ----------------------------------------------------------
-    def _require_target(self) -> LoadedModel:
+    def _require_target(self):
         if self.target is None:
             raise RedlineError("No model is loaded.", "Load a model first.")
         return self.target
+
+    def admission(self, request: GenerationRequest) -> str:
+        """How the service runs ``request``: "batch" (decoded with the others on the fast path), "threads" (sent
+        to the target's server on a thread of its own) or "exclusive" (alone, on the engine's thread)."""
+        target = self.target
+        if target is None:
+            return "exclusive"
+        if target.capabilities.concurrency == "threads":
+            return "threads"
+        return "batch" if target.batchable(self._resolved(request)) else "exclusive"
+
+    def _resolved(self, request: GenerationRequest) -> GenerationRequest:
+        strategy = self.target.resolve_strategy(request.options.strategy)
+        if strategy == request.options.strategy:
+            return request
+        return dataclasses.replace(request, options=dataclasses.replace(request.options, strategy=strategy))
+
+    def run(self, request: GenerationRequest, sink: Sink, submitted: Optional[float] = None) -> GenerationResult:
+        """Run ``request`` to its end on the target, reporting to ``sink``; its GenerationResult."""
+        target = self._require_target()
+        if request.input_ids is not None and not target.capabilities.token_ids:
+            raise UnsupportedConfiguration(
+                "A model on a server takes chat messages, not token ids.", "Send messages instead."
+            )
+        return target.generate(self._resolved(request), sink, submitted)
 
     def generate_ids(
         self,
@@ -180,15 +312,10 @@ class Engine:
         should_cancel: Optional[CancelFn] = None,
         logits_processor=None,
     ) -> GenerationResult:
-        target = self._require_target()
-        if getattr(target, "remote", False):
-            raise UnsupportedConfiguration(
-                "A model on a server takes chat messages, not token ids.", "Send messages instead."
-            )
-        result = generate(
-            target, input_ids, sampling, options, self.draft, on_event, should_cancel, context, logits_processor
+        request = GenerationRequest(
+            input_ids=input_ids, sampling=sampling, options=options, context=context, logits_processor=logits_processor
         )
-        return self.check_result(result, options)
+        return self.run(request, DirectSink(on_event, should_cancel))
 
     def chat(
         self,
@@ -201,24 +328,11 @@ class Engine:
         logits_processor=None,
     ) -> GenerationResult:
         """Answer ``messages`` (rendered with the model's chat template) with one generation."""
-        from redline.inference.service.batcher import prepare_prompt
-        from redline.inference.service.requests import GenerationRequest
-
-        target = self._require_target()
-        if getattr(target, "remote", False):
-            result = target.chat(messages, sampling, on_event, should_cancel)
-            if on_event is not None:
-                on_event(FinishedEvent(result))
-            return result
-        request = GenerationRequest(messages=messages, sampling=sampling, options=options, context=context)
-        prepared = new_result(target, 0, options)
-        prompt, context = prepare_prompt(target, request, prepared)
-        if on_event is not None:
-            for note in prepared.notes:  # said before the reply starts
-                on_event(Notice(note))
-        result = generate(
-            target, prompt, sampling, options, self.draft, on_event, should_cancel, context, logits_processor
+        request = GenerationRequest(
+            messages=messages, sampling=sampling, options=options, context=context, logits_processor=logits_processor
         )
-        result.notes[:0] = prepared.notes
-        result.dropped_messages = prepared.dropped_messages
-        return self.check_result(result, options)
+        return self.run(request, DirectSink(on_event, should_cancel))
+
+
+def _precision(value, device: str) -> PrecisionSpec:
+    return value if isinstance(value, PrecisionSpec) else resolve_precision(str(value or "auto"), device)

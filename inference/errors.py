@@ -58,3 +58,22 @@ class NeedsOptIn(UnsupportedConfiguration):
         self.folder = folder
         self.files = files
         self.fingerprint = fingerprint
+
+
+class ContextExceeded(UnsupportedConfiguration):
+    """A prompt (``what="prompt"``), or its new tokens (``what="max_new_tokens"``), does not fit the context of
+    ``limit`` tokens (``prompt_tokens`` long, leaving ``room``)."""
+
+    def __init__(
+        self, message: str, hint: str = "", what: str = "prompt", prompt_tokens: int = 0, limit: int = 0, room: int = 0
+    ):
+        super().__init__(message, hint)
+        self.what, self.prompt_tokens, self.limit, self.room = what, prompt_tokens, limit, room
+
+
+class Busy(RedlineError):
+    """The engine's queue is full: try again shortly (an HTTP server answers 429)."""
+
+
+class Refused(RedlineError):
+    """The request can never run as asked (it cannot fit, or asks for something the model cannot do)."""

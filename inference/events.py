@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "error")
 
@@ -90,5 +91,52 @@ class FinishedEvent:
     result: GenerationResult
 
 
-Event = Union[TokenEvent, StatsEvent, Notice, FinishedEvent]
+# -- a request's life in the engine service, around the generation's own events ------------------------------
+@dataclass
+class Queued:
+    """The request waits: ``ahead`` requests before it, and why (e.g. "waiting for the speed lab")."""
+
+    ahead: int
+    reason: str = ""
+
+
+@dataclass
+class Started:
+    """The engine took the request up."""
+
+    time_s: float = field(default_factory=time.monotonic)
+    batched: bool = False  # decoded together with other requests (continuous batching)
+    note: str = ""
+
+
+@dataclass
+class Progress:
+    """Progress of a load or another job: a fraction and what happens now."""
+
+    fraction: float
+    phase: str
+
+
+@dataclass
+class Completed:
+    """A load, unload or other job ended; ``value`` is what it returned."""
+
+    value: Any = None
+
+
+@dataclass
+class Failed:
+    """The request could not run or failed: ``error`` says why in a sentence a user can act on."""
+
+    error: BaseException
+
+    @property
+    def message(self) -> str:
+        from redline.inference.errors import RedlineError
+
+        return str(self.error) if isinstance(self.error, RedlineError) else f"{type(self.error).__name__}: {self.error}"
+
+
+FINAL = (FinishedEvent, Completed, Failed)  # a request's last event: nothing comes after it
+Event = Union[TokenEvent, StatsEvent, Notice, PrefillProgress, Queued, Started, FinishedEvent]
 EventFn = Callable[[Event], None]

@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from redline.inference.events import GenerationResult, StatsEvent, TokenEvent
+from redline.inference.backend import Capabilities
+from redline.inference.engine import LoadReport
+from redline.inference.events import GenerationResult, Progress, StatsEvent, TokenEvent
 from redline.inference.loading.precision import parse_precision
 
 
@@ -24,6 +26,7 @@ class _Loaded:
     load_seconds: float = 0.0
     notes: list = field(default_factory=list)
     context_limit: int = 4096
+    capabilities: Capabilities = Capabilities(("kv", "fast"), True, False, False, True, "batch")
 
 
 class SlowEngine:
@@ -38,6 +41,20 @@ class SlowEngine:
     def load(self, model, precision, progress=None, opt_in=None, should_cancel=None, **_):
         self.target = _Loaded(f"slow-{model}", precision if hasattr(precision, "label") else parse_precision("fp32"))
         return self.target
+
+    def load_all(self, request, report, should_cancel=None):
+        t = self.load(request.model, request.precision)
+        report(Progress(1.0, "Loaded"))
+        return LoadReport(t.name, "cpu", t.precision.label(), 0, 0.0, context_limit=t.context_limit)
+
+    def admission(self, request) -> str:
+        return "exclusive"  # one reply at a time, on the engine's thread
+
+    def run(self, request, sink, submitted=None) -> GenerationResult:
+        stop = lambda: sink.cancelled  # noqa: E731
+        if request.messages is not None:
+            return self.chat(request.messages, request.sampling, request.options, sink.emit, should_cancel=stop)
+        return self.chat(None, request.sampling, request.options, sink.emit, should_cancel=stop)
 
     def load_draft(self, *args, **kwargs):  # pragma: no cover - not used
         raise NotImplementedError

@@ -40,10 +40,19 @@ def test_contract_breaks_when_engine_imports_qt(tmp_path):
 
 def test_contract_breaks_when_ui_reaches_past_the_public_surface(tmp_path):
     pkg = copy_tree(tmp_path)
-    (pkg / "ui" / "sneaky.py").write_text("from redline.inference.decoding.generate import generate\n")
+    (pkg / "ui" / "sneaky.py").write_text("from redline.inference.decoding.fastpath import FastDecoder\n")
     broken = lint(pkg)
     assert broken.returncode != 0
-    assert "redline.ui.sneaky -> redline.inference.decoding.generate" in broken.stdout
+    assert "redline.ui.sneaky -> redline.inference.decoding.fastpath" in broken.stdout
+
+
+def test_contract_breaks_when_the_engine_reaches_up_into_the_service(tmp_path):
+    """The batcher, requests and their preparation are the engine's: nothing in it may import the service."""
+    pkg = copy_tree(tmp_path)
+    (pkg / "inference" / "generation" / "sneaky.py").write_text("from redline.inference.service import scheduler\n")
+    broken = lint(pkg)
+    assert broken.returncode != 0
+    assert "redline.inference.generation.sneaky -> redline.inference.service" in broken.stdout
 
 
 def test_the_public_surface_imports_neither_torch_nor_transformers():

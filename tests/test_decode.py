@@ -5,11 +5,11 @@ import threading
 import pytest
 import torch
 
-from redline.inference.decoding.generate import generate
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
 from redline.inference.errors import IncompatibleDraft
 from redline.inference.events import FinishedEvent, StatsEvent, TokenEvent
+from redline.inference.generation.run import generate
 from redline.inference.loading.precision import PrecisionSpec
 
 GREEDY = SamplingSettings(max_new_tokens=24, temperature=0)

@@ -124,7 +124,7 @@ def test_two_chats_reply_at_once_and_stopping_one_leaves_the_other(qtbot, tiny_m
     import time
 
     from redline.app.gui import build_window
-    from redline.inference.service.batcher import Batcher
+    from redline.inference.generation.batch import Batcher
 
     step = Batcher.step
 

@@ -64,9 +64,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from redline.inference import Engine, SamplingSettings, load_prompt_set, resolve_precision
-    from redline.inference.decoding.generate import generate
     from redline.inference.decoding.options import DecodeOptions
     from redline.inference.decoding.prompt import build_prompt
+    from redline.inference.generation.run import generate
     from redline.inference.kernels import native
 
     ggufs = dict(item.split("=", 1) for item in args.gguf)

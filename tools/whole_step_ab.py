@@ -22,9 +22,9 @@ def main(argv=None) -> int:
 
     from redline.inference import Engine, SamplingSettings, load_prompt_set, resolve_precision
     from redline.inference.decoding.fastpath import get_decoder
-    from redline.inference.decoding.generate import generate
     from redline.inference.decoding.options import DecodeOptions
     from redline.inference.decoding.prompt import build_prompt
+    from redline.inference.generation.run import generate
 
     before = os.getloadavg()
     for precision in args.precisions.split(","):

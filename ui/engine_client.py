@@ -8,10 +8,12 @@ Each returns a future whose ``request_id`` cancels that request alone (``client.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QObject
+
+from redline.inference import LoadReport, LoadRequest, Progress
 
 from .worker import EngineThread
 
@@ -85,27 +87,9 @@ class EngineClient(QObject):
 
 # -- tasks (run on the worker thread; inference imports happen there, off the UI thread) --------
 
-
-@dataclass
-class LoadProgress:
-    fraction: float
-    phase: str
-
-
-@dataclass
-class ModelInfo:
-    name: str
-    device: str
-    precision: str
-    memory_bytes: int
-    load_seconds: float
-    notes: list[str] = field(default_factory=list)
-    draft_name: Optional[str] = None
-    draft_error: Optional[str] = None
-    # The estimator's prediction for what was loaded (target and draft, one token of context) and the
-    # measured peak of the load it predicts (RSS on CPU; torch reserved + the CUDA context on GPUs).
-    predicted_bytes: Optional[int] = None
-    measured_bytes: Optional[int] = None
+# What a load reports and returns: the engine's own (``EngineService.load`` / ``Engine.load_all``).
+LoadProgress = Progress
+ModelInfo = LoadReport
 
 
 def load_task(
@@ -117,73 +101,15 @@ def load_task(
     is_trusted: Optional[Callable[[Any], bool]] = None,
     api_key: Optional[str] = None,
 ):
-    """``is_trusted(NeedsOptIn) -> bool`` says whether the user already opted in for that folder's code or
-    pickle weights (as they are now); without it, such a model is refused with NeedsOptIn. A server's address
-    (``http://HOST:PORT/v1#MODEL``) connects to its model, with ``api_key``; nothing loads here."""
+    """The engine's one load job (``Engine.load_all``) as a task: ``is_trusted(NeedsOptIn) -> bool`` says whether
+    the user already opted in for that folder's code or pickle weights; a server's address connects to its model,
+    with ``api_key``."""
+    request = LoadRequest(model, precision, draft_model if with_draft else None, draft_precision, api_key, is_trusted)
 
     def task(engine, report):
-        from redline.inference import Cancelled, RedlineError, is_server_url, resolve_precision
-
-        if is_server_url(model):
-            remote = engine.load(model, None, lambda f, phase: report(LoadProgress(f, phase)), api_key=api_key)
-            report(LoadProgress(1.0, "Connected"))
-            return ModelInfo(remote.name, remote.device, "server", 0, remote.load_seconds, list(remote.notes))
-
-        share = 0.75 if (with_draft and draft_model) else 1.0
-        spec = resolve_precision(precision, engine.device)
-        cancelled = getattr(report, "cancelled", None)  # this load's own cancel (the load bar's button)
-        loaded = engine.load(
-            model,
-            spec,
-            lambda f, phase: report(LoadProgress(f * share, phase)),
-            opt_in=is_trusted,
-            should_cancel=cancelled,
-        )
-        info = ModelInfo(
-            loaded.name,
-            loaded.device,
-            loaded.precision.label(),
-            loaded.memory_bytes,
-            loaded.load_seconds,
-            list(loaded.notes),
-        )
-        if with_draft and draft_model:
-            dspec = resolve_precision(draft_precision, engine.device)
-            try:
-                draft = engine.load_draft(
-                    draft_model,
-                    dspec,
-                    lambda f, phase: report(LoadProgress(share + f * (1 - share), f"draft: {phase}")),
-                    cancelled,
-                )
-                info.draft_name = draft.name
-            except Cancelled:
-                raise
-            except RedlineError as exc:  # keep the target: the user can still chat without the draft
-                info.draft_error = str(exc)
-        else:
-            engine.unload_draft()
-        info.predicted_bytes, info.measured_bytes = _predicted_vs_measured(engine)
-        report(LoadProgress(1.0, "Loaded"))
-        return info
+        return engine.load_all(request, report, should_cancel=getattr(report, "cancelled", None))
 
     return task
-
-
-def _predicted_vs_measured(engine) -> tuple[Optional[int], Optional[int]]:
-    from redline.inference import measured_peak_bytes, predict_loaded
-
-    target, draft = engine.target, engine.draft
-    try:
-        measured = measured_peak_bytes(target, None, draft)
-    except Exception:  # a report only: never fail a load over it
-        measured = None
-    if draft is None:
-        return getattr(target, "predicted_bytes", None), measured
-    try:
-        return predict_loaded(target, 1, draft=draft).total_bytes, measured
-    except Exception:
-        return None, measured
 
 
 # -- what the configuration wizard asks the engine thread (torch and tokenizers load there) ------

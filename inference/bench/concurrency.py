@@ -4,8 +4,8 @@ For each number of concurrent requests, the requests arrive ``arrival_gap_s`` ap
 each asks for ``new_tokens`` tokens (end-of-sequence suppressed, so lengths are fixed). Three ways to serve
 them, measured on the loaded model in the same run:
 
-- ``continuous``: Redline's scheduler path (``service.batcher.Batcher``): a request joins the running batch
-  at the next decode step and leaves when it ends;
+- ``continuous``: Redline's batcher (``generation/batch.Batcher``, what the engine service runs): a request joins
+  the running batch at the next decode step and leaves when it ends;
 - ``one-at-a-time``: the same path with room for one request (each waits for the one before);
 - ``transformers``: transformers' own continuous batching (``init_continuous_batching``, its paged cache)
   with the same arrivals, for comparison.
@@ -25,8 +25,9 @@ from typing import Callable, Optional, Sequence
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.decoding.timing import percentile
 from redline.inference.errors import UnsupportedConfiguration
+from redline.inference.generation.lifecycle import DirectSink
+from redline.inference.generation.request import GenerationRequest
 from redline.inference.loading.loader import LoadedModel
-from redline.inference.service.requests import GenerationRequest, RequestHandle
 
 MODES = ("continuous", "one-at-a-time", "transformers")
 
@@ -98,7 +99,7 @@ def _redline(
     should_cancel: Callable[[], bool],
     row: ConcurrencyRow,
 ) -> None:
-    from redline.inference.service.batcher import Batcher
+    from redline.inference.generation.batch import Batcher
 
     batcher = Batcher(target, room)
     kv = batcher.dec.kv
@@ -106,14 +107,14 @@ def _redline(
     sampling = SamplingSettings(max_new_tokens=new_tokens, temperature=0, min_new_tokens=new_tokens)
     start = time.perf_counter()
     arrivals = [start + i * gap for i in range(len(prompts))]
-    handles: list[RequestHandle] = []
+    handles: list[DirectSink] = []
     waiting = list(range(len(prompts)))
     peak = needed_at_peak = 0
     while (waiting or len(batcher)) and not should_cancel():
         now = time.perf_counter()
         while waiting and arrivals[waiting[0]] <= now and batcher.has_room():
             i = waiting.pop(0)
-            handle = RequestHandle("generate")
+            handle = DirectSink()
             handles.append(handle)
             batcher.add(
                 handle,
@@ -127,7 +128,7 @@ def _redline(
                 needed_at_peak = max(needed_at_peak, per_token * sum(a.seq.position + 1 for a in batcher.active))
         elif waiting:
             time.sleep(max(0.0, min(0.01, arrivals[waiting[0]] - time.perf_counter())))
-    results = [h.result(0) for h in handles if h.done]
+    results = [h.result for h in handles if h.result is not None]
     if len(results) < len(prompts):
         row.status = "cancelled"
         return

@@ -36,13 +36,14 @@ from redline.inference.bench.results import (
     ProgressCallback,
     SweepRow,
 )
-from redline.inference.decoding.generate import generate
 from redline.inference.decoding.options import SamplingSettings
 from redline.inference.decoding.prompt import build_prompt
 from redline.inference.decoding.timing import percentile
 from redline.inference.engine import Engine
 from redline.inference.errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
 from redline.inference.events import GenerationResult, StatsEvent, TokenEvent
+from redline.inference.generation.lifecycle import DirectSink
+from redline.inference.generation.request import GenerationRequest
 from redline.inference.hardware.probe import probe
 from redline.inference.loading.loader import free_memory, is_oom
 from redline.inference.remote.client import is_server_url, parse_server_spec
@@ -174,12 +175,7 @@ class _Models:
     def ensure(self, config: BenchConfig, progress: Callable[[float, str], None]) -> tuple[float, bool]:
         eng = self.engine
         if config.remote:  # a model on a server: connect (nothing loads here), reusing the connection
-            target = eng.target
-            if (
-                getattr(target, "remote", False)
-                and config.server.startswith(target.base_url)
-                and ("#" not in config.server or config.server.endswith("#" + target.model_id))
-            ):
+            if eng.target is not None and eng.target.answers_to(config.server):
                 return 0.0, True
             base, _ = parse_server_spec(config.server)
             eng.unload_draft()
@@ -376,7 +372,7 @@ def run_bench(
                 target = engine.target
                 row.precision, row.device = target.precision.label(), target.device
                 row.model_memory_bytes = target.memory_bytes + (engine.draft.memory_bytes if engine.draft else 0)
-                if config.remote:  # the same prompts, as messages: the server has its own tokenizer
+                if not target.capabilities.token_ids:  # the same prompts, as messages: the server tokenizes
                     prompts = [list(p.messages) for p in spec.prompts.prompts]
                     row.model_memory_bytes = None
                     row.notes.append(
@@ -409,10 +405,11 @@ def run_bench(
                         elif isinstance(ev, StatsEvent):
                             emit(BenchLive(_i, ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens))
 
-                    if config.remote:
-                        result = target.chat(prompts[p], sampling, on_event, cancelled)
-                    else:
-                        result = generate(target, prompts[p], sampling, options, engine.draft, on_event, cancelled)
+                    prompt = {"input_ids": prompts[p]} if target.capabilities.token_ids else {"messages": prompts[p]}
+                    request = GenerationRequest(
+                        **prompt, sampling=sampling, options=options, client="lab", record=False
+                    )
+                    result = engine.run(request, DirectSink(on_event, cancelled))
                     done_units += 1
                     if result.finish_reason == "error":
                         failure = result
@@ -435,7 +432,7 @@ def run_bench(
                     row.status = "ok"
                     _aggregate(row, measured)
                     row.outputs = [outputs[p].text for p in sorted(outputs)]
-                    if not config.remote:  # a server sends text, not token ids: no token-level agreement
+                    if target.capabilities.measured_here:  # a server's speed is its own (and its network's)
                         _roofline(row, target)
                         # this machine's speed: a server's is its own (and its network's)
                         _predict_speed(row, config, target, engine.draft, spec.record_speed)
@@ -538,12 +535,8 @@ def run_bench(
 
 
 def _current(target) -> Optional[tuple]:
-    """What ``_restore`` needs to put ``target`` back: (spec, precision[, a server's key])."""
-    if target is None:
-        return None
-    if getattr(target, "remote", False):
-        return (f"{target.base_url}#{target.model_id}", None, target.api_key)
-    return (target.source.spec, target.precision)
+    """What ``_restore`` needs to put ``target`` back: (spec, precision or None, a server's key or None)."""
+    return None if target is None else target.reload_spec()
 
 
 def _restore(engine: Engine, previous, previous_draft) -> None:
@@ -552,15 +545,14 @@ def _restore(engine: Engine, previous, previous_draft) -> None:
         if previous is None:
             engine.unload()
             return
-        if len(previous) == 3:  # a model on a server: connect again unless still connected to it
-            spec_text, _none, key = previous
-            target = engine.target
-            if not (getattr(target, "remote", False) and f"{target.base_url}#{target.model_id}" == spec_text):
-                engine.load(spec_text, None, api_key=key)
-            return
-        spec_text, precision = previous
-        if engine.target is None or engine.target.source != resolve(spec_text) or engine.target.precision != precision:
-            engine.load(spec_text, precision)
+        spec_text, precision, key = previous
+        target = engine.target
+        if (
+            target is None
+            or not target.answers_to(spec_text)
+            or (precision is not None and target.precision != precision)
+        ):
+            engine.load(spec_text, precision, api_key=key)
         if previous_draft is not None:
             dspec, dprec = previous_draft
             if engine.draft is None or engine.draft.source != resolve(dspec) or engine.draft.precision != dprec:

@@ -8,6 +8,9 @@ from typing import Optional
 from redline.inference.errors import UnsupportedConfiguration
 
 STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")
+# Also accepted in a request: "auto" (the target's own choice: the fast path where it runs, a server's own
+# decoding) and "remote" (what a model on a server runs); the target resolves them (backend.Backend).
+REQUEST_STRATEGIES = STRATEGIES + ("auto", "remote")
 
 
 @dataclass
@@ -41,7 +44,7 @@ class DecodeOptions:
     compile: Optional[bool] = None  # static and fast: None = on for CUDA, off for CPU
 
     def __post_init__(self):
-        if self.strategy not in STRATEGIES:
+        if self.strategy not in REQUEST_STRATEGIES:
             raise UnsupportedConfiguration(
                 f"Unknown strategy {self.strategy!r}.", f"Choose one of: {', '.join(STRATEGIES)}."
             )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from redline.inference.errors import UnsupportedConfiguration
+from redline.inference.errors import ContextExceeded, UnsupportedConfiguration
 
 FALLBACK_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 HEAD_TOKENS = 1024  # of an over-long message, at most this much of its start is kept (the rest of the room: its end)
@@ -39,8 +39,11 @@ def _render(tokenizer, messages: Sequence[dict]) -> tuple[list[int], bool]:
     return list(ids), False
 
 
-def build_prompt(tokenizer, messages: Sequence[dict], context: int, reserve_new_tokens: int) -> ChatPrompt:
-    """Render ``messages`` to ids that leave ``reserve_new_tokens`` free within ``context``."""
+def build_prompt(
+    tokenizer, messages: Sequence[dict], context: int, reserve_new_tokens: int, strict: bool = False
+) -> ChatPrompt:
+    """Render ``messages`` to ids that leave ``reserve_new_tokens`` free within ``context``. ``strict``: a
+    conversation that does not fit is refused (ContextExceeded) instead of shortened."""
     if not messages:
         raise UnsupportedConfiguration("There is no message to answer.", "Type a message first.")
     budget = context - max(1, reserve_new_tokens)
@@ -49,6 +52,18 @@ def build_prompt(tokenizer, messages: Sequence[dict], context: int, reserve_new_
             f"Max new tokens ({reserve_new_tokens}) fills the whole context ({context}).",
             "Lower max new tokens or raise the context length.",
         )
+    if strict:
+        ids, templ = _render(tokenizer, messages)
+        if len(ids) > budget:
+            raise ContextExceeded(
+                f"The prompt has {len(ids)} tokens, which fills the model's context of {context}.",
+                "Shorten it.",
+                "prompt",
+                len(ids),
+                context,
+                context - len(ids),
+            )
+        return ChatPrompt(ids, 0, templ)
     system = [m for m in messages if m["role"] == "system"][:1]
     turns = [m for m in messages if m["role"] != "system"]
     dropped = 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from redline.inference.backend import Backend, Capabilities
 from redline.inference.errors import Cancelled, ModelLoadError, NeedsOptIn, OutOfMemory, RedlineError
 from redline.inference.hardware.probe import default_device
 from redline.inference.loading.packed import check_precision, file_bits, load_packed, read_manifest
@@ -25,9 +26,20 @@ from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_
 from redline.inference.sources.resolve import ModelSource
 from redline.inference.sources.trust import fingerprint, pickle_files, remote_code_files
 
+LOCAL_STRATEGIES = ("kv", "fast", "naive", "static", "speculative", "prompt-lookup")
+
 
 @dataclass
-class LoadedModel:
+class BatchLimits:
+    """How many replies the batcher decodes together, and the KV-cache positions they may hold (None: from the
+    memory free when the batcher starts)."""
+
+    max_active: int = 4
+    kv_budget_tokens: Optional[int] = None
+
+
+@dataclass
+class LoadedModel(Backend):
     model: Any
     tokenizer: Any
     source: ModelSource
@@ -42,11 +54,76 @@ class LoadedModel:
     predicted_bytes: Optional[int] = None  # the estimator's prediction for the load (set by the engine)
     estimate_shape: Any = None  # inference.memory.estimator.ModelShape, read once for predicted-vs-measured
     fast_decoder: Any = None  # inference.decoding.fastpath.FastDecoder, built on first use (fused weights, KV cache)
+    # Set by the engine when this model becomes its target: the draft for speculative decoding, the batcher's
+    # limits, and the engine's predicted-vs-measured checks for a reply that ran alone.
+    draft: Any = None
+    limits: BatchLimits = field(default_factory=BatchLimits)
+    on_result: Any = None
+    _batcher: Any = field(default=None, repr=False)
+    _fast_reason: Any = field(default=None, repr=False)
+
+    kind = "local"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            strategies=LOCAL_STRATEGIES,
+            token_ids=True,
+            draft=True,
+            measured_here=True,
+            servable=True,
+            concurrency="batch",
+        )
+
+    def reload_spec(self) -> tuple[str, Any, Optional[str]]:
+        return self.source.spec, self.precision, None
+
+    def answers_to(self, spec: str) -> bool:
+        from redline.inference.remote.client import is_server_url
+        from redline.inference.sources.resolve import resolve
+
+        if is_server_url(spec):
+            return False
+        try:
+            return resolve(spec) == self.source
+        except RedlineError:
+            return False
+
+    def resolve_strategy(self, strategy: str) -> str:
+        if strategy == "auto":  # the fast path where it runs (a chat's best), else the dynamic KV cache
+            return "fast" if self.fast_path_reason() is None else "kv"
+        return super().resolve_strategy(strategy)
+
+    def fast_path_reason(self) -> Optional[str]:
+        """None if Redline's fast decode path runs this model, else why not (asked once)."""
+        if self._fast_reason is None:
+            from redline.inference.decoding.fastpath import supports
+
+            self._fast_reason = ("", supports(self.model))
+        return self._fast_reason[1]
+
+    def batchable(self, request) -> bool:
+        return request.options.strategy == "fast" and self.model is not None and self.fast_path_reason() is None
+
+    def batcher(self):
+        """The fast path's batcher for this model (one: its KV cache is the model's), made on first use."""
+        if self._batcher is None:
+            from redline.inference.generation.batch import Batcher
+
+            self._batcher = Batcher(self, self.limits.max_active, self.limits.kv_budget_tokens, self.on_result)
+        return self._batcher
+
+    def generate(self, request, sink, submitted: Optional[float] = None):
+        from redline.inference.generation.run import run_local
+
+        return run_local(self, request, sink, submitted)
 
     def release(self) -> None:
         """Drop every tensor this object holds, so memory is freed even if something still refers to it."""
         with returning_freed_memory():
+            self._batcher = None
             self.fast_decoder = None
+            self.draft = None
             self.model = None
             self.tokenizer = None
 

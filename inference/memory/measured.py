@@ -92,6 +92,10 @@ class PeakMemory:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.read()
+
+    def read(self) -> "PeakMemory":
+        """The peaks so far (also while still watching: a batch's replies end one by one)."""
         self.peak_rss = max(self.peak_rss, process_rss())
         if self.device.startswith("cuda"):
             import torch
@@ -99,6 +103,7 @@ class PeakMemory:
             torch.cuda.synchronize()
             self.peak_allocated = int(torch.cuda.max_memory_allocated())
             self.peak_reserved = int(torch.cuda.max_memory_reserved())
+        return self
 
     @property
     def peak_bytes(self) -> int:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlsplit
 
-from redline.inference.errors import RedlineError
+from redline.inference.backend import Backend, Capabilities
+from redline.inference.errors import RedlineError, UnsupportedConfiguration
 from redline.inference.events import GenerationResult, TokenEvent
 
 CONNECT_TIMEOUT_S = 5.0
@@ -171,8 +172,18 @@ def _context_of(info: dict) -> Optional[int]:
     return None
 
 
+REMOTE_CAPABILITIES = Capabilities(
+    strategies=("remote",),  # the server decodes as it does
+    token_ids=False,  # the server has the tokenizer: it takes chat messages
+    draft=False,  # a server uses its own speculative decoding, if any
+    measured_here=False,  # its memory and speed are the server's and the network's, not this machine's
+    servable=False,  # Redline does not pass a server on behind its own API
+    concurrency="threads",  # the server batches: several replies in flight, each on a thread
+)
+
+
 @dataclass
-class RemoteModel:
+class RemoteModel(Backend):
     """A model on a server, standing where a LoadedModel stands (``engine.target``)."""
 
     base_url: str
@@ -182,7 +193,6 @@ class RemoteModel:
     load_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     read_timeout: float = READ_TIMEOUT_S
-    remote: bool = True
     device: str = "remote"
     memory_bytes: int = 0  # the memory is the server's: nothing here to measure
     peak_memory_bytes: int = 0
@@ -204,8 +214,36 @@ class RemoteModel:
     def server(self) -> str:
         return display_url(self.base_url)
 
+    kind = "remote"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return REMOTE_CAPABILITIES
+
+    def reload_spec(self) -> tuple[str, Any, Optional[str]]:
+        return f"{self.base_url}#{self.model_id}", None, self.api_key
+
+    def answers_to(self, spec: str) -> bool:
+        if not is_server_url(spec):
+            return False
+        try:
+            base, model = parse_server_spec(spec)
+        except RemoteError:
+            return False
+        return base == self.base_url and model in (None, self.model_id)
+
+    def resolve_strategy(self, strategy: str) -> str:
+        return "remote"  # whatever was asked: the server's own (the CLI says so once)
+
     def release(self) -> None:
         pass  # a client per request: nothing held between replies
+
+    def generate(self, request, sink, submitted: Optional[float] = None) -> GenerationResult:
+        if request.messages is None:
+            raise UnsupportedConfiguration("A model on a server takes chat messages, not token ids.", "Send messages.")
+        result = self.chat(request.messages, request.sampling, sink.emit, lambda: sink.cancelled)
+        sink.finish(result)
+        return result
 
     # -- one reply --------------------------------------------------------------------------------------
     def chat(

@@ -26,8 +26,9 @@ from typing import Any, Optional
 from fastapi import Request
 
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.errors import RedlineError
-from redline.inference.events import FinishedEvent, GenerationResult, TokenEvent
+from redline.inference.errors import Busy, ContextExceeded, RedlineError, Refused
+from redline.inference.events import Failed, FinishedEvent, GenerationResult, TokenEvent
+from redline.inference.generation.request import GenerationRequest, Prepared, prepare
 from redline.inference.server.config import ServerConfig
 from redline.inference.server.protocol import (
     ChatCompletionRequest,
@@ -36,7 +37,6 @@ from redline.inference.server.protocol import (
     error_body,
 )
 from redline.inference.server.structured import GrammarProcessor, GrammarTokenizers, SchemaError, grammar_for
-from redline.inference.service.requests import Busy, Failed, GenerationRequest, Refused
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "error"}
 RETRY_AFTER_S = 1
@@ -110,13 +110,12 @@ class _Tokenizers:
                 self._for = target
             return self._tok
 
-    def prompt(self, target, messages: list[dict]) -> list[int]:
-        from redline.inference.decoding.prompt import build_prompt
-
+    def prepare(self, target, request: GenerationRequest, new_tokens_asked: bool) -> Prepared:
+        """The request made ready as the engine would (``generation.request.prepare``), strictly: a conversation
+        that does not fit is refused, not shortened."""
         tok = self.get(target)
         with self._lock:
-            built = build_prompt(tok, messages, 1 << 30, 1)
-        return built.input_ids
+            return prepare(tok, target.context_limit, request, strict=True, new_tokens_asked=new_tokens_asked)
 
     def encode(self, target, text: str) -> list[int]:
         tok = self.get(target)
@@ -178,7 +177,7 @@ class Api:
                 "No model is loaded in Redline. Load one in the window, or start `redline serve --model …`.",
                 code="model_not_loaded",
             )
-        if getattr(target, "remote", False):
+        if not target.capabilities.servable:
             raise ApiError(
                 503,
                 f"Redline is connected to a remote server ({target.name}), which it does not pass on. "
@@ -197,7 +196,7 @@ class Api:
 
     async def _model_for(self, wanted: str):
         target = getattr(self.service.engine, "target", None)
-        if target is not None and not getattr(target, "remote", False) and wanted in self._names(target):
+        if target is not None and target.capabilities.servable and wanted in self._names(target):
             return target
         if not self.config.load_on_request:
             target = self._target()  # none loaded, or a remote one: the clear 503
@@ -212,11 +211,8 @@ class Api:
             target = getattr(self.service.engine, "target", None)
             if target is not None and wanted in self._names(target):
                 return target
-            from redline.inference.loading.precision import resolve_precision
-
             try:
-                spec = resolve_precision(self.config.precision, self.service.engine.device)
-                handle = self.service.load(wanted, spec, interrupt=False)
+                handle = self.service.load(wanted, self.config.precision, interrupt=False)
                 await asyncio.to_thread(handle.result, 3600)
             except RedlineError as exc:
                 raise ApiError(
@@ -267,7 +263,7 @@ class Api:
         engine = self.service.engine
         target = getattr(engine, "target", None)
         data = []
-        if target is not None and not getattr(target, "remote", False):
+        if target is not None and target.capabilities.servable:
             data.append(
                 {
                     "id": target.name,
@@ -283,50 +279,14 @@ class Api:
 
     async def prepare(self, body, chat: bool) -> tuple[Any, GenerationRequest]:
         target = await self._model_for(body.model)
-        try:
-            if chat:
-                messages = [
-                    {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
-                ]
-                prompt = await asyncio.to_thread(self.tokenizers.prompt, target, messages)
-            elif isinstance(body.prompt, list) and (not body.prompt or isinstance(body.prompt[0], int)):
-                prompt = [int(t) for t in body.prompt]
-            else:
-                text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-                prompt = await asyncio.to_thread(self.tokenizers.encode, target, text)
-        except RedlineError as exc:
-            raise ApiError(400, str(exc), "messages" if chat else "prompt") from None
-        if not prompt:
-            raise ApiError(400, "The prompt is empty.", "messages" if chat else "prompt")
-        context = target.context_limit
-        room = context - len(prompt)
-        if room < 1:
-            raise ApiError(
-                400,
-                f"The prompt has {len(prompt)} tokens, which fills the model's context of {context}. Shorten it.",
-                "messages" if chat else "prompt",
-                "context_length_exceeded",
-            )
+        where = "messages" if chat else "prompt"
         wanted = body.wanted_tokens()
         cap = self.config.max_tokens_cap
         field = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
         if wanted is not None and wanted > cap:
             raise ApiError(400, f"{field} {wanted} is above this server's limit of {cap}. Ask for fewer.", field)
-        if wanted is not None and wanted > room:
-            raise ApiError(
-                400,
-                f"{field} {wanted} plus the prompt's {len(prompt)} tokens exceed the model's context of {context}; "
-                f"ask for at most {room}.",
-                field,
-                "context_length_exceeded",
-            )
-        if wanted is None:
-            wanted = min(room, cap) if chat else min(16, room)  # OpenAI's completions default is 16
-        processor = None
-        if chat and body.response_format is not None and body.response_format.type != "text":
-            processor = await asyncio.to_thread(self._grammar, target, body.response_format.as_dict())
         sampling = SamplingSettings(
-            max_new_tokens=wanted,
+            max_new_tokens=wanted if wanted is not None else (cap if chat else 16),  # completions' default is 16
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k,
@@ -334,13 +294,41 @@ class Api:
             seed=body.seed,
             stop=body.stops(),
         )
-        request = GenerationRequest(
-            input_ids=prompt,
-            sampling=sampling,
-            options=DecodeOptions(self.config.strategy),
-            logits_processor=processor,
-            client="api",
-        )
+        prompt: dict = {}
+        try:
+            if chat:
+                prompt["messages"] = [
+                    {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
+                ]
+            elif isinstance(body.prompt, list) and (not body.prompt or isinstance(body.prompt[0], int)):
+                prompt["input_ids"] = [int(t) for t in body.prompt]
+            else:
+                text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+                prompt["input_ids"] = await asyncio.to_thread(self.tokenizers.encode, target, text)
+            request = GenerationRequest(
+                **prompt, sampling=sampling, options=DecodeOptions(self.config.strategy), client="api"
+            )
+            request.prepared = await asyncio.to_thread(self.tokenizers.prepare, target, request, wanted is not None)
+        except ContextExceeded as exc:
+            if exc.what == "max_new_tokens":
+                raise ApiError(
+                    400,
+                    f"{field} {wanted} plus the prompt's {exc.prompt_tokens} tokens exceed the model's context of "
+                    f"{exc.limit}; ask for at most {exc.room}.",
+                    field,
+                    "context_length_exceeded",
+                ) from None
+            raise ApiError(
+                400,
+                f"The prompt has {exc.prompt_tokens or 'too many'} tokens, which fills the model's context of "
+                f"{exc.limit or target.context_limit}. Shorten it.",
+                where,
+                "context_length_exceeded",
+            ) from None
+        except RedlineError as exc:
+            raise ApiError(400, str(exc), where) from None
+        if chat and body.response_format is not None and body.response_format.type != "text":
+            request.logits_processor = await asyncio.to_thread(self._grammar, target, body.response_format.as_dict())
         return target, request
 
     def _grammar(self, target, response_format: dict):

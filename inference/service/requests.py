@@ -1,4 +1,6 @@
-"""What is submitted to the engine service, what it reports back, and the handle a submitter holds."""
+"""The handle a submitter holds for a request to the engine service: its events (in order, each once), its
+cancel, its outcome. What a request is (``generation.request.GenerationRequest``), the events it reports
+(``events.py``) and the errors it can be refused with (``errors.Busy``, ``errors.Refused``) are the engine's."""
 
 from __future__ import annotations
 
@@ -6,78 +8,10 @@ import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional
 
-from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.errors import RedlineError
-from redline.inference.events import FinishedEvent, GenerationResult, PrefillProgress  # noqa: F401 - re-exported
+from redline.inference.events import FINAL, Completed, Failed, FinishedEvent, GenerationResult
 
-
-@dataclass
-class GenerationRequest:
-    """A generation: chat ``messages`` (rendered with the model's chat template) or prompt ``input_ids``."""
-
-    messages: Optional[Sequence[dict]] = None
-    input_ids: Optional[Sequence[int]] = None
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    options: DecodeOptions = field(default_factory=DecodeOptions)
-    context: Optional[int] = None  # cap on the context (the model's own limit otherwise)
-    # An extra logits processor for this request alone (transformers' interface: (input_ids, scores) →
-    # scores), e.g. a grammar that constrains the output to a JSON schema.
-    logits_processor: Any = None
-    client: str = ""  # who asked: "chat", "lab", "api", "cli" (shown in status and queue notes)
-
-    def __post_init__(self):
-        if (self.messages is None) == (self.input_ids is None):
-            raise RedlineError("A generation request needs either messages or input ids, not both.")
-
-
-# -- events beside the generation's own (TokenEvent, StatsEvent, FinishedEvent in inference/events.py) ----
-@dataclass
-class Queued:
-    """The request waits: ``ahead`` requests before it, and why (e.g. "waiting for the speed lab")."""
-
-    ahead: int
-    reason: str = ""
-
-
-@dataclass
-class Started:
-    """The scheduler took the request up."""
-
-    time_s: float = field(default_factory=time.monotonic)
-    batched: bool = False  # decoded together with other requests (continuous batching)
-    note: str = ""
-
-
-@dataclass
-class Progress:
-    """Progress of a load or another job: a fraction and what happens now."""
-
-    fraction: float
-    phase: str
-
-
-@dataclass
-class Completed:
-    """A load, unload or other job ended; ``value`` is what it returned."""
-
-    value: Any = None
-
-
-@dataclass
-class Failed:
-    """The request could not run or failed: ``error`` says why in a sentence a user can act on."""
-
-    error: BaseException
-
-    @property
-    def message(self) -> str:
-        return str(self.error) if isinstance(self.error, RedlineError) else f"{type(self.error).__name__}: {self.error}"
-
-
-FINAL = (FinishedEvent, Completed, Failed)
 _ids = itertools.count(1)
 
 
@@ -96,13 +30,22 @@ class RequestHandle:
         self._cancel = threading.Event()
         self._subscribers: list[Callable[[Any], None]] = []
         self._final: Any = None
+        self._on_cancel: Optional[Callable[[], None]] = None
 
     # -- the submitter's side ------------------------------------------------------------------------
     def cancel(self) -> None:
-        """Stop this request (and only this one): before it starts, or within one decode step."""
+        """Stop this request (and only this one): at once while it waits, else within one decode step."""
         self._cancel.set()
         with self._cond:
             self._cond.notify_all()
+            hook = self._on_cancel
+        if hook is not None and self._final is None:
+            hook()
+
+    def on_cancel(self, hook: Callable[[], None]) -> None:
+        """What the service does when this request is cancelled (a waiting request ends at once)."""
+        with self._cond:
+            self._on_cancel = hook
 
     @property
     def cancelled(self) -> bool:
@@ -184,11 +127,3 @@ class RequestHandle:
 
     def complete(self, value: Any = None) -> None:
         self.emit(Completed(value))
-
-
-class Busy(RedlineError):
-    """The engine's queue is full: try again shortly (an HTTP server answers 429)."""
-
-
-class Refused(RedlineError):
-    """The request can never run as asked (it cannot fit, or asks for something the model cannot do)."""

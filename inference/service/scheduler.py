@@ -1,6 +1,6 @@
 """The engine service: one scheduler thread owns the Engine (the model); everything else submits requests.
 
-Order: requests run in the order they arrive. Generations on the fast path (``batcher.Batcher``) run
+Order: requests run in the order they arrive. Generations on the fast path (``generation/batch.Batcher``) run
 together — while one streams, the next joins at the following step, up to ``max_active`` at once — so no
 request waits for another to end. Everything else needs the engine alone and runs one at a time: loads,
 unloads, draft changes, other jobs (the speed lab, the wizard's checks) and generations on strategies that
@@ -23,19 +23,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from redline.inference.errors import Cancelled, RedlineError
-from redline.inference.events import FinishedEvent
-from redline.inference.remote.runs import RemoteRuns
-from redline.inference.service.batcher import Batcher
-from redline.inference.service.requests import (
-    Busy,
-    GenerationRequest,
-    Progress,
-    Queued,
-    Refused,
-    RequestHandle,
-    Started,
-)
+from redline.inference.errors import Busy, Cancelled, RedlineError, Refused
+from redline.inference.events import Queued, Started
+from redline.inference.generation.request import GenerationRequest, prepare
+from redline.inference.service.requests import RequestHandle
+from redline.inference.service.threads import ReplyThreads
 
 MAX_ACTIVE = 4  # sequences decoded together
 MAX_QUEUED = 32  # requests waiting beyond those
@@ -47,7 +39,7 @@ class _Job:
     handle: RequestHandle
     submitted: float
     request: Optional[GenerationRequest] = None  # a generation
-    prepared: Any = None  # its prompt and limits, once worked out (batcher.Prepared)
+    prepared: Any = None  # its prompt and limits, once worked out (generation.request.Prepared)
     fn: Optional[Callable[[Any, Callable[[Any], None]], Any]] = None  # anything else: fn(engine, report)
     label: str = ""  # what others wait for while it runs ("the speed lab", "a model load")
     interrupt: bool = False
@@ -65,14 +57,14 @@ class EngineService:
     ):
         self._engine_factory = engine_factory
         self.max_active, self.max_queued = max_active, max_queued
-        self.kv_budget_tokens = kv_budget_tokens  # None: from the estimator and the memory free (batcher.py)
+        self.kv_budget_tokens = kv_budget_tokens  # None: from the estimator and the memory free (generation/batch.py)
         self._on_thread_start = on_thread_start
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._running: Optional[_Job] = None  # the exclusive job now running
-        self._batcher: Optional[Batcher] = None
-        self._remote = RemoteRuns(self._wake)  # replies of a model on a server, run concurrently
+        self._batcher = None  # the target's batcher while it decodes (generation/batch.py)
+        self._threads = ReplyThreads(self._wake)  # replies a server runs (several in flight)
         self.engine = None  # created on the scheduler thread (torch imports there)
         self.engine_error: Optional[BaseException] = None
         self._ready = threading.Event()
@@ -102,16 +94,22 @@ class EngineService:
     def load(
         self,
         model: str,
-        precision,
+        precision: Any = "auto",
         draft: Optional[str] = None,
-        draft_precision=None,
+        draft_precision: Any = "auto",
         opt_in=None,
         interrupt: bool = True,
+        api_key: Optional[str] = None,
+        draft_required: bool = False,
     ) -> RequestHandle:
-        """Load ``model`` (and a draft), with Progress events; the handle's value is the LoadedModel."""
+        """Load ``model`` (and a draft), with Progress events; the handle's value is the ``engine.LoadReport``.
+        The one load job of the window, the wizard, the CLI and the server (``Engine.load_all``)."""
+        from redline.inference.engine import LoadRequest
+
+        request = LoadRequest(model, precision, draft, draft_precision, api_key, opt_in, draft_required)
 
         def job(engine, report):
-            return _load(engine, report, model, precision, draft, draft_precision, opt_in)
+            return engine.load_all(request, report, should_cancel=report.cancelled)
 
         return self.call(job, "a model load", interrupt, "load")
 
@@ -131,30 +129,40 @@ class EngineService:
             self._queue.append(job)
             running = self._running
             self._cond.notify_all()
+        job.handle.on_cancel(lambda: self._cancel_queued(job))
         if ahead_jobs or running is not None:
             job.handle.emit(Queued(len(ahead_jobs) + (1 if running else 0), self._wait_reason(ahead_jobs)))
         return job.handle
 
     def _check_fits(self, request: GenerationRequest) -> None:
-        engine = self.engine
-        target = getattr(engine, "target", None) if engine is not None else None
-        if target is None:
-            return
-        limit = min(request.context or target.context_limit, target.context_limit)
-        if request.input_ids is not None and len(request.input_ids) >= limit:
-            raise Refused(
-                f"The prompt has {len(request.input_ids)} tokens, which fills the context of {limit}.",
-                "Shorten the prompt or raise the context length.",
-            )
+        """Refuse at once what can never run: no new tokens, or prompt ids that fill the model's context (a chat's
+        messages are made ready on the engine's thread, where the tokenizer is)."""
         if request.sampling.max_new_tokens < 1:
             raise Refused("The request asks for no new tokens.", "Ask for at least one.")
+        target = getattr(self.engine, "target", None) if self.engine is not None else None
+        if target is None or request.input_ids is None or request.prepared is not None:
+            return
+        try:
+            prepare(None, target.context_limit, request)
+        except RedlineError as exc:
+            raise Refused(exc.message, exc.hint) from None
+
+    def _cancel_queued(self, job: _Job) -> None:
+        """A request cancelled while it waits ends now, whatever runs (a speed-lab run holds the engine's thread)."""
+        with self._cond:
+            if job not in self._queue:
+                return  # running (it stops at its next step) or over
+            self._queue.remove(job)
+            waiting = list(self._queue)
+        self._end_unstarted(job, "Cancelled before it started.")
+        self._announce_queue(waiting)
 
     # -- what is going on ---------------------------------------------------------------------------
     def status(self) -> dict:
         with self._cond:
             return {
                 "queued": len(self._queue),
-                "active": (len(self._batcher) if self._batcher is not None else 0) + len(self._remote),
+                "active": (len(self._batcher) if self._batcher is not None else 0) + len(self._threads),
                 "running": self._running.label if self._running else None,
                 "model": getattr(getattr(self.engine, "target", None), "name", None),
                 "compile": self._compile_status(),
@@ -173,7 +181,7 @@ class EngineService:
         running = self._running
         if running is not None:
             return f"waiting for {running.label}" if running.label else "waiting for the engine"
-        exclusive = next((j for j in ahead if j.request is None or not self._batchable(j.request)), None)
+        exclusive = next((j for j in ahead if self._admission(j) == "exclusive"), None)
         if exclusive is not None:
             return f"waiting for {exclusive.label}" if exclusive.label else "waiting for another request to finish"
         if self._batcher is not None and not self._batcher.has_room():
@@ -201,7 +209,7 @@ class EngineService:
             job.handle.cancel()
         if self._batcher is not None:
             self._batcher.cancel_all("Stopped: Redline is closing.")
-        self._remote.cancel_all()
+        self._threads.cancel_all()
         if not self._thread.is_alive():
             return True
         self._thread.join(timeout)
@@ -219,6 +227,10 @@ class EngineService:
                 self.engine = Engine()
             else:
                 self.engine = self._engine_factory()
+            from redline.inference.loading.loader import BatchLimits
+
+            # The service's limits are the batcher's: how many replies at once, the KV positions they may hold.
+            self.engine.limits = BatchLimits(self.max_active, self.kv_budget_tokens)
         except Exception as exc:  # pragma: no cover - only if torch itself is broken
             self.engine_error = exc
         finally:
@@ -244,8 +256,8 @@ class EngineService:
 
     def _fail_batch(self, exc: BaseException) -> None:
         batcher, self._batcher = self._batcher, None
-        for active in list(batcher.active) if batcher is not None else []:
-            active.handle.fail(
+        if batcher is not None:
+            batcher.fail_all(
                 RedlineError(
                     f"The engine failed while serving this request ({type(exc).__name__}: {exc}).",
                     "Try again; if it happens again, report it.",
@@ -259,18 +271,23 @@ class EngineService:
         self._ensure_engine()
         self._drop_cancelled()
         head = self._queue[0] if self._queue else None
-        if self._step_remote(head):
+        how = self._admission(head)
+        if how == "threads":  # a reply a server runs: on a thread of its own, room permitting
+            if self._threads.has_room():
+                self._pop(head)
+                self._threads.start(head.handle, head.request, head.submitted, self.engine)
+            else:
+                self._wait(0.05)
+            return
+        if head is not None and how != "batch" and len(self._threads):
+            if head.interrupt:  # the engine alone, now: the server's replies stop
+                self._threads.cancel_all()
+            self._wait(0.05)  # before a job that needs the engine alone, the threads' replies end
             return
         if head is not None and head.interrupt and self._batch_busy():
             self._batcher.cancel_all(f"Stopped so that {head.label or 'another task'} could start.")
-        while head is not None and head.request is not None and self._batchable(head.request):
-            if self._batcher is None or self._batcher.target is not self.engine.target:
-                self._batcher = Batcher(
-                    self.engine.target,
-                    self.max_active,
-                    self.kv_budget_tokens,
-                    getattr(self.engine, "check_result", None),
-                )
+        while head is not None and how == "batch":
+            self._batcher = self.engine.target.batcher()
             if not self._batcher.has_room():
                 break
             try:
@@ -280,6 +297,7 @@ class EngineService:
                 self._pop(head)
                 head.handle.fail(exc)
                 head = self._queue[0] if self._queue else None
+                how = self._admission(head)
                 continue
             if not self._batcher.fits(head.prepared):
                 why = "waiting for memory for the KV cache" if self._batcher.has_room() else self._wait_reason([])
@@ -293,51 +311,42 @@ class EngineService:
             except Exception as exc:
                 head.handle.fail(exc)
             head = self._queue[0] if self._queue else None
+            how = self._admission(head)
         if self._batch_busy():
             self._batcher.step()
             return
-        if head is not None:
+        if head is not None and how != "batch":
             self._pop(head)
             self._run_exclusive(head)
 
-    # -- a model on a server: its replies run concurrently, on threads of their own (remote/runs.py) ----------
+    def _admission(self, job: Optional[_Job]) -> Optional[str]:
+        """How ``job`` runs: "batch", "threads" or "exclusive" (a generation, as the engine says); "exclusive" for
+        every other job; None for no job."""
+        if job is None:
+            return None
+        if job.request is None or self.engine is None or getattr(self.engine, "target", None) is None:
+            return "exclusive"
+        try:
+            return self.engine.admission(job.request)
+        except Exception:  # e.g. a strategy the target cannot run: its exclusive run says why
+            return "exclusive"
+
+    def _wait(self, seconds: float) -> None:
+        with self._cond:
+            self._cond.wait(seconds)
+
+    # -- replies a server runs: on threads of their own (threads.py); the scheduler is woken when one ends ------
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
-
-    def _step_remote(self, head: Optional[_Job]) -> bool:
-        """Start ``head`` if it is a reply for a remote model (room permitting); before a job that needs the
-        engine alone, let the remote replies end (or stop them, for an interrupting load). True if it acted."""
-        remote_target = getattr(getattr(self.engine, "target", None), "remote", False)
-        if head is not None and head.request is not None and remote_target:
-            if self._remote.has_room():
-                self._pop(head)
-                self._remote.start(head, self.engine)
-            else:
-                with self._cond:
-                    self._cond.wait(0.05)
-            return True
-        if head is not None and len(self._remote):
-            if head.interrupt:
-                self._remote.cancel_all()
-            with self._cond:
-                self._cond.wait(0.05)
-            return True
-        return False
-
-    def _batchable(self, request: GenerationRequest) -> bool:
-        engine = self.engine
-        target = getattr(engine, "target", None)
-        if target is None or getattr(target, "model", None) is None or request.options.strategy != "fast":
-            return False
-        from redline.inference.decoding.fastpath import supports
-
-        return supports(target.model) is None
 
     def _pop(self, job: _Job) -> None:
         with self._cond:
             self._queue.remove(job)
             waiting = list(self._queue)
+        self._announce_queue(waiting)
+
+    def _announce_queue(self, waiting: list) -> None:
         for i, other in enumerate(waiting):  # everyone behind moves up
             other.handle.emit(Queued(i + (1 if self._batch_busy() else 0), self._wait_reason(waiting[:i])))
 
@@ -359,7 +368,7 @@ class EngineService:
             GenerationResult(
                 text="",
                 token_ids=[],
-                prompt_tokens=0,
+                prompt_tokens=len(job.request.input_ids) if job.request.input_ids is not None else 0,
                 new_tokens=0,
                 finish_reason="cancelled",
                 strategy=job.request.options.strategy,
@@ -377,24 +386,7 @@ class EngineService:
             if self.engine is None:
                 raise RedlineError(f"The engine could not start: {self.engine_error}")
             if job.request is not None:
-                r = job.request
-                run = self.engine.chat if r.messages is not None else self.engine.generate_ids
-
-                def forward(event):  # the FinishedEvent goes out below, with the engine's memory check in it
-                    if not isinstance(event, FinishedEvent):
-                        handle.emit(event)
-
-                result = run(
-                    r.messages if r.messages is not None else r.input_ids,
-                    r.sampling,
-                    r.options,
-                    on_event=forward,
-                    context=r.context,
-                    should_cancel=lambda: handle.cancelled,
-                    # only when set: an engine stand-in (tests/slow_engine.py) need not take it
-                    **({"logits_processor": r.logits_processor} if r.logits_processor is not None else {}),
-                )
-                handle.finish(result)
+                handle.finish(self.engine.run(job.request, handle, job.submitted))
             else:
                 handle.complete(job.fn(self.engine, Reporter(handle)))
         except Exception as exc:  # the request's failure is its own; the service goes on
@@ -402,7 +394,8 @@ class EngineService:
         finally:
             with self._cond:
                 self._running = None
-            if self._batcher is not None and self.engine is not None and self._batcher.target is not self.engine.target:
+            target = getattr(self.engine, "target", None)
+            if self._batcher is not None and self._batcher.target is not target:
                 self._batcher = None  # the model changed: the old batcher's decoder goes with it
 
 
@@ -418,26 +411,6 @@ class Reporter:
 
     def cancelled(self) -> bool:
         return self.handle.cancelled
-
-
-def _load(engine, report, model, precision, draft, draft_precision, opt_in) -> Any:
-    """A load job: the target, then (if asked) its draft; progress as Progress events."""
-    share = 0.75 if draft else 1.0
-    cancelled = report.cancelled
-    loaded = engine.load(
-        model, precision, lambda f, phase: report(Progress(f * share, phase)), opt_in=opt_in, should_cancel=cancelled
-    )
-    if draft:
-        engine.load_draft(
-            draft,
-            draft_precision,
-            lambda f, phase: report(Progress(share + f * (1 - share), f"draft: {phase}")),
-            cancelled,
-        )
-    else:
-        engine.unload_draft()
-    report(Progress(1.0, "Loaded"))
-    return loaded
 
 
 __all__ = ["Busy", "EngineService", "Refused", "Started"]

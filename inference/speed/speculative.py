@@ -175,10 +175,10 @@ def measure_acceptance(
     """Run ``tokens`` greedy tokens of a fixed prompt through the real speculative strategy and measure how
     many draft tokens the target accepts. Models the engine already holds are reused; others are loaded for
     the run and released after it, so the chat's model stays loaded. Records the rate for the pair."""
-    from redline.inference.decoding.generate import generate
     from redline.inference.decoding.hf import check_draft
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.decoding.prompt import build_prompt
+    from redline.inference.generation.run import generate
     from redline.inference.loading.loader import free_memory, load_model
     from redline.inference.loading.precision import resolve_precision
     from redline.inference.progress import noop_progress

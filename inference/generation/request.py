@@ -1,0 +1,119 @@
+"""What a generation is asked for, and the one place that makes it ready to run: the prompt built from chat
+messages with the model's template (``decoding/prompt.py``), the one context check, the new-token cap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+from redline.inference.errors import ContextExceeded, RedlineError, UnsupportedConfiguration
+
+
+@dataclass
+class Prepared:
+    """A request made ready: its prompt ids, the context it runs in, its new-token cap, and what the user should
+    know about what did not fit (said before the reply starts)."""
+
+    prompt: list[int]
+    context: int
+    max_new: int
+    notes: list[str] = field(default_factory=list)
+    dropped_messages: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """The most KV-cache positions it can take (its prompt and every new token it may make)."""
+        return len(self.prompt) + self.max_new
+
+
+@dataclass
+class GenerationRequest:
+    """A generation: chat ``messages`` (rendered with the model's chat template) or prompt ``input_ids``."""
+
+    messages: Optional[Sequence[dict]] = None
+    input_ids: Optional[Sequence[int]] = None
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    options: DecodeOptions = field(default_factory=DecodeOptions)
+    context: Optional[int] = None  # cap on the context (the model's own limit otherwise)
+    # An extra logits processor for this request alone (transformers' interface: (input_ids, scores) →
+    # scores), e.g. a grammar that constrains the output to a JSON schema.
+    logits_processor: Any = None
+    client: str = ""  # who asked: "chat", "lab", "api", "cli" (shown in status and queue notes)
+    # A reply that runs alone is compared with the speed model's and the estimator's predictions, and feeds this
+    # machine's corrections; the speed lab's samples do not (it records each row once, from all its samples).
+    record: bool = True
+    # Made ready already (the HTTP server prepares with its own copy of the tokenizer, to answer 400 before
+    # queueing): the engine runs it as it is instead of preparing it again.
+    prepared: Optional[Prepared] = None
+
+    def __post_init__(self):
+        if (self.messages is None) == (self.input_ids is None):
+            raise RedlineError("A generation request needs either messages or input ids, not both.")
+
+
+def new_tokens_allowed(prompt_tokens: int, limit: int, wanted: int, notes: list[str], strict: bool = False) -> int:
+    """How many new tokens fit after the prompt in a context of ``limit``: ``wanted``, capped (with a note) unless
+    ``strict``, where asking for more than fits is refused. Raises when none fit."""
+    if not prompt_tokens:
+        raise UnsupportedConfiguration("The prompt is empty.", "Type a message first.")
+    room = limit - prompt_tokens
+    if room <= 0:
+        raise ContextExceeded(
+            f"The prompt has {prompt_tokens} tokens, which fills the context of {limit}.",
+            "Shorten the prompt or raise the context length.",
+            "prompt",
+            prompt_tokens,
+            limit,
+            room,
+        )
+    if wanted < 1:
+        raise UnsupportedConfiguration("The request asks for no new tokens.", "Ask for at least one.")
+    if wanted > room and strict:
+        raise ContextExceeded(
+            f"{wanted} new tokens plus the prompt's {prompt_tokens} exceed the context of {limit}; "
+            f"ask for at most {room}.",
+            "",
+            "max_new_tokens",
+            prompt_tokens,
+            limit,
+            room,
+        )
+    allowed = min(wanted, room)
+    if allowed < wanted:
+        notes.append(f"max new tokens capped at {allowed} by the context length {limit}.")
+    return allowed
+
+
+def prepare(
+    tokenizer, context_limit: int, request: GenerationRequest, strict: bool = False, new_tokens_asked: bool = True
+) -> Prepared:
+    """The request's prompt and limits, or an error that says why it cannot run (before anything runs).
+
+    ``strict`` (the HTTP API): a conversation that does not fit is refused rather than shortened, and more new
+    tokens than fit are refused rather than capped (unless ``new_tokens_asked`` is False: the number is a default,
+    capped to what fits) — what OpenAI-compatible clients expect."""
+    from redline.inference.decoding.prompt import build_prompt
+
+    if request.prepared is not None:
+        return request.prepared
+    context = min(request.context or context_limit, context_limit)
+    wanted = request.sampling.max_new_tokens
+    notes: list[str] = []
+    dropped = 0
+    if request.input_ids is not None:
+        prompt = [int(t) for t in request.input_ids]
+    else:
+        built = build_prompt(tokenizer, request.messages, context, 1 if strict else wanted, strict=strict)
+        prompt, dropped = built.input_ids, built.dropped_messages
+        if dropped:
+            notes.append(
+                f"{dropped} earlier message(s) did not fit the context of {context} tokens and were left out "
+                "of the prompt."
+            )
+        if built.truncated_last:
+            notes.append(built.cut)
+        if not built.used_template:
+            notes.append("This model has no chat template; a plain 'User:/Assistant:' format was used.")
+    max_new = new_tokens_allowed(len(prompt), context, wanted, notes if not strict else [], strict and new_tokens_asked)
+    return Prepared(prompt, context, max_new, notes, dropped)

@@ -1,0 +1,65 @@
+"""Generations that cannot be batched, one at a time: the strategies on transformers' ``generate()`` (naive, kv,
+static, speculative, prompt lookup; ``decoding/hf.py``), through the same lifecycle as the batcher's."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from redline.inference.decoding import hf
+from redline.inference.decoding.timing import sync
+from redline.inference.generation.lifecycle import Generation, Sink
+from redline.inference.generation.request import GenerationRequest, Prepared
+from redline.inference.memory.measured import PeakMemory
+
+SPECULATIVE = ("speculative", "prompt-lookup")
+
+
+def run_solo(
+    target,
+    draft,
+    request: GenerationRequest,
+    prepared: Prepared,
+    sink: Sink,
+    submitted: Optional[float] = None,
+    notes: tuple[str, ...] = (),
+):
+    """Run ``request`` alone on transformers' generate(); returns its GenerationResult (a run-time failure, such as
+    out of memory, ends it with ``finish_reason="error"``; a draft that cannot pair raises before anything runs)."""
+    import torch
+
+    options, sampling = request.options, request.sampling
+    speculative = options.strategy in SPECULATIVE
+    gen = Generation(target, request, prepared, sink, submitted, speculative)
+    gen.result.notes.extend(notes)
+    gen_kwargs, restore = {}, []
+    stats = hf.DraftStats()
+    if options.strategy == "speculative":
+        restore.append(hf.use_draft(target, draft, options, gen_kwargs, gen.result.notes))
+    gen.announce()
+    if speculative:
+        restore.append(hf.count_draft_tokens(target.model, stats))
+    if request.logits_processor is not None:
+        from transformers import LogitsProcessorList
+
+        gen_kwargs["logits_processor"] = LogitsProcessorList([request.logits_processor])
+    if sampling.stop:
+        gen_kwargs["stop_strings"] = list(sampling.stop)
+        gen_kwargs["tokenizer"] = target.tokenizer
+    peak = None
+    try:
+        sync(target.device)
+        with PeakMemory(target.device) as peak, torch.inference_mode(), gen.seeded():
+            hf.run_generate(target, prepared.prompt, gen.cfg, gen.collector, gen.cancel, gen_kwargs)
+        sync(target.device)
+    except Exception as exc:  # the caller's conversation must survive any run-time failure
+        gen.fail(exc)
+    finally:
+        for undo in reversed(restore):
+            undo()
+    result = gen.finish(peak)
+    if speculative:
+        result.draft_proposed = stats.proposed
+        result.draft_accepted = stats.accepted
+        result.acceptance_rate = (stats.accepted / stats.proposed) if stats.proposed else None
+        result.mean_accepted_length = (stats.accepted / stats.steps) if stats.steps else None
+    return result
