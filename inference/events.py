@@ -35,6 +35,7 @@ class GenerationResult:
     finish_reason: str
     strategy: str
     precision: str
+    cached_tokens: int = 0  # of the prompt's tokens, how many came from the KV cache (not read again)
     ttft_ms: Optional[float] = None  # from the request's submission to its first token (prefill and any queue)
     queued_ms: Optional[float] = None  # of which waiting for the engine (served through the engine service)
     per_token_ms: list[float] = field(default_factory=list)
