@@ -108,6 +108,7 @@ class Started:
     time_s: float = field(default_factory=time.monotonic)
     batched: bool = False  # decoded together with other requests (continuous batching)
     note: str = ""
+    cached_tokens: int = 0  # of its prompt, the tokens taken from the prefix cache (not read again)
 
 
 @dataclass

@@ -7,7 +7,7 @@ import torch
 
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
-from redline.inference.errors import IncompatibleDraft
+from redline.inference.errors import IncompatibleDraft, UnsupportedConfiguration
 from redline.inference.events import FinishedEvent, StatsEvent, TokenEvent
 from redline.inference.generation.run import generate
 from redline.inference.loading.precision import PrecisionSpec
@@ -171,6 +171,14 @@ def test_single_message_longer_than_context_keeps_its_start_and_end(engine):
         build_prompt(engine.target.tokenizer, [{"role": "user", "content": long}], 128, 4).input_ids
     )
     assert "Summarize this text" in sent and "FINAL WORDS" in sent and "left out to fit the context" in sent
+
+
+def test_a_system_prompt_that_leaves_no_room_says_so_and_never_sends_negative_halves(engine):
+    from redline.inference.decoding.prompt import build_prompt
+
+    system = {"role": "system", "content": "Be brief. " * 60}
+    with pytest.raises(UnsupportedConfiguration, match="system prompt"):
+        build_prompt(engine.target.tokenizer, [system, {"role": "user", "content": "word " * 200}], 160, 4)
 
 
 def test_stop_string_ends_reply_before_it(engine):

@@ -46,13 +46,14 @@ class BenchConfig:
 
     def options(self) -> DecodeOptions:
         if self.remote:  # the server decodes as it does; nothing of ours to set
-            return DecodeOptions(strategy="kv")
+            return DecodeOptions(strategy="remote")
         return DecodeOptions(
             strategy=self.strategy,
             num_draft_tokens=self.k,
             draft_schedule=self.schedule,
             lookup_tokens=self.lookup,
             compile=self.compile,
+            reuse_prefix=False,  # every sample reads its prompt: the lab measures a fresh prompt's TTFT
         )
 
     def precision_spec(self, device: str) -> PrecisionSpec:

@@ -3,8 +3,8 @@ decoder's paged cache (``fastpath.py``), with the same sampling transformations 
 (transformers' own logits processors) and the same streaming contract.
 
 A ``FastSequence`` is one sequence's state: its prompt, how much of it is prefilled, its sampling,
-stopping and streaming. ``run_fast`` drives one sequence; the engine's scheduler drives several at once
-through the same class (continuous batching: each decode step runs every active sequence's token).
+stopping and streaming. The batcher (``generation/batch.py``) drives them, one or several at once (continuous
+batching: each decode step runs every active sequence's token).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Optional
 
 from redline.inference.decoding.hf import CancelCriteria
 from redline.inference.decoding.options import eos_token_ids
-from redline.inference.loading.loader import LoadedModel
 
 
 def logits_processors(cfg):
@@ -55,6 +54,7 @@ class FastSequence:
         max_new: int,
         generator=None,
         extra_processor=None,
+        cached: int = 0,
     ):
         import torch
 
@@ -70,7 +70,8 @@ class FastSequence:
         self.eos_ids = torch.tensor(self.eos, dtype=torch.long, device=dec.device) if self.eos else None
         self.min_new = cfg.min_new_tokens or 0
         self.history = torch.tensor([prompt], dtype=torch.long, device=dec.device)
-        self.prefilled = 0  # prompt positions in the cache
+        self.prefilled = cached  # prompt positions in the cache (from the prefix cache: not read again)
+        self.cached = cached
         self.steps = 0  # new tokens chosen
         self.next_token = None  # the token the next decode step feeds (a one-element tensor on the device)
         self.done = False
@@ -96,6 +97,13 @@ class FastSequence:
         self.prefilled = end
         if not self.prefilling:
             self.accept(logits)
+
+    def written(self) -> list[int]:
+        """The tokens whose keys and values this sequence has written to the cache, positions 0.. in order: the
+        prompt read so far, then each new token once the next step has fed it (what the prefix cache may keep)."""
+        if self.prefilling:
+            return self.prompt[: self.prefilled]
+        return self.prompt + self.collector.ids[: max(0, self.steps - 1)]
 
     def sample(self, scores):
         import torch
@@ -131,26 +139,3 @@ def wants_compile(option: Optional[bool], device: str) -> bool:
     """``compile`` None means: on for CUDA (a small model is launch-bound there), off on a CPU, where the native
     kernels leave little for the compiler (measured: docs/performance.md)."""
     return option if option is not None else device.startswith("cuda")
-
-
-def run_fast(
-    target: LoadedModel,
-    prompt: list[int],
-    cfg,
-    collector,
-    cancel: CancelCriteria,
-    max_new: int,
-    compile: Optional[bool] = None,
-    extra_processor=None,
-) -> None:
-    """One sequence, start to end: prefill, then one decode step per token (compiled once that is ready)."""
-    from redline.inference.decoding.fastpath import get_decoder
-
-    dec = get_decoder(target, len(prompt) + max_new)
-    if wants_compile(compile, target.device):
-        dec.compile_in_background(1)
-    seq = FastSequence(dec, 0, prompt, cfg, collector, cancel, max_new, extra_processor=extra_processor)
-    seq.prefill()
-    while not seq.done:
-        logits = dec.step(seq.next_token.view(1), [seq.position], [seq.seq])
-        seq.accept(logits[0])

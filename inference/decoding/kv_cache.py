@@ -1,22 +1,57 @@
-"""The fast path's KV cache: pages of keys and values that sequences take as they grow.
+"""The fast path's KV cache: pages of keys and values that sequences take as they grow, and a prefix cache of
+pages already computed, so a conversation's next turn (or another chat with the same system prompt) reads
+only what is new.
 
 Memory follows the tokens in use, not the longest context times the most sequences: a sequence holds
-``ceil(length / page)`` pages, freed when it ends, and the pool grows (by an eighth) only when every page
-is taken. Two shapes of the same idea:
+``ceil(length / page)`` pages, freed when it ends, and the pool grows (by an eighth) only when no page is
+free. Two shapes of the same idea:
 
 - small pages (64 tokens) where Redline's native attention kernel reads them through a page table (CPU);
 - one page per sequence, as long as its context, where attention runs on torch's operators with static
   shapes (CUDA, so a decode step can be captured in a CUDA graph; a CPU without the native kernels). The
   page grows (doubling, copied) when a sequence outgrows it.
+
+**The prefix cache.** With small pages, a full page is addressed by its content: a hash of its token ids
+chained with the previous page's (so equal prefixes have equal keys, and a page is only ever reused after the
+same tokens at the same positions). When a sequence ends, its full pages are registered under their keys;
+a new sequence walks its prompt's pages and takes every one already there (counted by the sequences that
+use it: a shared page is never written, never freed while in use), then reads only the rest. Unused cached
+pages stay, least recently used first out: evicted when a page is needed and the cache holds its limit
+(``cache_pages``) or the pool its budget (``budget_pages``). A partial page, a page of a sequence that failed
+and an evicted page are simply recomputed. With one page per sequence, a sequence that ends leaves its slot
+cached with its tokens, and a new sequence takes over the idle slot whose tokens share the longest prefix
+with its prompt (the way llama.cpp reuses a slot).
+
+The key of a pool is its model's: one pool belongs to one loaded model at one precision and KV dtype (the
+decoder's), and ``namespace`` (the model's content, precision and KV dtype) starts every chain, so keys from
+another model never match.
 """
 
 from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from typing import Optional, Sequence
 
 import torch
 
 from redline.inference.memory.policy import weights_in_own_mappings
 
 PAGE_TOKENS = 64
+MIN_SLOT_REUSE = 16  # one page per sequence: a shorter common prefix is not worth taking a slot over
+
+
+def chain_keys(namespace: bytes, tokens: Sequence[int], page: int, pages: int) -> list[bytes]:
+    """The content keys of the first ``pages`` full pages of ``tokens``: each the hash of the page's token ids
+    chained with the previous key (the first with ``namespace``)."""
+    keys, prev = [], namespace
+    for i in range(pages):
+        h = hashlib.blake2b(prev, digest_size=16)
+        h.update(array("q", tokens[i * page : (i + 1) * page]).tobytes())
+        prev = h.digest()
+        keys.append(prev)
+    return keys
 
 
 class PagedKV:
@@ -31,6 +66,16 @@ class PagedKV:
         self._allocate(pages)
         self.free = list(range(pages))
         self.tables: dict[int, list[int]] = {}
+        # The prefix cache (see the module's docstring).
+        self.namespace = b""
+        self.cache_pages = 0  # unused cached pages kept at most (0: no prefix cache)
+        self.budget_pages: Optional[int] = None  # the pool's size beyond which a page is evicted rather than grown
+        self.refs: dict[int, int] = {}  # page → sequences using it
+        self.key_of: dict[int, bytes] = {}  # a registered page's content key
+        self.page_of: dict[bytes, int] = {}
+        self.idle: OrderedDict[int, None] = OrderedDict()  # registered pages no sequence uses: oldest first
+        self.slot_tokens: dict[int, list[int]] = {}  # one page per sequence: an idle slot's tokens
+        self.hits = self.misses = 0  # pages (small pages) or tokens (slots) reused / computed
 
     # -- memory --------------------------------------------------------------------------------------
     def _allocate(self, pages: int) -> None:
@@ -54,10 +99,79 @@ class PagedKV:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    @property
+    def page_bytes(self) -> int:
+        return self.nbytes // max(1, self.pages)
+
     def tokens_held(self) -> int:
         return sum(len(t) for t in self.tables.values()) * self.page
 
+    def cached_tokens(self) -> int:
+        """Positions held by the prefix cache and used by no sequence (what it keeps for later turns)."""
+        if self.paged:
+            return len(self.idle) * self.page
+        return sum(len(t) for t in self.slot_tokens.values())
+
+    def cached_bytes(self) -> int:
+        return (len(self.idle) if self.paged else len(self.slot_tokens)) * self.page_bytes
+
+    def set_cache(self, namespace: bytes, cache_pages: int, budget_pages: Optional[int] = None) -> None:
+        """Turn the prefix cache on (``cache_pages`` > 0) for keys under ``namespace``, or off."""
+        if namespace != self.namespace or cache_pages <= 0:
+            self.forget_cache()
+        self.namespace, self.cache_pages, self.budget_pages = namespace, max(0, cache_pages), budget_pages
+        self._trim()
+
+    def forget_cache(self) -> None:
+        """Drop every cached page no sequence uses (they become free)."""
+        for page in list(self.idle):
+            self._unregister(page)
+            self.free.append(page)
+        self.idle.clear()
+        for slot in list(self.slot_tokens):
+            if slot not in self.refs:
+                self.free.append(slot)
+        self.slot_tokens.clear()
+        self.free.sort()
+
     # -- sequences -----------------------------------------------------------------------------------
+    def attach(self, seq: int, tokens: Sequence[int]) -> int:
+        """Give a new sequence the cached pages of ``tokens``' longest cached prefix; returns how many positions
+        (from 0) it need not compute. At least the last token is always left to compute (its logits are the
+        reply's first)."""
+        if self.cache_pages <= 0 or seq in self.tables or len(tokens) < 2:
+            return 0
+        if not self.paged:
+            return self._attach_slot(seq, tokens)
+        usable = (len(tokens) - 1) // self.page
+        taken = []
+        for key in chain_keys(self.namespace, tokens, self.page, usable):
+            page = self.page_of.get(key)
+            if page is None:
+                break
+            taken.append(page)
+        for page in taken:
+            self.idle.pop(page, None)
+            self.refs[page] = self.refs.get(page, 0) + 1
+        self.tables[seq] = taken
+        self.hits += len(taken)
+        self.misses += -(-len(tokens) // self.page) - len(taken)
+        return len(taken) * self.page
+
+    def _attach_slot(self, seq: int, tokens: Sequence[int]) -> int:
+        best, best_len = None, 0
+        for slot, held in self.slot_tokens.items():
+            n = _common_prefix(held, tokens, len(tokens) - 1)
+            if n > best_len:
+                best, best_len = slot, n
+        if best is None or best_len < MIN_SLOT_REUSE:
+            return 0
+        del self.slot_tokens[best]
+        self.refs[best] = 1
+        self.tables[seq] = [best]
+        self.hits += best_len
+        return best_len
+
     def reserve(self, seq: int, length: int) -> None:
         """Make room for positions 0..length-1 of ``seq``."""
         table = self.tables.setdefault(seq, [])
@@ -65,25 +179,55 @@ class PagedKV:
             if length > self.page:  # one page per sequence: grow the page itself
                 old_page = self.page
                 self.page = _round_up_pow2(length)
-                pages = self.pages
-                self._grow_page(old_page, pages)
+                self._grow_page(old_page, self.pages)
             if not table:
-                if not self.free:
-                    self.free = list(range(self.pages, self.pages + max(1, self.pages)))
-                    self._allocate(self.pages * 2)
-                table.append(self.free.pop(0))
+                table.append(self._take(1)[0])
+                self.refs[table[0]] = 1
             return
         needed = -(-length // self.page) - len(table)
         if needed <= 0:
             return
-        if needed > len(self.free):
-            # Grow by an eighth (at least what is needed): memory stays close to the tokens in use, and the
-            # copies a growth costs stay few.
-            grow = max(needed - len(self.free), self.pages // 8, 1)
+        for page in self._take(needed):
+            table.append(page)
+            self.refs[page] = 1
+
+    def _take(self, n: int) -> list[int]:
+        """``n`` pages to write into: free ones, then (when the cache is at its limit or the pool at its budget)
+        the least recently used cached ones, else a grown pool."""
+        while len(self.free) < n:
+            cached = self.idle if self.paged else self.slot_tokens
+            full = len(cached) >= self.cache_pages or (
+                self.budget_pages is not None and self.pages + 1 > self.budget_pages
+            )
+            if cached and full:
+                self._evict_oldest()
+                continue
+            if self.paged:
+                # Grow by an eighth (at least what is needed): memory stays close to the tokens in use, and the
+                # copies a growth costs stay few.
+                grow = max(n - len(self.free), self.pages // 8, 1)
+                if self.budget_pages is not None and cached:
+                    grow = max(n - len(self.free), min(grow, self.budget_pages - self.pages))
+            else:
+                grow = max(1, self.pages)  # one page per sequence: the pool doubles
             self.free.extend(range(self.pages, self.pages + grow))
             self._allocate(self.pages + grow)
-        for _ in range(needed):
-            table.append(self.free.pop(0))
+        taken, self.free = self.free[:n], self.free[n:]
+        return taken
+
+    def _evict_oldest(self) -> None:
+        if self.paged:
+            page, _ = self.idle.popitem(last=False)
+            self._unregister(page)
+        else:
+            page = next(iter(self.slot_tokens))
+            del self.slot_tokens[page]
+        self.free.append(page)
+
+    def _unregister(self, page: int) -> None:
+        key = self.key_of.pop(page, None)
+        if key is not None and self.page_of.get(key) == page:
+            del self.page_of[key]
 
     def _grow_page(self, old_page: int, pages: int) -> None:
         old_k, old_v = self.k, self.v
@@ -95,9 +239,48 @@ class PagedKV:
         self.k[:, :, :, :old_page] = old_k
         self.v[:, :, :, :old_page] = old_v
 
-    def release(self, seq: int) -> None:
-        self.free.extend(self.tables.pop(seq, []))
+    def release(self, seq: int, written: Optional[Sequence[int]] = None) -> None:
+        """``seq`` ended. With ``written`` (the tokens whose keys and values it wrote, positions 0..), its full
+        pages join the prefix cache; without (a failure, the cache off), only the pages others use stay."""
+        table = self.tables.pop(seq, [])
+        keep = written is not None and self.cache_pages > 0
+        if not self.paged:
+            for slot in table:
+                self.refs.pop(slot, None)
+                if keep and len(written) >= MIN_SLOT_REUSE:
+                    self.slot_tokens[slot] = list(written)
+                else:
+                    self.free.append(slot)
+            self._trim()
+            self.free.sort()
+            return
+        full = len(written) // self.page if keep else 0
+        keys = chain_keys(self.namespace, written, self.page, min(full, len(table))) if keep else []
+        for i, page in enumerate(table):
+            left = self.refs.get(page, 1) - 1
+            if left > 0:
+                self.refs[page] = left  # another sequence still reads it
+                continue
+            self.refs.pop(page, None)
+            if page not in self.key_of and i < len(keys):
+                key = keys[i]
+                if key in self.page_of:  # the same content is cached already (computed twice at once)
+                    self.free.append(page)
+                    continue
+                self.key_of[page], self.page_of[key] = key, page
+            if page in self.key_of and self.cache_pages > 0:
+                self.idle[page] = None
+                self.idle.move_to_end(page)
+            else:
+                self._unregister(page)
+                self.free.append(page)
+        self._trim()
         self.free.sort()
+
+    def _trim(self) -> None:
+        cached = self.idle if self.paged else self.slot_tokens
+        while len(cached) > self.cache_pages:
+            self._evict_oldest()
 
     def table(self, seqs: list[int]) -> torch.Tensor:
         """[B, pages] int32: each sequence's pages in order (padded with its first page)."""
@@ -126,6 +309,14 @@ class PagedKV:
         k = self.k[layer].index_select(0, idx).transpose(0, 1).reshape(self.kv_heads, -1, self.head_dim)
         v = self.v[layer].index_select(0, idx).transpose(0, 1).reshape(self.kv_heads, -1, self.head_dim)
         return k[:, :end], v[:, :end]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _round_up_pow2(n: int) -> int:

@@ -42,6 +42,9 @@ class DecodeOptions:
     draft_schedule: str = "constant"  # or "heuristic" (transformers grows/shrinks k by acceptance)
     lookup_tokens: int = 10  # prompt-lookup: tokens copied per match
     compile: Optional[bool] = None  # static and fast: None = on for CUDA, off for CPU
+    # fast: take the prompt's already-computed pages from the prefix cache, and leave this reply's for later
+    # turns. The speed lab turns it off to measure a fresh prompt.
+    reuse_prefix: bool = True
 
     def __post_init__(self):
         if self.strategy not in REQUEST_STRATEGIES:

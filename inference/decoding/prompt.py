@@ -101,9 +101,14 @@ def build_prompt(
             + tokenizer.decode(content_ids[-tail:], skip_special_tokens=True)
         )
         ids, templ = _render(tokenizer, system + [last])
-        if len(ids) <= budget or keep <= 2:  # re-tokenising can shift the count slightly
+        if len(ids) <= budget:
             break
-        keep -= max(1, len(ids) - budget)
+        keep -= max(1, len(ids) - budget)  # re-tokenising can shift the count slightly
+        if keep <= 2:
+            raise UnsupportedConfiguration(
+                f"The system prompt and the last message's frame alone do not fit the context of {context} tokens.",
+                "Shorten the system prompt or raise the context length.",
+            )
     cut = (
         f"The last message has {len(content_ids):,} tokens, more than the context of {context} leaves room for: "
         f"its first {head:,} and last {tail:,} tokens were sent, and the {left_out:,} between them were left out."

@@ -44,6 +44,7 @@ class Batcher:
         max_active: int,
         kv_budget_tokens: Optional[int] = None,
         check_result: Optional[Callable[[GenerationResult, object], GenerationResult]] = None,
+        prefix_cache_bytes: int = 0,
     ):
         from redline.inference.decoding.fastpath import get_decoder
 
@@ -56,6 +57,17 @@ class Batcher:
         self.active: list[_Active] = []
         self.peak: Optional[PeakMemory] = None  # watches memory while the batch is not empty
         self.kv_budget_tokens = kv_budget_tokens or self._kv_budget()
+        self.set_prefix_cache(prefix_cache_bytes)
+
+    def set_prefix_cache(self, nbytes: int) -> None:
+        """Keep up to ``nbytes`` of computed pages no reply uses, for later prompts that start the same way (0:
+        off); never beyond the KV budget."""
+        kv = self.dec.kv
+        budget_pages = max(1, self.kv_budget_tokens // kv.page) if kv.paged else None
+        pages = nbytes // max(1, kv.page_bytes) if kv.paged else (1 if nbytes > 0 else 0)
+        if budget_pages is not None:
+            pages = min(pages, budget_pages)
+        kv.set_cache(cache_namespace(self.target, kv.dtype), pages, budget_pages)
 
     # -- admission: what the KV cache can hold ----------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
@@ -107,6 +119,8 @@ class Batcher:
         """Start ``request``: its prompt, settings and stream. Raises (before anything runs) if it cannot."""
         prepared = prepared or self.prepare(request)
         gen = Generation(self.target, request, prepared, sink, submitted)
+        cached = self.dec.kv.attach(sink.id, prepared.prompt) if request.options.reuse_prefix else 0
+        gen.result.cached_tokens = cached
         gen.announce()
         self.dec.ensure_context(prepared.tokens)
         if wants_compile(request.options.compile, self.target.device):
@@ -121,6 +135,7 @@ class Batcher:
             prepared.max_new,
             gen.generator(self.dec.device),
             request.logits_processor,
+            cached,
         )
         self.active.append(_Active(gen, seq))
         if len(self.active) > 1:
@@ -128,7 +143,7 @@ class Batcher:
                 other.alone = False
         if self.peak is None:
             self.peak = PeakMemory(self.target.device).__enter__()
-        sink.emit(Started(batched=True))
+        sink.emit(Started(batched=True, cached_tokens=cached))
 
     def run_one(self, sink: Sink, request: GenerationRequest, submitted: float, prepared: Optional[Prepared] = None):
         """A reply alone: a batch of one, stepped until it ends; its result (also handed to ``sink.finish``)."""
@@ -179,7 +194,8 @@ class Batcher:
 
     def _retire(self, a: _Active) -> None:
         self.active.remove(a)
-        self.dec.kv.release(a.seq.seq)
+        keep = a.gen.request.options.reuse_prefix and not a.gen.failed
+        self.dec.kv.release(a.seq.seq, a.seq.written() if keep else None)
         r = a.gen.finish(self.peak)
         if not self.active and self.peak is not None:
             self.peak.__exit__(None, None, None)
@@ -211,3 +227,22 @@ class Batcher:
         for a in self.active:
             a.gen.result.notes.append(note)
             a.gen.cancel.cancelled = True  # seen at its next step, whoever holds its handle
+
+
+def cache_namespace(target, kv_dtype) -> bytes:
+    """What starts every page key of this model's prefix cache: the model's files (names, sizes, times), its
+    precision and the KV cache's dtype, so a page is only reused by the same model, loaded the same way."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    folder = getattr(target, "folder", None)
+    h.update(str(folder).encode())
+    try:
+        for f in sorted(folder.iterdir()) if folder is not None else []:
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    except OSError:
+        pass
+    h.update(target.precision.label().encode())
+    h.update(str(kv_dtype).encode())
+    return h.digest()

@@ -45,14 +45,17 @@ def generate(
     should_cancel=None,
     context_limit: Optional[int] = None,
     logits_processor=None,
+    reuse_prefix: bool = False,
 ):
     """A generation from prompt ids, run directly on this thread (the speed lab's samples, tools, tests): the same
-    path as every request, without feeding the per-machine corrections. Never raises for run-time failures: an
-    out-of-memory or other error ends the result with ``finish_reason="error"``."""
+    path as every request, without feeding the per-machine corrections, and (unless ``reuse_prefix``) reading its
+    whole prompt, as a measurement of a fresh prompt must. Never raises for run-time failures: an out-of-memory
+    or other error ends the result with ``finish_reason="error"``."""
+    options = dataclasses.replace(options or DecodeOptions(), reuse_prefix=reuse_prefix)
     request = GenerationRequest(
         input_ids=list(input_ids),
         sampling=sampling or SamplingSettings(),
-        options=options or DecodeOptions(),
+        options=options,
         context=context_limit,
         logits_processor=logits_processor,
         record=False,

@@ -36,6 +36,9 @@ class BatchLimits:
 
     max_active: int = 4
     kv_budget_tokens: Optional[int] = None
+    # What the prefix cache may keep of pages no reply uses (a conversation's earlier turns, a shared system
+    # prompt); 0 turns it off. Within the KV budget either way.
+    prefix_cache_bytes: int = 256 * 1000 * 1000
 
 
 @dataclass
@@ -110,7 +113,13 @@ class LoadedModel(Backend):
         if self._batcher is None:
             from redline.inference.generation.batch import Batcher
 
-            self._batcher = Batcher(self, self.limits.max_active, self.limits.kv_budget_tokens, self.on_result)
+            self._batcher = Batcher(
+                self,
+                self.limits.max_active,
+                self.limits.kv_budget_tokens,
+                self.on_result,
+                self.limits.prefix_cache_bytes,
+            )
         return self._batcher
 
     def generate(self, request, sink, submitted: Optional[float] = None):
