@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from redline.inference.cost import kv_cache_bytes, should_convert, weights_bytes
 from redline.inference.errors import ModelLoadError, UnsupportedConfiguration
 from redline.inference.loading.precision import parse_precision
 from redline.inference.memory.estimator import (
@@ -16,10 +17,7 @@ from redline.inference.memory.estimator import (
     MB,
     ModelShape,
     estimate,
-    kv_cache_bytes,
     shape_from_config,
-    should_convert,
-    weights_bytes,
 )
 from redline.inference.memory.model_shapes import STARTER_CONFIG, read_shape
 
@@ -461,7 +459,7 @@ def test_weight_only_q8_q4_bytes(monkeypatch):
     CPUs without Redline's kernels), one fp16 per 32 weights in GGUF's blocks (x86-64 CPUs with AVX2)."""
     from types import SimpleNamespace
 
-    from redline.inference.memory import estimator
+    from redline.inference import cost
 
     shape = shape_of(STARTER_CONFIG)
     p, v, h = shape.parameters, 49152, 576
@@ -470,7 +468,7 @@ def test_weight_only_q8_q4_bytes(monkeypatch):
     spec = SimpleNamespace(name="q8", compute_dtype="bf16", quantised=False, skip_modules=(), label=lambda: "q8")
     q8 = weights_bytes(shape, spec, "cuda")
     assert q8.quantised == q + v * h and q8.constants == rows * 2 and q8.unquantised == (p - q) * 2
-    monkeypatch.setattr(estimator, "q8_in_blocks", lambda device: True)
+    monkeypatch.setattr(cost, "q8_in_blocks", lambda device: True)
     q8_blocks = weights_bytes(shape, spec, "cpu")
     assert q8_blocks.quantised == q8.quantised
     assert q8_blocks.constants == sum(o * (i // 32) * 2 for _, i, o, _b in shape.linears)

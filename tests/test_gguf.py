@@ -208,8 +208,8 @@ def test_progress_reports_bytes_and_time_left(mixed, tmp_path):
 
 # --------------------------------------------------------------------------- the estimator
 def test_estimator_reads_the_files_tensor_types(mixed, tmp_path, monkeypatch):
+    from redline.inference.cost import weights_bytes
     from redline.inference.loading.weight_only import PackedLinear
-    from redline.inference.memory.estimator import weights_bytes
     from redline.inference.memory.model_shapes import read_shape
 
     monkeypatch.setenv("REDLINE_CACHE_DIR", str(tmp_path / "cache"))

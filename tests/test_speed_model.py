@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from redline.inference.cost import kv_read_bytes, step_flops, weights_bytes, weights_read_bytes
 from redline.inference.loading.precision import parse_precision
-from redline.inference.memory.estimator import weights_bytes
 from redline.inference.memory.fit import Planner, Target
 from redline.inference.memory.model_shapes import shipped_starter_shape
 from redline.inference.speed import calibration as cal_mod
@@ -17,13 +17,10 @@ from redline.inference.speed.choose import choose
 from redline.inference.speed.model import (
     Machine,
     break_even_acceptance,
-    kv_read_bytes,
     predict,
     speculative_speedup,
-    step_flops,
     token_acceptance,
     tokens_per_step,
-    weights_read_bytes,
 )
 from redline.inference.speed.predictor import SpeedModel
 from redline.inference.speed.speculative import advise
@@ -127,16 +124,9 @@ def test_fast_falls_back_where_the_fast_path_does_not_run():
     assert predict(STARTER, parse_precision("nf4"), "fast", CPU).path == "hf"
 
 
-def test_fast_types_match_the_fast_path():
-    from redline.inference.decoding.fastpath import SUPPORTED_TYPES
-    from redline.inference.speed.model import FAST_TYPES
-
-    assert tuple(FAST_TYPES) == tuple(SUPPORTED_TYPES)
-
-
 def test_bytes_match_the_loaded_model(tiny_model_dir):
     """The shape-based count equals what the loaded model's tensors hold (hardware.bandwidth)."""
-    from redline.inference.hardware.bandwidth import bytes_read_per_token
+    from redline.inference.hardware.bandwidth import weight_bytes_read
     from redline.inference.loading.loader import load_model
     from redline.inference.memory.model_shapes import shape_for_folder
     from redline.inference.sources.resolve import resolve
@@ -148,8 +138,8 @@ def test_bytes_match_the_loaded_model(tiny_model_dir):
             layouts = {getattr(m, "layout", None) for m in loaded.model.modules()} - {None}
             if p in ("q8", "q4") and layouts != {"blocks"}:
                 continue  # no native kernels here: torch's layouts, which the CPU prediction does not assume
-            got = bytes_read_per_token(loaded.model)
-            # bytes_read_per_token adds the rotary buffer (inv_freq): a few hundred bytes
+            got = weight_bytes_read(loaded.model)
+            # weight_bytes_read adds the rotary buffer (inv_freq): a few hundred bytes
             assert abs(got - weights_read_bytes(shape, parse_precision(p))) <= 1024, p
         finally:
             loaded.release()

@@ -114,7 +114,8 @@ def main(argv=None) -> int:
     servers = {}
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "redline"), "serve", "--model", args.model, "--precision",
-           args.precision, "--host", "127.0.0.1", "--port", str(port), "--max-tokens", str(args.max_tokens)]  # fmt: skip
+           args.precision, "--host", "127.0.0.1", "--port", str(port),
+           "--max-tokens", str(args.max_tokens)]  # fmt: skip
     servers["redline"] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
     if args.llama_python:
         port = free_port()

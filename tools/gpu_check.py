@@ -131,8 +131,7 @@ def run_cell(engine, prompt: list[int], strategy: str, tokens: int, reference) -
     result = engine.generate_ids(prompt, sampling, options)
     if result.finish_reason == "error":
         raise RuntimeError(result.error)
-    model = engine.target.model
-    per_token = bytes_read_per_token(model, len(prompt) + tokens // 2)
+    per_token = bytes_read_per_token(engine.target, options.strategy, len(prompt) + tokens // 2)
     bw = bandwidth(engine.device)
     cell = {
         "tokens_per_s": result.tokens_per_s,

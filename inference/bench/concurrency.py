@@ -103,7 +103,7 @@ def _redline(
 
     batcher = Batcher(target, room)
     kv = batcher.dec.kv
-    per_token = 2 * kv.layers * kv.kv_heads * kv.head_dim * kv.k.element_size()
+    per_token = batcher.kv_bytes_per_token()  # the cost module's, at the cache's own dtype
     sampling = SamplingSettings(max_new_tokens=new_tokens, temperature=0, min_new_tokens=new_tokens)
     start = time.perf_counter()
     arrivals = [start + i * gap for i in range(len(prompts))]

@@ -247,7 +247,7 @@ def _roofline(row: ConfigResult, target) -> None:
     from redline.inference.hardware.bandwidth import bandwidth, bytes_read_per_token
 
     context = int((row.prompt_tokens or 0) + (row.new_tokens or 0) / 2)  # the cache read on an average step
-    row.bytes_per_token = bytes_read_per_token(target.model, context)
+    row.bytes_per_token = bytes_read_per_token(target, row.strategy, context)
     row.bandwidth_bytes_per_s = bandwidth(target.device)
     if row.tokens_per_s and row.bandwidth_bytes_per_s:
         row.roofline_pct = 100.0 * row.tokens_per_s * row.bytes_per_token / row.bandwidth_bytes_per_s

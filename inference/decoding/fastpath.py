@@ -30,23 +30,23 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from redline.inference.cost import fast_path_refusal
 from redline.inference.decoding.kv_cache import PagedKV
 from redline.inference.kernels import ops, reference
 from redline.inference.memory.policy import weights_in_own_mappings
-
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
 
 
 def supports(model) -> Optional[str]:
     """None if the fast path can run ``model``; otherwise the reason it cannot."""
     cfg = model.config
-    mtype = getattr(cfg, "model_type", "?")
-    if mtype not in SUPPORTED_TYPES:
-        return f"the fast path supports {', '.join(SUPPORTED_TYPES)}, not {mtype}"
-    if getattr(model, "hf_quantizer", None) is not None:
-        return "bitsandbytes-quantised weights run through transformers (use the q8/q4 precisions)"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"activation {cfg.hidden_act} is not SiLU"
+    reason = fast_path_refusal(
+        getattr(cfg, "model_type", "?"),
+        getattr(model, "hf_quantizer", None) is not None,
+        bool(getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)),
+        getattr(cfg, "hidden_act", "silu"),
+    )
+    if reason:
+        return reason
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "unexpected module layout"
@@ -58,8 +58,6 @@ def supports(model) -> Optional[str]:
         for name in ("gate_proj", "up_proj", "down_proj"):
             if not _is_plain_linear(getattr(mlp, name, None)):
                 return f"MLP projection {name} is not a plain linear layer"
-    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-        return "sliding-window attention"
     return None
 
 

@@ -71,7 +71,7 @@ class Batcher:
 
     # -- admission: what the KV cache can hold ----------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
-        from redline.inference.memory.estimator import kv_cache_bytes
+        from redline.inference.cost import kv_cache_bytes
 
         kv = self.dec.kv
         return kv_cache_bytes(kv.layers, kv.kv_heads, kv.head_dim, 1, 1, kv.k.element_size())

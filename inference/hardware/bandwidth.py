@@ -39,9 +39,11 @@ def bandwidth(device: str = "cpu", refresh: bool = False) -> float:
     return measured("bandwidth", "bytes_per_s", device, measure_bandwidth, refresh)
 
 
-def bytes_read_per_token(model, context_tokens: int = 0) -> int:
-    """Bytes one decode step reads: every weight except embedding tables (one row each), plus the KV
-    cache for ``context_tokens`` positions. Quantised layers count their packed bytes (blocks included)."""
+def weight_bytes_read(model) -> int:
+    """Weight bytes one decode step of a loaded model reads, counted from its tensors: every weight except
+    embedding tables (one row each), quantised layers at their packed bytes (blocks included). What the cost
+    module predicts from the shape alone (``cost.weights_read_bytes``; a test checks both agree); the KV cache a
+    step reads is the cost module's too (``cost.kv_read_bytes``, at the cache's dtype and window)."""
     import torch
 
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
@@ -63,15 +65,18 @@ def bytes_read_per_token(model, context_tokens: int = 0) -> int:
         blocks = getattr(m, "blocks", None)
         if blocks is not None and hasattr(blocks, "nbytes"):
             total += int(blocks.nbytes)
-    # A tied head reads the embedding table whole; counted above because it is the head's weight too.
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if context_tokens:
-        layers = cfg.num_hidden_layers
-        kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        dtype_bytes = next(model.parameters()).element_size()
-        total += 2 * layers * kv * head_dim * context_tokens * dtype_bytes
     return int(total)
+
+
+def bytes_read_per_token(loaded, strategy: str, context_tokens: int) -> int:
+    """Bytes one decode step of ``loaded`` (a LoadedModel) reads with ``context_tokens`` positions cached: its
+    weights as held, and the KV cache at the dtype and window the strategy's code path keeps it."""
+    from redline.inference.cost import code_path, kv_read_bytes
+    from redline.inference.memory.calibration import loaded_shape
+
+    shape = loaded_shape(loaded)
+    path, _ = code_path(strategy, loaded.precision, shape, loaded.device)
+    return weight_bytes_read(loaded.model) + kv_read_bytes(shape, loaded.precision, loaded.device, path, context_tokens)
 
 
 def roofline_tokens_per_s(bytes_per_token: int, bytes_per_s: float) -> Optional[float]:

@@ -132,21 +132,24 @@ def history(device: str, path: Optional[Path] = None) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- the engine's side
+def loaded_shape(model):
+    """A loaded model's shape (``estimator.ModelShape``): read from its config and weight sizes once, not every
+    reply (it never changes)."""
+    from redline.inference.memory.model_shapes import shape_for_folder
+
+    if getattr(model, "estimate_shape", None) is None:
+        model.estimate_shape = shape_for_folder(model.folder, model.name)
+    return model.estimate_shape
+
+
 def predict_loaded(
     loaded, tokens: int, prompt_tokens: Optional[int] = None, draft=None, correction: Optional[int] = None
 ):
     """The estimate for a model the engine has loaded, at ``tokens`` tokens in the cache."""
     from redline.inference.memory.estimator import estimate
-    from redline.inference.memory.model_shapes import shape_for_folder
 
-    def shape_of(model):
-        # The shape of a loaded model never changes: read its config and weight sizes once, not every reply.
-        if getattr(model, "estimate_shape", None) is None:
-            model.estimate_shape = shape_for_folder(model.folder, model.name)
-        return model.estimate_shape
-
-    shape = shape_of(loaded)
-    draft_shape = shape_of(draft) if draft is not None else None
+    shape = loaded_shape(loaded)
+    draft_shape = loaded_shape(draft) if draft is not None else None
     if correction is None:
         correction = correction_bytes(loaded.device)
     return estimate(

@@ -31,29 +31,23 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from redline.inference.cost import (
+    AS_FILE,
+    DTYPE_BYTES,
+    WEIGHT_ONLY,
+    WeightBytes,
+    _canonical,
+    compute_dtype,
+    kv_cache_bytes,
+    weights_bytes,
+)
 from redline.inference.errors import ModelLoadError
 from redline.inference.loading.precision import PrecisionSpec
 from redline.inference.units import GB, MB  # noqa: F401 - MB/GB are part of the estimator's vocabulary
-
-DTYPE_BYTES = {
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "fp32": 4,
-    "fp16": 2,
-    "bf16": 2,
-    "float64": 8,
-    "int8": 1,
-    "uint8": 1,
-}
-BNB_4BIT_BLOCK = 64  # bitsandbytes' default 4-bit block size
-BNB_NESTED_BLOCK = 256  # double quantisation: absmax values per nested block
 
 # Runtime overhead defaults, before the per-machine correction. CPU figures are
 # RSS measured on Linux x86-64 (torch 2.13 CPU, transformers 5.2x) in the
@@ -216,167 +210,6 @@ def shape_from_config(config, name: str = "", source: str = "config.json") -> Mo
 
 
 # --------------------------------------------------------------------------- terms
-def kv_cache_bytes(
-    layers: int,
-    kv_heads: int,
-    head_dim: int,
-    tokens: int,
-    batch: int,
-    dtype_bytes: int,
-    layer_windows: Optional[list[Optional[int]]] = None,
-) -> int:
-    """2 (K and V) × layers × KV heads × head dim × tokens × batch × bytes.
-
-    A sliding-window layer keeps at most its window of tokens. (The seed's
-    example, 32 layers × 32 KV heads × 128 × 2048 tokens × batch 4 × 2 bytes,
-    is 4,294,967,296 bytes = 4 GiB.)
-    """
-    windows = layer_windows if layer_windows else [None] * layers
-    per_token_layer = 2 * kv_heads * head_dim * batch * dtype_bytes
-    return sum(per_token_layer * (min(tokens, w) if w else tokens) for w in windows[:layers])
-
-
-def should_convert(full_name: str, patterns: list[str]) -> bool:
-    """transformers' ``quantizers_utils.should_convert_module``, copied so a cached estimate needs no
-    transformers import (a test checks both agree): a pattern matches from the start up to a module
-    boundary, as a regex with that boundary, or as a suffix."""
-    boundary = r"(?:(?<=\.)|(?=\.|$))"
-    return not any(re.match(rf"(?:{key}){boundary}", full_name) or full_name.endswith(key) for key in patterns)
-
-
-@dataclass
-class WeightBytes:
-    quantised: int  # packed quantised weights
-    constants: int  # quantisation scales (absmax, SCB)
-    unquantised: int  # everything kept in a float dtype
-    unquantised_dtype: str
-    quantised_params: int
-
-    @property
-    def total(self) -> int:
-        return self.quantised + self.constants + self.unquantised
-
-
-WEIGHT_ONLY = ("q8", "q4")  # Redline's weight-only int8/int4 layers (inference/loading/weight_only.py)
-AS_FILE = "gguf"  # a converted GGUF's quantised layers as stored (inference/loading/packed.py)
-Q4_GROUP = 32  # weight_only.INT4_GROUP / block_quant.BLOCK: 32 weights share their scale (and zero or min)
-
-
-def packed_layer_bytes(
-    bits: int, fan_in: int, fan_out: int, dtype: str, blocks: bool = False, mins: bool = True
-) -> int:
-    """What one PackedLinear holds (``weight_only.PackedLinear``'s buffers). In GGUF's blocks (``blocks``, on a
-    CPU with Redline's kernels): an fp16 scale per 32 weights, and for 4 bits an fp16 min too unless the blocks
-    are symmetric (Q4_0). In torch's layouts: int8 rows with one scale per row in the compute dtype, or int4
-    with a bf16 (scale, zero) pair per 32."""
-    n = fan_in * fan_out
-    groups = fan_out * (fan_in // Q4_GROUP)
-    if blocks and fan_in % Q4_GROUP == 0:
-        return (n if bits == 8 else n // 2) + groups * 2 * (2 if bits == 4 and mins else 1)
-    if bits == 8:
-        return n + fan_out * DTYPE_BYTES[dtype]
-    return n // 2 + groups * 2 * 2
-
-
-def compute_dtype(spec: PrecisionSpec, device: str) -> str:
-    """The dtype activations and the KV cache are kept in, as the loader sets it up."""
-    if spec.name in WEIGHT_ONLY or spec.name == AS_FILE:
-        return _canonical(spec.compute_dtype)
-    if not spec.quantised:
-        return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.name]
-    if spec.name == "int8":
-        # inference/loading/precision.py: non-quantised parts in fp16 on GPUs, fp32 on CPU.
-        return "float16" if device.startswith("cuda") else "float32"
-    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.compute_dtype]
-
-
-def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> WeightBytes:
-    dtype = compute_dtype(spec, device)
-    if spec.name == AS_FILE:
-        return _as_file_bytes(shape, dtype, device)
-    if spec.name in WEIGHT_ONLY:
-        return _weight_only_bytes(shape, spec, dtype, device)
-    if not spec.quantised:
-        return WeightBytes(0, 0, shape.parameters * DTYPE_BYTES[dtype], dtype, 0)
-    # The same rule transformers applies (HfQuantizer.get_modules_to_not_convert):
-    # user skip modules replace the default list; keep-in-fp32 modules add to it.
-    not_convert = list(spec.skip_modules) if spec.skip_modules else list(shape.default_not_convert)
-    not_convert += shape.keep_in_fp32
-    q_params = q_blocks_bytes = scb = 0
-    for name, fan_in, fan_out, _bias in shape.linears:
-        if name in shape.tied_linears or not should_convert(name, not_convert):
-            continue
-        n = fan_in * fan_out
-        q_params += n
-        if spec.name == "int8":
-            scb += fan_out * 4  # one fp32 scale per output row
-        else:
-            blocks = math.ceil(n / BNB_4BIT_BLOCK)
-            if spec.double_quant:
-                q_blocks_bytes += blocks + math.ceil(blocks / BNB_NESTED_BLOCK) * 4 + 4
-            else:
-                q_blocks_bytes += blocks * 4
-    packed = q_params if spec.name == "int8" else (q_params + 1) // 2
-    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
-    return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
-
-
-def q8_in_blocks(device: str) -> bool:
-    """Where Redline's kernels will run (an x86-64 CPU with AVX2, the kernels built or buildable) q8 keeps GGUF's
-    blocks (an fp16 scale per 32 weights); elsewhere torch's per-row int8 layout (weight_only.py). The same
-    question the loader asks, so the estimate is of the layout that will really be loaded."""
-    if device.startswith("cuda"):
-        return False
-    from redline.inference.kernels.native import will_run
-
-    return will_run() is None
-
-
-def _as_file_bytes(shape: ModelShape, dtype: str, device: str = "cpu") -> WeightBytes:
-    """``gguf``: the layers the GGUF keeps quantised at their own bits, everything else in the compute dtype
-    (a tied head the file keeps packed is a layer of its own, the embedding table stays for lookups)."""
-    if not shape.packed:
-        raise ModelLoadError(
-            f"{shape.name} holds no quantised GGUF layers, so 'gguf' (as the file is) does not apply.",
-            "Choose bf16, fp16, q8, q4, int8 or nf4.",
-        )
-    tied = set(shape.tied_linears)
-    blocks = q8_in_blocks(device)  # the file's own blocks, kept as they are where Redline's kernels run
-    q_params = packed = tied_extra = 0
-    for name, fan_in, fan_out, bits, _mins in shape.packed:
-        n = fan_in * fan_out
-        if name in tied:
-            tied_extra += n
-        else:
-            q_params += n
-        packed += packed_layer_bytes(int(bits), fan_in, fan_out, dtype, blocks, bool(_mins))
-    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
-    return WeightBytes(packed, 0, unquantised, dtype, q_params + tied_extra)
-
-
-def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, device: str = "cpu") -> WeightBytes:
-    """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
-    a tied head gets its own packed copy while the embedding table stays for lookups. On a CPU the layers
-    hold GGUF blocks of 32 weights (Q8_0: an fp16 scale per block; Q4_1: fp16 scale and minimum); on CUDA
-    torch's layouts (int8: one scale per output row; int4: a bf16 scale and zero per group of 32)."""
-    bits = 8 if spec.name == "q8" else 4
-    blocks = q8_in_blocks(device)
-    q_params = packed = scales = 0
-    tied_extra = 0
-    for name, fan_in, fan_out, _bias in shape.linears:
-        if bits == 4 and fan_in % Q4_GROUP:
-            continue  # stays in the compute dtype
-        n = fan_in * fan_out
-        if name in shape.tied_linears:
-            tied_extra += n  # a new packed tensor; the shared table is still counted as unquantised
-        else:
-            q_params += n
-        packed += n if bits == 8 else n // 2
-        scales += packed_layer_bytes(bits, fan_in, fan_out, dtype, blocks) - (n if bits == 8 else n // 2)
-    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
-    return WeightBytes(packed, scales, unquantised, dtype, q_params + tied_extra)
-
-
 def activation_bytes(shape: ModelShape, tokens: int, batch: int, dtype_bytes: int) -> int:
     """Peak working set of one forward pass over ``tokens`` new tokens.
 
@@ -429,10 +262,6 @@ def loading_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, weights: 
     if spec.name == "int8":
         return extra  # the mapping outlives the load
     return max(0, extra - running_extra)
-
-
-def _canonical(dtype: str) -> str:
-    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
 
 
 # --------------------------------------------------------------------------- estimate

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from redline.inference.cost import code_path
 from redline.inference.loading.precision import QUANTISED, bitsandbytes_available, parse_precision
 from redline.inference.memory.estimator import ModelShape
 from redline.inference.memory.fit import MIN_CONTEXT, Planner, suggest
-from redline.inference.speed.model import code_path
 from redline.inference.speed.predictor import SpeedModel
 
 PRIORITIES = ("quality", "balanced", "speed")

@@ -33,21 +33,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from redline.inference.loading.precision import PrecisionSpec
-from redline.inference.memory.estimator import (
-    DTYPE_BYTES,
+from redline.inference.cost import (
     WEIGHT_ONLY,
-    ModelShape,
-    compute_dtype,
-    kv_cache_bytes,
-    packed_layer_bytes,
-    q8_in_blocks,
-    weights_bytes,
+    code_path,
+    kv_read_bytes,
+    step_flops,
+    weights_read_bytes,
 )
-
-BLOCK = 32  # block_quant.BLOCK: weights per GGUF block
-# The architectures the fast decode path runs (decoding/fastpath.SUPPORTED_TYPES; a test checks they agree).
-FAST_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
+from redline.inference.loading.precision import PrecisionSpec
+from redline.inference.memory.estimator import ModelShape
 
 # Fraction of the measured bandwidth a decode step's reads reach, by device, code path and precision.
 # CPU: torch's fp32 matrix-vector product streams close to the bandwidth; its bf16 one does not (about 9 of
@@ -144,112 +138,7 @@ def _label(device: str) -> str:
     return "this CPU"
 
 
-# --------------------------------------------------------------------------- bytes and FLOPs
-def packed_linear_bytes(fan_in: int, fan_out: int, bits: int, device: str, compute_bytes: int) -> int:
-    """A linear layer's weight bytes in q8/q4 as the loader packs them: the estimator's own count
-    (``packed_layer_bytes``) — GGUF blocks of 32 where Redline's CPU kernels run (Q8_0: 1 + 2/32 bytes per
-    weight; Q4_1: 0.5 + 4/32), torch's layouts elsewhere (int8 with one scale per row; int4 with a bf16
-    scale and zero per group of 32)."""
-    dtype = "float32" if compute_bytes == 4 else "bfloat16"
-    return packed_layer_bytes(bits, fan_in, fan_out, dtype, q8_in_blocks(device))
-
-
-def embedding_params(shape: ModelShape) -> int:
-    return shape.vocab * shape.hidden
-
-
-def tied_head(shape: ModelShape) -> bool:
-    return bool(shape.tied_linears)
-
-
-def weights_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> int:
-    """Weight bytes one decode step reads: every weight once, except the embedding table (one row), which a
-    tied output head reads whole. Matches ``hardware.bandwidth.bytes_read_per_token`` on a loaded model."""
-    b = DTYPE_BYTES[compute_dtype(spec, device)]
-    embed = embedding_params(shape)
-    tied = tied_head(shape)
-    if spec.name in WEIGHT_ONLY:
-        bits = 8 if spec.name == "q8" else 4
-        packed = covered = 0
-        for name, fan_in, fan_out, _bias in shape.linears:
-            if bits == 4 and fan_in % BLOCK:
-                packed += fan_in * fan_out * b  # stays in the compute dtype
-            else:
-                packed += packed_linear_bytes(fan_in, fan_out, bits, device, b)
-            if name not in shape.tied_linears:
-                covered += fan_in * fan_out
-        others = max(0, shape.parameters - covered - embed)  # norms, biases
-        return packed + others * b + shape.hidden * b
-    if not spec.quantised and spec.name != "gguf":
-        return (shape.parameters - embed) * b + (embed * b if tied else shape.hidden * b)
-    wb = weights_bytes(shape, spec, device)  # the GGUF's own layers at their bits (gguf), or bitsandbytes
-    ub = DTYPE_BYTES[wb.unquantised_dtype]
-    return wb.total if tied else wb.total - embed * ub + shape.hidden * ub
-
-
-def weight_bytes_per_weight(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> float:
-    """The average bytes per weight read (``weights_read_bytes`` over the weights a step multiplies by)."""
-    return weights_read_bytes(shape, spec, device) / max(1, linear_params(shape))
-
-
-def kv_dtype_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: str) -> int:
-    """Bytes per KV-cache element. The fast path on a CPU keeps the cache in bf16 (fp32 for an fp32 model);
-    transformers keeps it in the compute dtype."""
-    b = DTYPE_BYTES[compute_dtype(spec, device)]
-    if path == "fast" and _kind(device) == "cpu":
-        return 4 if b == 4 else 2
-    return b
-
-
-def kv_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: str, context: int) -> int:
-    """KV-cache bytes a decode step reads with ``context`` positions cached (sliding windows capped)."""
-    if context <= 0:
-        return 0
-    return kv_cache_bytes(
-        shape.kv_layers or shape.layers,
-        shape.kv_heads,
-        shape.head_dim,
-        context,
-        1,
-        kv_dtype_bytes(shape, spec, device, path),
-        shape.layer_windows,
-    )
-
-
-def linear_params(shape: ModelShape) -> int:
-    """Weights a forward pass multiplies each token by (the output head included)."""
-    if shape.linears:
-        return sum(fan_in * fan_out for _n, fan_in, fan_out, _b in shape.linears)
-    embed = embedding_params(shape)
-    return shape.parameters - embed + (embed if tied_head(shape) else 0)
-
-
-def step_flops(shape: ModelShape, tokens: int, context_before: int) -> float:
-    """FLOPs of one forward pass over ``tokens`` new tokens after ``context_before`` cached ones. The output
-    head runs for the last token only (transformers' ``logits_to_keep``); attention is causal."""
-    head = embedding_params(shape)
-    body = max(0, linear_params(shape) - head)
-    attended = tokens * context_before + tokens * (tokens + 1) / 2
-    attention = 4.0 * (shape.kv_layers or shape.layers) * shape.heads * shape.head_dim * attended
-    return 2.0 * body * tokens + 2.0 * head + attention
-
-
 # --------------------------------------------------------------------------- one step
-def code_path(strategy: str, spec: PrecisionSpec, shape: ModelShape, device: str, compile: Optional[bool] = None):
-    """Which code runs a strategy here: ("fast" | "hf" | "graph", a note or None)."""
-    if strategy == "fast":
-        if spec.quantised:
-            return "hf", "the fast path does not run bitsandbytes weights; predicted as kv"
-        if shape.model_type not in FAST_TYPES:
-            return "hf", f"the fast path does not run {shape.model_type}; predicted as kv"
-        if any(shape.layer_windows):
-            return "hf", "the fast path does not run sliding-window attention; predicted as kv"
-        return "fast", None
-    if strategy == "static" and _kind(device) == "cuda" and compile is not False:
-        return "graph", None
-    return "hf", None
-
-
 @dataclass
 class StepCost:
     tokens: int

@@ -19,10 +19,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from redline.inference.cost import code_path
 from redline.inference.memory.estimator import ModelShape
 from redline.inference.speed.model import (
     break_even_acceptance,
-    code_path,
     speculative_speedup,
     step_cost,
     token_acceptance,

@@ -1,0 +1,326 @@
+"""What a token costs in bytes and FLOPs: the one place that says how many bytes a model's weights hold and a
+decode step reads at each layout (fp32/bf16 rows, GGUF blocks where Redline's CPU kernels run, torch's packed
+layouts, bitsandbytes), how many bytes the KV cache holds per position at its dtype and window, and which models
+the fast path runs. Used by the memory estimator, the speed model, the batcher's admission control, the
+bandwidth roofline and the speed lab. Imports neither torch nor transformers (only the kernels' cheap
+``will_run`` question, which builds nothing).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from redline.inference.errors import ModelLoadError
+from redline.inference.loading.precision import PrecisionSpec
+
+if TYPE_CHECKING:
+    from redline.inference.memory.estimator import ModelShape
+
+DTYPE_BYTES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+}
+BNB_4BIT_BLOCK = 64  # bitsandbytes' default 4-bit block size
+BNB_NESTED_BLOCK = 256  # double quantisation: absmax values per nested block
+
+BLOCK = 32  # block_quant.BLOCK: weights per GGUF block
+# The architectures Redline's fast decode path runs (decoding/fastpath.py reads this list; a model's modules are
+# checked there too, once loaded).
+FAST_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
+
+
+def fast_path_refusal(model_type: str, bitsandbytes: bool, sliding_window: bool, hidden_act: str = "silu"):
+    """None if the fast path runs a model of this kind, else why not: what the config alone tells (the speed
+    model's prediction before loading, and ``fastpath.supports`` on a loaded model, ask the same)."""
+    if model_type not in FAST_TYPES:
+        return f"the fast path supports {', '.join(FAST_TYPES)}, not {model_type}"
+    if bitsandbytes:
+        return "bitsandbytes-quantised weights run through transformers (use the q8/q4 precisions)"
+    if hidden_act != "silu":
+        return f"activation {hidden_act} is not SiLU"
+    if sliding_window:
+        return "sliding-window attention"
+    return None
+
+
+def code_path(strategy: str, spec: PrecisionSpec, shape: ModelShape, device: str, compile: Optional[bool] = None):
+    """Which code runs a strategy here: ("fast" | "hf" | "graph", a note or None)."""
+    if strategy == "fast":
+        reason = fast_path_refusal(shape.model_type, spec.quantised, any(shape.layer_windows))
+        if reason:
+            return "hf", f"{reason}; predicted as kv"
+        return "fast", None
+    if strategy == "static" and _kind(device) == "cuda" and compile is not False:
+        return "graph", None
+    return "hf", None
+
+
+def _kind(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+# --------------------------------------------------------------------------- the KV cache
+def kv_cache_bytes(
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    tokens: int,
+    batch: int,
+    dtype_bytes: int,
+    layer_windows: Optional[list[Optional[int]]] = None,
+) -> int:
+    """2 (K and V) × layers × KV heads × head dim × tokens × batch × bytes.
+
+    A sliding-window layer keeps at most its window of tokens. (The seed's
+    example, 32 layers × 32 KV heads × 128 × 2048 tokens × batch 4 × 2 bytes,
+    is 4,294,967,296 bytes = 4 GiB.)
+    """
+    windows = layer_windows if layer_windows else [None] * layers
+    per_token_layer = 2 * kv_heads * head_dim * batch * dtype_bytes
+    return sum(per_token_layer * (min(tokens, w) if w else tokens) for w in windows[:layers])
+
+
+# --------------------------------------------------------------------------- weights at their layouts
+def should_convert(full_name: str, patterns: list[str]) -> bool:
+    """transformers' ``quantizers_utils.should_convert_module``, copied so a cached estimate needs no
+    transformers import (a test checks both agree): a pattern matches from the start up to a module
+    boundary, as a regex with that boundary, or as a suffix."""
+    boundary = r"(?:(?<=\.)|(?=\.|$))"
+    return not any(re.match(rf"(?:{key}){boundary}", full_name) or full_name.endswith(key) for key in patterns)
+
+
+@dataclass
+class WeightBytes:
+    quantised: int  # packed quantised weights
+    constants: int  # quantisation scales (absmax, SCB)
+    unquantised: int  # everything kept in a float dtype
+    unquantised_dtype: str
+    quantised_params: int
+
+    @property
+    def total(self) -> int:
+        return self.quantised + self.constants + self.unquantised
+
+
+WEIGHT_ONLY = ("q8", "q4")  # Redline's weight-only int8/int4 layers (inference/loading/weight_only.py)
+AS_FILE = "gguf"  # a converted GGUF's quantised layers as stored (inference/loading/packed.py)
+Q4_GROUP = 32  # weight_only.INT4_GROUP / block_quant.BLOCK: 32 weights share their scale (and zero or min)
+
+
+def packed_layer_bytes(
+    bits: int, fan_in: int, fan_out: int, dtype: str, blocks: bool = False, mins: bool = True
+) -> int:
+    """What one PackedLinear holds (``weight_only.PackedLinear``'s buffers). In GGUF's blocks (``blocks``, on a
+    CPU with Redline's kernels): an fp16 scale per 32 weights, and for 4 bits an fp16 min too unless the blocks
+    are symmetric (Q4_0). In torch's layouts: int8 rows with one scale per row in the compute dtype, or int4
+    with a bf16 (scale, zero) pair per 32."""
+    n = fan_in * fan_out
+    groups = fan_out * (fan_in // Q4_GROUP)
+    if blocks and fan_in % Q4_GROUP == 0:
+        return (n if bits == 8 else n // 2) + groups * 2 * (2 if bits == 4 and mins else 1)
+    if bits == 8:
+        return n + fan_out * DTYPE_BYTES[dtype]
+    return n // 2 + groups * 2 * 2
+
+
+def compute_dtype(spec: PrecisionSpec, device: str) -> str:
+    """The dtype activations and the KV cache are kept in, as the loader sets it up."""
+    if spec.name in WEIGHT_ONLY or spec.name == AS_FILE:
+        return _canonical(spec.compute_dtype)
+    if not spec.quantised:
+        return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.name]
+    if spec.name == "int8":
+        # inference/loading/precision.py: non-quantised parts in fp16 on GPUs, fp32 on CPU.
+        return "float16" if device.startswith("cuda") else "float32"
+    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.compute_dtype]
+
+
+def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> WeightBytes:
+    dtype = compute_dtype(spec, device)
+    if spec.name == AS_FILE:
+        return _as_file_bytes(shape, dtype, device)
+    if spec.name in WEIGHT_ONLY:
+        return _weight_only_bytes(shape, spec, dtype, device)
+    if not spec.quantised:
+        return WeightBytes(0, 0, shape.parameters * DTYPE_BYTES[dtype], dtype, 0)
+    # The same rule transformers applies (HfQuantizer.get_modules_to_not_convert):
+    # user skip modules replace the default list; keep-in-fp32 modules add to it.
+    not_convert = list(spec.skip_modules) if spec.skip_modules else list(shape.default_not_convert)
+    not_convert += shape.keep_in_fp32
+    q_params = q_blocks_bytes = scb = 0
+    for name, fan_in, fan_out, _bias in shape.linears:
+        if name in shape.tied_linears or not should_convert(name, not_convert):
+            continue
+        n = fan_in * fan_out
+        q_params += n
+        if spec.name == "int8":
+            scb += fan_out * 4  # one fp32 scale per output row
+        else:
+            blocks = math.ceil(n / BNB_4BIT_BLOCK)
+            if spec.double_quant:
+                q_blocks_bytes += blocks + math.ceil(blocks / BNB_NESTED_BLOCK) * 4 + 4
+            else:
+                q_blocks_bytes += blocks * 4
+    packed = q_params if spec.name == "int8" else (q_params + 1) // 2
+    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
+    return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
+
+
+def q8_in_blocks(device: str) -> bool:
+    """Where Redline's kernels will run (an x86-64 CPU with AVX2, the kernels built or buildable) q8 keeps GGUF's
+    blocks (an fp16 scale per 32 weights); elsewhere torch's per-row int8 layout (weight_only.py). The same
+    question the loader asks, so the estimate is of the layout that will really be loaded."""
+    if device.startswith("cuda"):
+        return False
+    from redline.inference.kernels.native import will_run
+
+    return will_run() is None
+
+
+def _as_file_bytes(shape: ModelShape, dtype: str, device: str = "cpu") -> WeightBytes:
+    """``gguf``: the layers the GGUF keeps quantised at their own bits, everything else in the compute dtype
+    (a tied head the file keeps packed is a layer of its own, the embedding table stays for lookups)."""
+    if not shape.packed:
+        raise ModelLoadError(
+            f"{shape.name} holds no quantised GGUF layers, so 'gguf' (as the file is) does not apply.",
+            "Choose bf16, fp16, q8, q4, int8 or nf4.",
+        )
+    tied = set(shape.tied_linears)
+    blocks = q8_in_blocks(device)  # the file's own blocks, kept as they are where Redline's kernels run
+    q_params = packed = tied_extra = 0
+    for name, fan_in, fan_out, bits, _mins in shape.packed:
+        n = fan_in * fan_out
+        if name in tied:
+            tied_extra += n
+        else:
+            q_params += n
+        packed += packed_layer_bytes(int(bits), fan_in, fan_out, dtype, blocks, bool(_mins))
+    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
+    return WeightBytes(packed, 0, unquantised, dtype, q_params + tied_extra)
+
+
+def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, device: str = "cpu") -> WeightBytes:
+    """q8/q4 (``weight_only.quantize_model``): every nn.Linear, the output head included, is packed;
+    a tied head gets its own packed copy while the embedding table stays for lookups. On a CPU the layers
+    hold GGUF blocks of 32 weights (Q8_0: an fp16 scale per block; Q4_1: fp16 scale and minimum); on CUDA
+    torch's layouts (int8: one scale per output row; int4: a bf16 scale and zero per group of 32)."""
+    bits = 8 if spec.name == "q8" else 4
+    blocks = q8_in_blocks(device)
+    q_params = packed = scales = 0
+    tied_extra = 0
+    for name, fan_in, fan_out, _bias in shape.linears:
+        if bits == 4 and fan_in % Q4_GROUP:
+            continue  # stays in the compute dtype
+        n = fan_in * fan_out
+        if name in shape.tied_linears:
+            tied_extra += n  # a new packed tensor; the shared table is still counted as unquantised
+        else:
+            q_params += n
+        packed += n if bits == 8 else n // 2
+        scales += packed_layer_bytes(bits, fan_in, fan_out, dtype, blocks) - (n if bits == 8 else n // 2)
+    unquantised = (shape.parameters - q_params) * DTYPE_BYTES[dtype]
+    return WeightBytes(packed, scales, unquantised, dtype, q_params + tied_extra)
+
+
+def _canonical(dtype: str) -> str:
+    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
+
+
+# --------------------------------------------------------------------------- what a decode step reads, and its FLOPs
+def packed_linear_bytes(fan_in: int, fan_out: int, bits: int, device: str, compute_bytes: int) -> int:
+    """A linear layer's weight bytes in q8/q4 as the loader packs them: the estimator's own count
+    (``packed_layer_bytes``) — GGUF blocks of 32 where Redline's CPU kernels run (Q8_0: 1 + 2/32 bytes per
+    weight; Q4_1: 0.5 + 4/32), torch's layouts elsewhere (int8 with one scale per row; int4 with a bf16
+    scale and zero per group of 32)."""
+    dtype = "float32" if compute_bytes == 4 else "bfloat16"
+    return packed_layer_bytes(bits, fan_in, fan_out, dtype, q8_in_blocks(device))
+
+
+def embedding_params(shape: ModelShape) -> int:
+    return shape.vocab * shape.hidden
+
+
+def tied_head(shape: ModelShape) -> bool:
+    return bool(shape.tied_linears)
+
+
+def weights_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> int:
+    """Weight bytes one decode step reads: every weight once, except the embedding table (one row), which a
+    tied output head reads whole. Matches ``hardware.bandwidth.weight_bytes_read`` on a loaded model."""
+    b = DTYPE_BYTES[compute_dtype(spec, device)]
+    embed = embedding_params(shape)
+    tied = tied_head(shape)
+    if spec.name in WEIGHT_ONLY:
+        bits = 8 if spec.name == "q8" else 4
+        packed = covered = 0
+        for name, fan_in, fan_out, _bias in shape.linears:
+            if bits == 4 and fan_in % BLOCK:
+                packed += fan_in * fan_out * b  # stays in the compute dtype
+            else:
+                packed += packed_linear_bytes(fan_in, fan_out, bits, device, b)
+            if name not in shape.tied_linears:
+                covered += fan_in * fan_out
+        others = max(0, shape.parameters - covered - embed)  # norms, biases
+        return packed + others * b + shape.hidden * b
+    if not spec.quantised and spec.name != "gguf":
+        return (shape.parameters - embed) * b + (embed * b if tied else shape.hidden * b)
+    wb = weights_bytes(shape, spec, device)  # the GGUF's own layers at their bits (gguf), or bitsandbytes
+    ub = DTYPE_BYTES[wb.unquantised_dtype]
+    return wb.total if tied else wb.total - embed * ub + shape.hidden * ub
+
+
+def weight_bytes_per_weight(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> float:
+    """The average bytes per weight read (``weights_read_bytes`` over the weights a step multiplies by)."""
+    return weights_read_bytes(shape, spec, device) / max(1, linear_params(shape))
+
+
+def kv_dtype_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: str) -> int:
+    """Bytes per KV-cache element. The fast path on a CPU keeps the cache in bf16 (fp32 for an fp32 model);
+    transformers keeps it in the compute dtype."""
+    b = DTYPE_BYTES[compute_dtype(spec, device)]
+    if path == "fast" and _kind(device) == "cpu":
+        return 4 if b == 4 else 2
+    return b
+
+
+def kv_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: str, context: int) -> int:
+    """KV-cache bytes a decode step reads with ``context`` positions cached (sliding windows capped)."""
+    if context <= 0:
+        return 0
+    return kv_cache_bytes(
+        shape.kv_layers or shape.layers,
+        shape.kv_heads,
+        shape.head_dim,
+        context,
+        1,
+        kv_dtype_bytes(shape, spec, device, path),
+        shape.layer_windows,
+    )
+
+
+def linear_params(shape: ModelShape) -> int:
+    """Weights a forward pass multiplies each token by (the output head included)."""
+    if shape.linears:
+        return sum(fan_in * fan_out for _n, fan_in, fan_out, _b in shape.linears)
+    embed = embedding_params(shape)
+    return shape.parameters - embed + (embed if tied_head(shape) else 0)
+
+
+def step_flops(shape: ModelShape, tokens: int, context_before: int) -> float:
+    """FLOPs of one forward pass over ``tokens`` new tokens after ``context_before`` cached ones. The output
+    head runs for the last token only (transformers' ``logits_to_keep``); attention is causal."""
+    head = embedding_params(shape)
+    body = max(0, linear_params(shape) - head)
+    attended = tokens * context_before + tokens * (tokens + 1) / 2
+    attention = 4.0 * (shape.kv_layers or shape.layers) * shape.heads * shape.head_dim * attended
+    return 2.0 * body * tokens + 2.0 * head + attention
