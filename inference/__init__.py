@@ -92,6 +92,7 @@ from redline.inference.sources.gguf import is_complete as is_converted
 from redline.inference.sources.resolve import ACCEPTED_FORMS
 from redline.inference.sources.resolve import resolve as resolve_model
 from redline.inference.sources.starter import STARTER_NAME, legacy_starter_folder, starter_folder
+from redline.inference.speed.arithmetic import Machine, SpeedPrediction, cached_machine, card_machine, this_machine
 from redline.inference.speed.calibration import SpeedCalibration
 from redline.inference.speed.choose import (
     DEFAULT_PRIORITY,
@@ -102,7 +103,6 @@ from redline.inference.speed.choose import (
     choose,
     resolve_auto,
 )
-from redline.inference.speed.model import Machine, SpeedPrediction, cached_machine, card_machine, this_machine
 from redline.inference.speed.predictor import SpeedModel
 from redline.inference.speed.speculative import AcceptanceMeasurement, DraftAdvice, advise, measure_acceptance
 from redline.inference.units import GB, MB, format_bytes

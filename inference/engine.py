@@ -76,7 +76,7 @@ class Engine:
         self.memory_check: Optional[MemoryCheck] = None  # predicted vs measured, after the last generation
         self.record_memory = True  # feed measured loads into the per-machine estimator correction
         self.record_speed = True  # feed measured replies into the per-machine speed correction
-        self.speed_check = None  # the speed model's prediction for the last reply (speed.model.SpeedPrediction)
+        self.speed_check = None  # the speed model's prediction for the last reply (speed.arithmetic.SpeedPrediction)
 
     # -- models --------------------------------------------------------------
     def load(

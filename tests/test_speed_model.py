@@ -12,9 +12,7 @@ from redline.inference.loading.precision import parse_precision
 from redline.inference.memory.fit import Planner, Target
 from redline.inference.memory.model_shapes import shipped_starter_shape
 from redline.inference.speed import calibration as cal_mod
-from redline.inference.speed.calibration import MAX_FACTOR, MIN_FACTOR, SpeedCalibration
-from redline.inference.speed.choose import choose
-from redline.inference.speed.model import (
+from redline.inference.speed.arithmetic import (
     Machine,
     break_even_acceptance,
     predict,
@@ -22,6 +20,8 @@ from redline.inference.speed.model import (
     token_acceptance,
     tokens_per_step,
 )
+from redline.inference.speed.calibration import MAX_FACTOR, MIN_FACTOR, SpeedCalibration
+from redline.inference.speed.choose import choose
 from redline.inference.speed.predictor import SpeedModel
 from redline.inference.speed.speculative import advise
 from redline.inference.units import GB
@@ -373,7 +373,7 @@ def test_cli_chat_and_the_window_resolve_auto_alike(tiny_model_dir, tmp_path, mo
     from redline.app.cli_chat import resolve_auto_args
     from redline.inference.engine import Engine
     from redline.inference.memory.model_shapes import read_shape
-    from redline.inference.speed.model import this_machine
+    from redline.inference.speed.arithmetic import this_machine
     from redline.ui.speed_tasks import auto_task
 
     monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))

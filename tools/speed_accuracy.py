@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from redline.inference.bench.sets import configs_text, ladder
     from redline.inference.loading.precision import resolve_precision
     from redline.inference.memory.model_shapes import read_shape
-    from redline.inference.speed.model import predict, this_machine
+    from redline.inference.speed.arithmetic import predict, this_machine
 
     engine = Engine()
     engine.record_memory = False

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from redline.inference.memory.calibration import data_dir, device_key
-from redline.inference.speed.model import SpeedPrediction
+from redline.inference.speed.arithmetic import SpeedPrediction
 
 CLASS_HISTORY = 20  # records kept per class and device
 LEARN_FROM = 10  # a class's factor is the median ratio of its last N records
@@ -216,7 +216,7 @@ def predict_generation(
 ):
     """The speed model's prediction for a model the engine has loaded (uncorrected, then with the factors in
     force now): returns (prediction with factors applied, device key)."""
-    from redline.inference.speed.model import predict, this_machine
+    from redline.inference.speed.arithmetic import predict, this_machine
 
     machine = this_machine(loaded.device)
     key = device_key(loaded.device)

@@ -221,7 +221,7 @@ def resolve_auto(
     from redline.inference.memory.calibration import correction_bytes
     from redline.inference.memory.fit import detect_target
     from redline.inference.memory.model_shapes import read_shape
-    from redline.inference.speed.model import this_machine
+    from redline.inference.speed.arithmetic import this_machine
 
     shape = read_shape(model)
     target = detect_target(free_gb, None, reclaimable_bytes, device)

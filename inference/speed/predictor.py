@@ -8,8 +8,8 @@ from typing import Optional, Union
 
 from redline.inference.loading.precision import PrecisionSpec, parse_precision, resolve_precision
 from redline.inference.memory.estimator import ModelShape
+from redline.inference.speed.arithmetic import Machine, SpeedPrediction, predict
 from redline.inference.speed.calibration import SpeedCalibration
-from redline.inference.speed.model import Machine, SpeedPrediction, predict
 
 
 class SpeedModel:

@@ -21,7 +21,7 @@ from typing import Optional
 
 from redline.inference.cost import code_path
 from redline.inference.memory.estimator import ModelShape
-from redline.inference.speed.model import (
+from redline.inference.speed.arithmetic import (
     break_even_acceptance,
     speculative_speedup,
     step_cost,
