@@ -103,7 +103,7 @@ from redline.inference.speed.choose import (
     choose,
     resolve_auto,
 )
-from redline.inference.speed.predictor import SpeedModel
+from redline.inference.speed.model import SpeedModel
 from redline.inference.speed.speculative import AcceptanceMeasurement, DraftAdvice, advise, measure_acceptance
 from redline.inference.units import GB, MB, format_bytes
 

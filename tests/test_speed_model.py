@@ -22,7 +22,7 @@ from redline.inference.speed.arithmetic import (
 )
 from redline.inference.speed.calibration import MAX_FACTOR, MIN_FACTOR, SpeedCalibration
 from redline.inference.speed.choose import choose
-from redline.inference.speed.predictor import SpeedModel
+from redline.inference.speed.model import SpeedModel
 from redline.inference.speed.speculative import advise
 from redline.inference.units import GB
 

@@ -21,7 +21,7 @@ from redline.inference.cost import code_path
 from redline.inference.loading.precision import QUANTISED, bitsandbytes_available, parse_precision
 from redline.inference.memory.estimator import ModelShape
 from redline.inference.memory.fit import MIN_CONTEXT, Planner, suggest
-from redline.inference.speed.predictor import SpeedModel
+from redline.inference.speed.model import SpeedModel
 
 PRIORITIES = ("quality", "balanced", "speed")
 DEFAULT_PRIORITY = "balanced"

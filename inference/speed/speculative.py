@@ -28,7 +28,7 @@ from redline.inference.speed.arithmetic import (
     token_acceptance,
     tokens_per_step,
 )
-from redline.inference.speed.predictor import SpeedModel
+from redline.inference.speed.model import SpeedModel
 
 CALIBRATION_TOKENS = 48  # tokens the acceptance run generates: a few dozen, a few seconds for a small pair
 CALIBRATION_PROMPT = (
