@@ -220,7 +220,7 @@ def test_cancel_keeps_finished_rows(tiny_model_dir):
     assert report.results[0].tokens_per_s is not None
 
 
-@pytest.mark.parametrize("mode", ["padded", "continuous"])
+@pytest.mark.parametrize("mode", ["padded", "transformers"])
 def test_batch_sweep(tiny_model_dir, mode):
     spec = BenchSpec(
         model=str(tiny_model_dir),

@@ -61,7 +61,7 @@ class ConfigResult:
 @dataclass
 class SweepRow:
     batch_size: int
-    mode: str  # "continuous" (transformers generate_batch) or "padded" (batched generate, left padding)
+    mode: str  # "transformers" (its continuous batching, generate_batch) or "padded" (batched generate, left padding)
     status: str = "ok"
     error: Optional[str] = None
     samples: int = 0

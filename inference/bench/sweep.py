@@ -2,7 +2,7 @@
 
 Two ways to run a batch, and the row says which one ran:
 
-- ``continuous``: transformers' continuous batching (``model.generate_batch``,
+- ``transformers``: transformers' continuous batching (``model.generate_batch``,
   paged KV cache, requests refilled as others finish). Per-request timestamps
   come from transformers itself.
 - ``padded``: one batched ``generate()`` with left padding, the same generation
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from redline.inference.bench.configs import BenchConfig
     from redline.inference.bench.results import SweepRow
 
-MODES = ("auto", "continuous", "padded")
+MODES = ("auto", "transformers", "padded")
 CB_PAGE_SIZE = 64  # tokens per page of the continuous-batching cache
 
 
@@ -165,8 +165,8 @@ def run_sweep(
         new_tokens,
     )
     has_continuous = callable(getattr(target.model, "generate_batch", None))
-    use = "continuous" if mode in ("auto", "continuous") and has_continuous else "padded"
-    if mode == "continuous" and not has_continuous:
+    use = "transformers" if mode in ("auto", "transformers") and has_continuous else "padded"
+    if mode == "transformers" and not has_continuous:
         raise UnsupportedConfiguration(
             "This transformers version has no continuous batching (generate_batch).", "Use --batch-mode padded."
         )
@@ -177,7 +177,7 @@ def run_sweep(
     for size in batch_sizes:
         row = SweepRow(batch_size=size, mode=use)
         batch = [list(prompts[i % len(prompts)]) for i in range(size)]
-        if use == "continuous" and config.strategy != "kv":
+        if use == "transformers" and config.strategy != "kv":
             row.notes.append(
                 "continuous batching uses its own paged KV cache; the strategy's cache setting does not apply"
             )
@@ -193,11 +193,11 @@ def run_sweep(
             torch.manual_seed(seed)
             try:
                 with PeakMemory(target.device) as peak:
-                    if row.mode == "continuous":
+                    if row.mode == "transformers":
                         try:
                             m = _continuous(target, batch, cfg)
                         except Exception as exc:
-                            if mode == "continuous" or is_oom(exc):
+                            if mode == "transformers" or is_oom(exc):
                                 raise
                             # auto: fall back for this and every later batch size, and say why
                             fallback_note = (
