@@ -90,7 +90,7 @@ def add_speed_lab(window, engine, settings) -> None:
     def build():
         from redline.app.server_keys import ServerKeys
         from redline.ui.speedlab import SpeedLabPanel
-        from redline.ui.window.speedlab_link import follow_speed_lab
+        from redline.ui.speedlab.link import follow_speed_lab
 
         presets = window.presets
         panel = SpeedLabPanel(

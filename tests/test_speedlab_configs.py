@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QSplitter
 
 from redline.inference import BenchConfig, every_precision, ladder, parse_configs
 from redline.ui.speedlab import SpeedLabPanel
-from redline.ui.speedlab_configs import COMPILE, DRAFT, DRAFT_PRECISION, MEASURED, PRECISION, PREDICTED, STRATEGY, K
+from redline.ui.speedlab.configs import COMPILE, DRAFT, DRAFT_PRECISION, MEASURED, PRECISION, PREDICTED, STRATEGY, K
 from redline.ui.worker import EngineThread
 
 

@@ -5,10 +5,10 @@ while it runs: chat replies asked meanwhile wait, and say so); its progress even
 tokens, finished rows) come back through ``EngineThread.progress``. Cancel stops this run and nothing
 else. Past runs are JSON files in a folder the caller hands in.
 
-The configurations are edited as rows of a table (``speedlab_configs.ConfigEditor``, with ready-made sets and
+The configurations are edited as rows of a table (``configs.ConfigEditor``, with ready-made sets and
 the text form in step); each row shows the tokens/s the speed model predicts here (asked on the engine thread
 between runs) beside what the last run measured. The outputs stream side by side in a resizable splitter
-(``speedlab_outputs.OutputColumns``) with each column's live tokens/s; ``live_speed``, ``row_started`` and
+(``outputs.OutputColumns``) with each column's live tokens/s; ``live_speed``, ``row_started`` and
 ``row_done`` let the window's gauges follow the run.
 """
 
@@ -69,8 +69,8 @@ from redline.inference import (
     to_markdown,
 )
 from redline.ui.speed_tasks import predictions_task
-from redline.ui.speedlab_configs import ConfigEditor
-from redline.ui.speedlab_outputs import OutputColumns
+from redline.ui.speedlab.configs import ConfigEditor
+from redline.ui.speedlab.outputs import OutputColumns
 from redline.ui.worker import EngineThread
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32"
