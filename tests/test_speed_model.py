@@ -374,7 +374,7 @@ def test_cli_chat_and_the_window_resolve_auto_alike(tiny_model_dir, tmp_path, mo
     from redline.inference.engine import Engine
     from redline.inference.memory.model_shapes import read_shape
     from redline.inference.speed.arithmetic import this_machine
-    from redline.ui.speed_tasks import auto_task
+    from redline.inference.jobs import auto_task
 
     monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
     engine = Engine("cpu")

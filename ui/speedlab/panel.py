@@ -68,7 +68,7 @@ from redline.inference import (
     to_json,
     to_markdown,
 )
-from redline.ui.speed_tasks import predictions_task
+from redline.inference import predictions_task
 from redline.ui.speedlab.configs import ConfigEditor
 from redline.ui.speedlab.outputs import OutputColumns
 from redline.ui.worker import EngineThread

@@ -2,7 +2,7 @@
 pickle weights run (and remembering the answer), unloading, reloading when settings change, and the
 status bar's line about what is loaded.
 
-Precision and strategy ``auto`` are resolved just before loading (``speed_tasks.auto_task``, the same
+Precision and strategy ``auto`` are resolved just before loading (``inference.jobs.auto_task``, the same
 ``resolve_auto`` as ``redline chat``): the fastest configuration that fits for the settings' priority. The
 status bar says what was chosen and why; replies use the chosen strategy (``strategy()``).
 
@@ -20,7 +20,7 @@ from qasync import asyncSlot
 
 from redline.inference import Cancelled, NeedsOptIn, is_server_url
 from redline.ui.engine_client import LoadProgress, ModelInfo, TaskFailed, load_task, unload_task
-from redline.ui.speed_tasks import auto_task
+from redline.inference import auto_task
 
 AUTO = "auto"
 

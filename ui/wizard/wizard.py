@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QWizard
 from redline.inference import DEFAULT_PRIORITY, SpeedCalibration, SpeedModel, card_machine, parse_precision
 from redline.ui.engine_client import EngineClient, describe_task, hardware_task, pair_task
 from redline.ui.protocols import PresetStoreLike
-from redline.ui.speed_tasks import acceptance_task, machine_task
+from redline.inference import acceptance_task, machine_task
 from redline.ui.wizard.config_page import ConfigPage
 from redline.ui.wizard.draft_page import DraftPage
 from redline.ui.wizard.hardware_page import HardwarePage

@@ -1,4 +1,4 @@
-"""What the window, the wizard and the speed lab ask the engine thread about speed (torch loads there):
+"""Jobs for the engine's thread: what the window, the wizard and the speed lab ask it about speed (torch loads there):
 resolving ``auto``, this machine's measured figures, predictions for lab rows, a draft's acceptance run.
 
 Each function returns a task ``fn(engine, report)`` for ``EngineClient.run`` / ``EngineThread.submit``."""
