@@ -41,7 +41,7 @@ class _Job:
     request: Optional[GenerationRequest] = None  # a generation
     prepared: Any = None  # its prompt and limits, once worked out (generation.request.Prepared)
     fn: Optional[Callable[[Any, Callable[[Any], None]], Any]] = None  # anything else: fn(engine, report)
-    label: str = ""  # what others wait for while it runs ("the speed lab", "a model load")
+    label: str = ""  # what others wait for while it runs ("the speed lab", "the model to load")
     interrupt: bool = False
 
 
@@ -111,7 +111,7 @@ class EngineService:
         def job(engine, report):
             return engine.load_all(request, report, should_cancel=report.cancelled)
 
-        return self.call(job, "a model load", interrupt, "load")
+        return self.call(job, "the model to load", interrupt, "load")
 
     def unload(self, interrupt: bool = True) -> RequestHandle:
         return self.call(lambda engine, report: engine.unload(), "the model to unload", interrupt, "unload")
