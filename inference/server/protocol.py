@@ -167,6 +167,17 @@ ERROR_TYPES = {
 }
 
 
+class ApiError(Exception):
+    """A request answered with an error object: its status, one sentence, the field it names, OpenAI's code."""
+
+    def __init__(
+        self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None, headers=None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+
 def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
     """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
     return {

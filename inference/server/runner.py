@@ -19,7 +19,7 @@ from redline.inference.server.config import ServerConfig, ServerConfigError
 
 class ApiServer:
     def __init__(self, service, config: Optional[ServerConfig] = None, on_thread_start=None):
-        from redline.inference.server.app import ServerStats
+        from redline.inference.server.stats import ServerStats
 
         self.service = service
         self.config = config or ServerConfig()
@@ -79,7 +79,7 @@ class ApiServer:
         """Listen and serve; returns the address (``http://HOST:PORT/v1``). Raises ServerConfigError."""
         import uvicorn
 
-        from redline.inference.server.app import build_app
+        from redline.inference.server.routes import build_app
 
         if self.running:
             return self.address

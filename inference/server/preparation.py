@@ -1,0 +1,174 @@
+"""A request body made ready to run: the model it names, its JSON read and checked (``protocol``), its sampling, its
+prompt made ready by ``generation.request.prepare`` with ``strict=True`` (the one prompt builder and the one context
+check, on the server's own copy of the tokenizer, so a request that cannot fit is a 400 before it queues), and the
+grammar its ``response_format`` asks for."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+from redline.inference.errors import ContextExceeded, RedlineError
+from redline.inference.generation.request import GenerationRequest
+from redline.inference.server.config import ServerConfig
+from redline.inference.server.middleware import BodyTooLarge
+from redline.inference.server.protocol import ApiError, describe_validation
+from redline.inference.server.structured import GrammarProcessor, GrammarTokenizers, SchemaError, grammar_for
+from redline.inference.server.tokenizers import ServerTokenizers
+
+
+class Preparation:
+    def __init__(self, service, config: ServerConfig):
+        self.service = service
+        self.config = config
+        self.tokenizers = ServerTokenizers()
+        self.grammars = GrammarTokenizers()
+        self._switch = asyncio.Lock()
+
+    # -- the model --------------------------------------------------------------------------------------
+    def target(self):
+        engine = self.service.engine
+        target = getattr(engine, "target", None)
+        if target is None:
+            raise ApiError(
+                503,
+                "No model is loaded in Redline. Load one in the window, or start `redline serve --model …`.",
+                code="model_not_loaded",
+            )
+        if not target.capabilities.servable:
+            raise ApiError(
+                503,
+                f"Redline is connected to a remote server ({target.name}), which it does not pass on. "
+                "Load a local model to serve it.",
+                code="model_not_loaded",
+            )
+        return target
+
+    @staticmethod
+    def _names(target) -> set[str]:
+        source = getattr(target, "source", None)
+        names = {target.name}
+        if source is not None:
+            names.add(source.spec)
+        return names
+
+    async def model_for(self, wanted: str):
+        target = getattr(self.service.engine, "target", None)
+        if target is not None and target.capabilities.servable and wanted in self._names(target):
+            return target
+        if not self.config.load_on_request:
+            target = self.target()  # none loaded, or a remote one: the clear 503
+            raise ApiError(
+                404,
+                f"The model '{wanted}' is not loaded; this server has '{target.name}'. Name that model, or start "
+                "the server with --allow-model-load to load others on request.",
+                "model",
+                "model_not_found",
+            )
+        async with self._switch:  # one load at a time: two requests for the same model load it once
+            target = getattr(self.service.engine, "target", None)
+            if target is not None and wanted in self._names(target):
+                return target
+            try:
+                handle = self.service.load(wanted, self.config.precision, interrupt=False)
+                await asyncio.to_thread(handle.result, 3600)
+            except RedlineError as exc:
+                raise ApiError(
+                    404, f"The model '{wanted}' could not be loaded: {exc}", "model", "model_not_found"
+                ) from None
+            return self.target()
+
+    # -- a request --------------------------------------------------------------------------------------
+    async def read(self, request, kind):
+        try:
+            raw = await request.body()
+        except BodyTooLarge:
+            limit = self.config.max_body_bytes
+            raise ApiError(413, f"The request body is larger than this server's limit of {limit:,} bytes.") from None
+        try:
+            data = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        from pydantic import ValidationError
+
+        try:
+            body = kind.model_validate(data)
+        except ValidationError as exc:
+            message, param = describe_validation(exc.errors(include_url=False))
+            raise ApiError(400, message, param) from None
+        problem = body.unsupported()
+        if problem is not None:
+            raise ApiError(400, problem[1], problem[0], "unsupported_parameter")
+        return body
+
+    async def prepare(self, body, chat: bool) -> tuple[Any, GenerationRequest]:
+        target = await self.model_for(body.model)
+        where = "messages" if chat else "prompt"
+        wanted = body.wanted_tokens()
+        cap = self.config.max_tokens_cap
+        field = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
+        if wanted is not None and wanted > cap:
+            raise ApiError(400, f"{field} {wanted} is above this server's limit of {cap}. Ask for fewer.", field)
+        sampling = SamplingSettings(
+            max_new_tokens=wanted if wanted is not None else (cap if chat else 16),  # completions' default is 16
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            repetition_penalty=body.repetition_penalty,
+            seed=body.seed,
+            stop=body.stops(),
+        )
+        prompt: dict = {}
+        try:
+            if chat:
+                prompt["messages"] = [
+                    {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
+                ]
+            elif isinstance(body.prompt, list) and (not body.prompt or isinstance(body.prompt[0], int)):
+                prompt["input_ids"] = [int(t) for t in body.prompt]
+            else:
+                text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+                prompt["input_ids"] = await asyncio.to_thread(self.tokenizers.encode, target, text)
+            request = GenerationRequest(
+                **prompt, sampling=sampling, options=DecodeOptions(self.config.strategy), client="api"
+            )
+            request.prepared = await asyncio.to_thread(self.tokenizers.prepare, target, request, wanted is not None)
+        except ContextExceeded as exc:
+            if exc.what == "max_new_tokens":
+                raise ApiError(
+                    400,
+                    f"{field} {wanted} plus the prompt's {exc.prompt_tokens} tokens exceed the model's context of "
+                    f"{exc.limit}; ask for at most {exc.room}.",
+                    field,
+                    "context_length_exceeded",
+                ) from None
+            raise ApiError(
+                400,
+                f"The prompt has {exc.prompt_tokens or 'too many'} tokens, which fills the model's context of "
+                f"{exc.limit or target.context_limit}. Shorten it.",
+                where,
+                "context_length_exceeded",
+            ) from None
+        except RedlineError as exc:
+            raise ApiError(400, str(exc), where) from None
+        if chat and body.response_format is not None and body.response_format.type != "text":
+            request.logits_processor = await asyncio.to_thread(self._grammar, target, body.response_format.as_dict())
+        return target, request
+
+    def _grammar(self, target, response_format: dict):
+        try:
+            grammar = grammar_for(response_format)
+        except SchemaError as exc:
+            raise ApiError(400, str(exc), "response_format") from None
+        except Exception as exc:  # the library's own refusal of the schema
+            raise ApiError(400, f"The JSON schema cannot be enforced: {exc}", "response_format") from None
+        if grammar is None:
+            return None
+        tok = self.tokenizers.get(target)
+        vocab = getattr(target.model.config, "vocab_size", None) if target.model is not None else None
+        lltok = self.grammars.get(tok, vocab)
+        return GrammarProcessor(lltok, grammar)

@@ -1,0 +1,197 @@
+"""The OpenAI-compatible HTTP API over the engine service (FastAPI on uvicorn; server-sent events from
+sse-starlette): the application, its endpoints and its error handlers.
+
+Every request becomes a ``GenerationRequest`` on the one ``EngineService`` the chat window (or ``redline
+serve``) owns, so API clients and the window share the model, and fast-path requests are decoded together
+(continuous batching). The prompt is made ready before the request queues (``preparation.py``), so a request that
+does not fit the context is refused (400) and its ``usage`` is exact; the answers are ``streaming.py``'s.
+
+Answers: ``GET /v1/models``; ``POST /v1/chat/completions`` and ``POST /v1/completions``, streamed or not,
+with real ``usage`` and a llama.cpp-style ``timings`` object. Errors are OpenAI's error object; nothing
+else (no traceback) ever goes out. A client that disconnects cancels its generation at the next decode
+step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+import uuid
+from typing import Any, Optional
+
+from fastapi import Request
+
+from redline.inference.errors import Busy, RedlineError, Refused
+from redline.inference.events import Failed, FinishedEvent
+from redline.inference.generation.request import GenerationRequest
+from redline.inference.server import streaming
+from redline.inference.server.config import ServerConfig
+from redline.inference.server.middleware import BodyLimit
+from redline.inference.server.preparation import Preparation
+from redline.inference.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    describe_validation,
+    error_body,
+)
+from redline.inference.server.stats import ServerStats
+
+RETRY_AFTER_S = 1
+
+
+class Api:
+    """What the endpoints share: the service, the limits, the stats, the request preparation."""
+
+    def __init__(self, service, config: ServerConfig, stats: Optional[ServerStats] = None):
+        self.service = service
+        self.config = config
+        self.stats = stats or ServerStats()
+        self.preparation = Preparation(service, config)
+
+    def check_key(self, request) -> None:
+        key = self.config.api_key
+        if not key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(
+                401,
+                "Missing or wrong API key. Send the key this server was started with as 'Authorization: Bearer …'.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def models(self) -> dict:
+        engine = self.service.engine
+        target = getattr(engine, "target", None)
+        data = []
+        if target is not None and target.capabilities.servable:
+            data.append(
+                {
+                    "id": target.name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "redline",
+                    "max_model_len": target.context_limit,
+                    "precision": target.precision.label(),
+                    "device": target.device,
+                }
+            )
+        return {"object": "list", "data": data}
+
+    def submit(self, request: GenerationRequest):
+        try:
+            return self.service.submit(request)
+        except Busy as exc:
+            raise ApiError(
+                429, f"{exc}", code="rate_limit_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)}
+            ) from None
+        except Refused as exc:
+            raise ApiError(400, str(exc), code="context_length_exceeded") from None
+        except RedlineError as exc:
+            raise ApiError(503, str(exc)) from None
+
+
+def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None):
+    """The ASGI application (FastAPI) serving ``service`` under ``config``."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from sse_starlette.sse import EventSourceResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    api = Api(service, config, stats)
+    app = FastAPI(title="Redline", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.api = api
+
+    def error_response(exc: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), exc.status, headers=exc.headers)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc):
+        message, param = describe_validation(list(exc.errors()))
+        return error_response(ApiError(400, message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc):
+        if exc.status_code == 404:
+            msg = (
+                f"There is no {request.url.path} here. "
+                "Redline serves /v1/models, /v1/chat/completions and /v1/completions."
+            )
+        elif exc.status_code == 405:
+            msg = f"{request.method} is not allowed on {request.url.path}."
+        else:
+            msg = str(exc.detail)
+        return error_response(ApiError(exc.status_code, msg))
+
+    @app.exception_handler(Exception)
+    async def _anything(request, exc):  # a bug of ours: a sentence, never a traceback
+        return error_response(ApiError(500, f"Redline's server failed on this request ({type(exc).__name__})."))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": getattr(getattr(service.engine, "target", None), "name", None)}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        api.check_key(request)
+        return api.models()
+
+    async def complete(request: Request, chat: bool):
+        api.check_key(request)
+        body = await api.preparation.read(request, ChatCompletionRequest if chat else CompletionRequest)
+        target, gen = await api.preparation.prepare(body, chat)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        handle = api.submit(gen)
+        api.stats.begin()
+        streamed = bool(body.stream)
+
+        def forward(event):  # the scheduler's thread
+            if isinstance(event, FinishedEvent):
+                api.stats.end(event.result.finish_reason, event.result.new_tokens, streamed)
+            elif isinstance(event, Failed):
+                api.stats.end("error", 0, streamed)
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        handle.subscribe(forward)
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        name = target.name
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return EventSourceResponse(
+                streaming.stream(api.stats, handle, queue, ident, created, name, chat, include_usage),
+                sep="\n",
+                ping=15,
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await streaming.whole(api.stats, handle, queue, request, ident, created, name, chat)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await complete(request, True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, False)
+
+    wrapped: Any = app
+    if config.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        wrapped = CORSMiddleware(
+            wrapped,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    return BodyLimit(wrapped, config.max_body_bytes)
