@@ -168,7 +168,7 @@ def test_load_with_interrupt_stops_running_replies_with_a_note(service, tiny_mod
     load = service.load(str(tiny_model_dir), parse_precision("fp32"), interrupt=True)
     result = handle.result(TIMEOUT)
     assert isinstance(load.wait(TIMEOUT), Completed)
-    assert result.finish_reason == "cancelled" and any("model load" in n for n in result.notes)
+    assert result.finish_reason == "cancelled" and any("the model to load" in n for n in result.notes)
 
 
 def test_non_batchable_strategies_run_one_at_a_time_in_order(service):

@@ -316,6 +316,8 @@ class EngineService:
             self._batcher.step()
             return
         if head is not None and how != "batch":
+            with self._cond:
+                self._running = head  # before the queue hears it moved up: they wait for this job, not "in line"
             self._pop(head)
             self._run_exclusive(head)
 
