@@ -1,4 +1,4 @@
-"""The desktop app's entry: settings and store from disk, the engine thread, the window, qasync's loop."""
+"""The desktop app's entry: settings and store from disk, the bridge to the engine, the window, qasync's loop."""
 
 from __future__ import annotations
 
@@ -57,14 +57,14 @@ def build_window(
 
     Without a store, the conversation database is opened with ``open_store``: a corrupt or locked
     database never stops the window from opening; the window says what happened."""
+    from redline.ui.bridge import EngineBridge
     from redline.ui.window.main_window import MainWindow
-    from redline.ui.worker import EngineThread
 
     settings, warning = load_settings()
     store_warning = None
     if store is None:
         store, store_warning = open_store()
-    engine = EngineThread(
+    engine = EngineBridge(
         engine_factory, max_active=settings.max_active_replies, max_queued=settings.max_queued_requests
     )
     window = MainWindow(
@@ -78,12 +78,13 @@ def build_window(
         trust=TrustStore(),
         server_keys=ServerKeys(),
     )
-    add_speed_lab(window, engine, settings)
+    add_speed_lab(window, engine)
     return window
 
 
-def add_speed_lab(window, engine, settings) -> None:
-    """The speed lab shares the chat's engine thread; built when its tab is first opened."""
+def add_speed_lab(window, engine) -> None:
+    """The speed lab shares the chat's engine; built when its tab is first opened. Its Model field starts as
+    the chat's model (a server's address when the chat is connected to one) and follows each load."""
     from redline.app.private_files import data_dir
     from redline.ui.lazy_panel import LazyPanel
 
@@ -96,11 +97,12 @@ def add_speed_lab(window, engine, settings) -> None:
         panel = SpeedLabPanel(
             engine,
             runs_dir=data_dir() / "speedlab-runs",
-            model=settings.model or "starter",
+            model=window.settings.model or "starter",
             server_keys=ServerKeys(),
             presets=(lambda: presets.presets()) if presets is not None else None,
         )
         follow_speed_lab(window, panel)  # the window's speed gauges follow the lab while it runs
+        window.model_loaded.connect(lambda _report: panel.follow_model(window.settings.model))
         return panel
 
     window.add_panel(LazyPanel(build), "Speed lab")

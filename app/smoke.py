@@ -40,8 +40,8 @@ def run_smoke_test() -> int:
     from redline.app.settings import Settings
     from redline.app.store import Store
     from redline.ui.about import AboutDialog
+    from redline.ui.bridge import EngineBridge
     from redline.ui.window.main_window import MainWindow
-    from redline.ui.worker import EngineThread
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     configure_application(app)
@@ -49,7 +49,7 @@ def run_smoke_test() -> int:
         store = Store(Path(tmp) / "conversations.sqlite3")
         info = about_info(store, settings_file="(defaults: the smoke test reads no settings)")
         # No engine task is ever submitted, so the worker never creates the engine or imports torch.
-        window = MainWindow(EngineThread(), store, Settings(), lambda _settings: None, about=info)
+        window = MainWindow(EngineBridge(), store, Settings(), lambda _settings: None, about=info)
         window.show()
         handle = window.windowHandle()
         _process_events_for(app, EXPOSE_TIMEOUT_S, until=lambda: handle is not None and handle.isExposed())

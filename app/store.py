@@ -138,10 +138,16 @@ class Store:
             raise
 
     def drop_empty_partial_replies(self) -> int:
-        """Assistant messages that never got a token (the app was killed or closed before the first one): an
-        empty bubble marked "partial" helps no one. Returns how many went."""
+        """Assistant messages that never got a token because the app was killed first (their placeholder still
+        says "interrupted"): an empty bubble marked "partial" helps no one. A reply that ended before its first
+        token with a note saying why ("Stopped before it started: …") is the conversation's record and stays.
+        Returns how many went."""
         with self._conn:
-            cur = self._conn.execute("DELETE FROM messages WHERE role = 'assistant' AND partial = 1 AND content = ''")
+            cur = self._conn.execute(
+                "DELETE FROM messages WHERE role = 'assistant' AND partial = 1 AND content = '' AND ("
+                "stats IS NULL OR json_extract(stats, '$.finish_reason') = 'interrupted' "
+                "OR json_array_length(COALESCE(json_extract(stats, '$.notes'), '[]')) = 0)"
+            )
         return cur.rowcount
 
     def close(self) -> None:
@@ -296,8 +302,10 @@ class Store:
             heading = "User" if m.role == "user" else "Assistant"
             if m.partial:
                 heading += " (partial)"
-            out += [f"## {heading}", "", m.content, ""]
             s = m.stats
+            notes = [str(n) for n in (s.get("notes") or [])] if m.role == "assistant" and not m.content else []
+            # A reply that never got a word: the line saying why stands in its place.
+            out += [f"## {heading}", "", "*" + " ".join(notes) + "*" if notes else m.content, ""]
             if m.role == "assistant" and s.get("new_tokens"):
                 bits = [f"{s['new_tokens']} tokens"]
                 if s.get("tokens_per_s"):

@@ -72,7 +72,18 @@ from redline.inference.generation.request import GenerationRequest
 from redline.inference.hardware.gpus import CONSUMER_GPUS
 from redline.inference.hardware.probe import default_device, torch_cuda_build
 from redline.inference.hardware.probe import probe as probe_machine
-from redline.inference.jobs import acceptance_task, auto_task, machine_task, predictions_task
+from redline.inference.jobs import (
+    KernelsReport,
+    MachineInfo,
+    acceptance_job,
+    auto_job,
+    describe_job,
+    hardware_job,
+    kernels_job,
+    machine_job,
+    pair_job,
+    predictions_job,
+)
 from redline.inference.loading.precision import PRECISIONS, PrecisionSpec, parse_precision, resolve_precision
 from redline.inference.memory.calibration import correction_bytes, measured_peak_bytes, predict_loaded
 from redline.inference.memory.estimator import Estimate, accuracy_margin
@@ -109,10 +120,16 @@ from redline.inference.speed.speculative import AcceptanceMeasurement, DraftAdvi
 from redline.inference.units import GB, MB, format_bytes
 
 __all__ = [
-    "acceptance_task",
-    "auto_task",
-    "machine_task",
-    "predictions_task",
+    "acceptance_job",
+    "auto_job",
+    "describe_job",
+    "hardware_job",
+    "kernels_job",
+    "KernelsReport",
+    "machine_job",
+    "MachineInfo",
+    "pair_job",
+    "predictions_job",
     "AcceptanceMeasurement",
     "BenchConcurrencyRow",
     "ACCEPTED_FORMS",

@@ -1,48 +1,65 @@
-"""Jobs for the engine's thread: what the window, the wizard and the speed lab ask it about speed (torch loads there):
-resolving ``auto``, this machine's measured figures, predictions for lab rows, a draft's acceptance run.
+"""Jobs for the engine's thread: what the window, the wizard and the speed lab ask the engine service to run
+beside generations and loads (torch, transformers and tokenizers load there, never on the UI thread).
 
-Each function returns a task ``fn(engine, report)`` for ``EngineClient.run`` / ``EngineThread.submit``."""
+Each function returns a job ``fn(engine, report)`` for ``EngineService.call``: resolving ``auto``, this machine's
+hardware and measured figures, predictions for speed-lab rows, a model's description, whether a draft pairs with
+its target, a draft's acceptance run, and whether Redline's CPU kernels run here (with what they are worth).
+Loading and unloading are the service's own requests (``EngineService.load`` and ``unload``)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 
-def auto_task(model: str, precision: str, strategy: str, priority: str, context: Optional[int]):
+def _reclaimable(engine) -> int:
+    """What the model loaded now gives back when it is replaced."""
+    return sum(getattr(m, "memory_bytes", 0) or 0 for m in (engine.target, engine.draft) if m is not None)
+
+
+def auto_job(model: str, precision: str, strategy: str, priority: str, context: Optional[int]):
     """``auto`` for the model about to load (``redline.inference.resolve_auto``, as ``redline chat`` does):
     the model loaded now counts as free memory, since it is replaced."""
 
-    def task(engine, report):
-        from redline.inference import resolve_auto
+    def job(engine, report):
+        from redline.inference.speed.choose import resolve_auto
 
-        reclaimable = sum(m.memory_bytes for m in (engine.target, engine.draft) if m is not None)
-        return resolve_auto(model, engine.device, precision, strategy, priority, context, reclaimable)
+        return resolve_auto(model, engine.device, precision, strategy, priority, context, _reclaimable(engine))
 
-    return task
+    return job
 
 
-def machine_task():
+def machine_job():
     """This machine's measured bandwidth and FLOP/s (measured once, then cached): a ``Machine``."""
 
-    def task(engine, report):
-        from redline.inference import this_machine
+    def job(engine, report):
+        from redline.inference.speed.arithmetic import this_machine
 
         return this_machine(engine.device)
 
-    return task
+    return job
 
 
-def predictions_task(model: str, configs: list, prompt_tokens: int, new_tokens: int):
-    """The speed model's prediction for each speed-lab row (None where it cannot predict one, with why)."""
+def predictions_job(model: str, configs: list, prompt_tokens: int, new_tokens: int):
+    """The speed model's prediction for each speed-lab row (the reason instead where it cannot predict one)."""
 
-    def task(engine, report):
-        from redline.inference import RedlineError, SpeedModel, read_shape, this_machine
+    def job(engine, report):
+        from redline.inference.errors import RedlineError
+        from redline.inference.memory.model_shapes import read_shape
+        from redline.inference.speed.arithmetic import this_machine
+        from redline.inference.speed.model import SpeedModel
 
         speed = SpeedModel(this_machine(engine.device))
-        shape = read_shape(model)
+        try:
+            shape = read_shape(model)
+        except RedlineError as exc:
+            return [str(exc)] * len(configs)
         drafts: dict = {}
-        out = []
+        out: list = []
         for c in configs:
+            if getattr(c, "strategy", None) == "remote":
+                out.append("The server's speed is its own: the speed model predicts only what runs here.")
+                continue
             try:
                 draft = None
                 if c.strategy == "speculative" and c.draft:
@@ -54,14 +71,14 @@ def predictions_task(model: str, configs: list, prompt_tokens: int, new_tokens: 
                 out.append(str(exc))
         return out
 
-    return task
+    return job
 
 
-def acceptance_task(target: str, target_precision: str, draft: str, draft_precision: str, k: int):
+def acceptance_job(target: str, target_precision: str, draft: str, draft_precision: str, k: int):
     """A few dozen tokens through the real speculative strategy: how many draft tokens the target accepts."""
 
-    def task(engine, report):
-        from redline.inference import measure_acceptance
+    def job(engine, report):
+        from redline.inference.speed.speculative import measure_acceptance
 
         return measure_acceptance(
             engine,
@@ -73,4 +90,161 @@ def acceptance_task(target: str, target_precision: str, draft: str, draft_precis
             should_cancel=getattr(report, "cancelled", None),
         )
 
-    return task
+    return job
+
+
+def describe_job(spec: str):
+    """Validate a model choice and read its shape without its weights (the wizard's first page)."""
+
+    def job(engine, report):
+        from redline.inference.sources.describe import describe
+
+        return describe(spec)
+
+    return job
+
+
+@dataclass
+class MachineInfo:
+    """The wizard's hardware page: what this machine has, and the memory to plan with."""
+
+    hardware: Any  # hardware.probe.HardwareInfo
+    target: Any  # memory.fit.Target: the memory to plan with on this machine
+    correction_bytes: int  # the estimator's correction learned on this machine
+    reclaimable_bytes: int  # what the model loaded now gives back when replaced
+    device: str
+
+
+def hardware_job():
+    def job(engine, report):
+        from redline.inference.hardware.probe import probe
+        from redline.inference.memory.calibration import correction_bytes
+        from redline.inference.memory.fit import detect_target
+
+        reclaimable = _reclaimable(engine)
+        target = detect_target(reclaimable_bytes=reclaimable, device=engine.device)
+        correction = correction_bytes(target.device, key=target.calibration_key) if target.calibration_key else 0
+        return MachineInfo(probe(), target, correction, reclaimable, engine.device)
+
+    return job
+
+
+def pair_job(target_spec: str, draft_spec: str):
+    """Whether the draft pairs with the target, from configs and tokenizers (``decoding.draft_check``)."""
+
+    def job(engine, report):
+        from redline.inference.decoding.draft_check import check_pair
+
+        return check_pair(target_spec, draft_spec)
+
+    return job
+
+
+# -- Redline's CPU kernels: do they run here, and what are they worth ------------------------------------------
+KERNEL_PRECISIONS = ("q8", "q4", "bf16")  # what the kernels speed up on a CPU, in the order a user meets them
+
+
+@dataclass
+class KernelsReport:
+    """Whether Redline's native CPU kernels run here and, when they do not, why, what it costs and the fix.
+
+    ``with_tokens_per_s`` / ``without_tokens_per_s``: the speed model's decode tokens/s for the model loaded (or the
+    starter) on the fast path with the kernels and on torch's operators, at ``precision``; None where it cannot
+    predict (the reason is in ``cost``)."""
+
+    on: bool
+    text: str  # one sentence for people
+    why: Optional[str] = None
+    fix: Optional[str] = None
+    device: str = "cpu"
+    model: Optional[str] = None
+    precision: Optional[str] = None
+    with_tokens_per_s: Optional[float] = None
+    without_tokens_per_s: Optional[float] = None
+    cost: str = ""  # "≈ 41 tok/s with them, ≈ 12 without (fast · q8, SmolLM2-135M-Instruct)", or why unknown
+    details: dict = field(default_factory=dict)  # kernels.native.status()
+
+    def sentence(self) -> str:
+        """What the status bar and Help → About say when the kernels cannot run (empty when they can)."""
+        if self.on:
+            return ""
+        parts = [f"Redline's CPU kernels cannot run here: {self.why}."]
+        if self.cost:
+            parts.append(f"Cost: {self.cost}.")
+        if self.fix:
+            parts.append(f"Fix: {self.fix}.")
+        return " ".join(parts)
+
+
+def _kernel_summary() -> dict:
+    from redline.inference.kernels import native
+
+    summary = getattr(native, "summary", None)
+    if summary is not None:
+        return dict(summary())
+    why = native.will_run()  # older kernels module: no summary() yet
+    if why is None:
+        return {"on": True, "text": "Redline's CPU kernels on"}
+    return {"on": False, "why": why, "fix": None, "text": f"Redline's CPU kernels off: {why}"}
+
+
+def _without_kernels(speed, shape, precision: str, prompt_tokens: int, new_tokens: int):
+    """The speed model's prediction for the fast path on torch's own operators, where it can make one: the
+    prediction with ``kernels=False`` when the speed model takes it, else transformers' kv path at the same
+    precision (what runs with the kernels off)."""
+    try:
+        return speed.predict(shape, precision, "fast", prompt_tokens, new_tokens, kernels=False)
+    except TypeError:
+        return speed.predict(shape, precision, "kv", prompt_tokens, new_tokens)
+
+
+def kernels_job(model: Optional[str] = None, precision: Optional[str] = None):
+    """Whether Redline's CPU kernels run here (``kernels.native.summary``: builds nothing) and, when they do not,
+    the speed model's prediction with and without them for ``model`` (default: the model loaded, else the
+    starter) at ``precision`` (default: q8, the weights the kernels help most)."""
+
+    def job(engine, report):
+        from redline.inference.errors import RedlineError
+
+        device = getattr(engine, "device", "cpu") or "cpu"
+        info = _kernel_summary()
+        rep = KernelsReport(
+            on=bool(info.get("on")),
+            text=str(info.get("text", "")),
+            why=info.get("why"),
+            fix=info.get("fix"),
+            device=device,
+        )
+        if device.startswith("cuda"):  # the kernels are the CPU's; a GPU runs its own
+            rep.on, rep.why, rep.fix = True, None, None
+            return rep
+        if rep.on:
+            return rep
+        try:
+            from redline.inference.kernels import native
+
+            rep.details = dict(native.status())
+        except Exception:  # a report only
+            rep.details = {}
+        target = getattr(engine, "target", None)
+        spec = model or (getattr(target, "source", None) and getattr(target.source, "spec", None)) or "starter"
+        rep.model, rep.precision = getattr(target, "name", None) or spec, precision or "q8"
+        try:
+            from redline.inference.memory.model_shapes import read_shape
+            from redline.inference.speed.arithmetic import this_machine
+            from redline.inference.speed.model import SpeedModel
+
+            speed = SpeedModel(this_machine(device))
+            shape = read_shape(spec)
+            with_ = speed.predict(shape, rep.precision, "fast", 64, 128)
+            without = _without_kernels(speed, shape, rep.precision, 64, 128)
+            rep.with_tokens_per_s, rep.without_tokens_per_s = with_.tokens_per_s, without.tokens_per_s
+            rep.cost = (
+                f"≈ {with_.tokens_per_s:.1f} tok/s with them, ≈ {without.tokens_per_s:.1f} without "
+                f"({rep.precision}, {shape.name}, predicted by the speed model)"
+            )
+        except (RedlineError, OSError, ValueError) as exc:
+            rep.cost = f"not predicted ({exc})"
+        return rep
+
+    return job

@@ -69,6 +69,7 @@ class SlowEngine:
         start = time.perf_counter()
         stop = should_cancel or (lambda: False)
         text, finish = "", "length"
+        times: list[float] = []
         while time.perf_counter() - start < self.prefill_s:  # "reading the prompt", checking the cancel
             if stop():
                 finish = "cancelled"
@@ -80,20 +81,28 @@ class SlowEngine:
                 break
             time.sleep(self.interval_s)
             text += word(i)
+            times.append(time.perf_counter() - start)
             if on_event:
                 on_event(TokenEvent(i, i, word(i), time.perf_counter() - start))
                 on_event(StatsEvent(i + 1, time.perf_counter() - start, 1 / self.interval_s, None))
         n = len(text.split())
+        gaps = sorted((b - a) * 1000 for a, b in zip(times, times[1:]))
+        prompt = sum(len(str(m.get("content", "")).split()) for m in messages or []) + 3  # as measured: its words
         return GenerationResult(
             text=text,
             token_ids=list(range(n)),
-            prompt_tokens=1,
+            prompt_tokens=prompt,
             new_tokens=n,
             finish_reason=finish,
             strategy=options.strategy,
             precision="fp32",
-            tokens_per_s=1 / self.interval_s,
+            ttft_ms=times[0] * 1000 if times else None,
+            per_token_ms=gaps,
+            p50_ms=gaps[len(gaps) // 2] if gaps else None,
+            p95_ms=gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))] if gaps else None,
+            tokens_per_s=(n - 1) / (times[-1] - times[0]) if n >= 2 and times[-1] > times[0] else None,
             total_s=time.perf_counter() - start,
+            device="cpu",
         )
 
     generate_ids = chat

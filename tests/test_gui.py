@@ -75,10 +75,10 @@ def test_regenerate_and_edit_resend(qtbot, tiny_window):
     send(qtbot, w, "first question")
     [old] = _assistant(w)
     with qtbot.waitSignal(w.reply_finished, timeout=60_000):
-        w.regenerate(old.id)
+        w.replies.regenerate(old.id)
     msgs = w.store.messages(w.conversation_id)
     assert [m.role for m in msgs] == ["user", "assistant"] and msgs[1].id != old.id
-    w.edit_message(msgs[0].id)
+    w.replies.edit_message(msgs[0].id)
     assert w.input.toPlainText() == "first question" and w.edit_bar.isVisibleTo(w)
     w.input.setPlainText("second question")
     with qtbot.waitSignal(w.reply_finished, timeout=60_000):
@@ -143,24 +143,21 @@ def test_load_failure_shows_fix_and_keeps_conversation(qtbot, tiny_window, tmp_p
     assert w.input.toPlainText() == "are you there?"
 
 
-def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir, monkeypatch):
+def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tiny_model_dir):
     import threading
 
-    from redline.ui.window import model_controller
+    from redline.app.gui import build_window
     from redline.ui.window.reply_controller import STILL_LOADING
 
-    # Hold the load on the engine thread until the message has been typed and sent, so the test does not
-    # depend on how fast a tiny model loads.
+    # Hold the load behind a job on the engine thread until the message has been typed and sent, so the test
+    # does not depend on how fast a tiny model loads.
     release = threading.Event()
-    real_load_task = model_controller.load_task
-
-    def held_load_task(*args, **kwargs):
-        task = real_load_task(*args, **kwargs)
-        return lambda engine, report: (release.wait(30), task(engine, report))[1]
-
-    monkeypatch.setattr(model_controller, "load_task", held_load_task)
-    write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=8)
-    w = open_window(qtbot, wait_loaded=False)
+    write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=8, strategy="kv")
+    w = build_window()
+    qtbot.addWidget(w)
+    w.show()
+    w.engine.run(lambda engine, report: release.wait(30), label="a test job")
+    w.start()
     try:
         qtbot.waitUntil(lambda: w.loading, timeout=5000)
         w.input.setPlainText("held back")
@@ -169,6 +166,8 @@ def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tin
         assert w.input.toPlainText() == "held back" and w.loading
         release.set()
         qtbot.waitUntil(lambda: w.loaded is not None, timeout=60_000)
+        # The load has ended: the banner that held the message back says so no longer, before any send.
+        assert not w.banner.isVisible()
         with qtbot.waitSignal(w.reply_finished, timeout=60_000):
             w.send()
         assert not w.banner.isVisible()  # the notice was about this message, which has gone out
@@ -177,11 +176,13 @@ def test_message_held_while_loading_is_sent_later_and_the_notice_goes(qtbot, tin
         w.shutdown()
 
 
-def test_a_cancelled_load_says_so_and_only_the_engines_cancel_counts(qtbot, monkeypatch):
+def test_a_cancelled_load_says_so_and_only_the_engines_cancel_counts(qtbot):
     """The load's outcome is told apart by its type: the engine's Cancelled is the user's cancel; another
     exception that happens to be called Cancelled (say, from a model's own code) is a failed load."""
+    from slow_engine import SlowEngine
+
+    from redline.app.gui import build_window
     from redline.inference import Cancelled
-    from redline.ui.window import model_controller
 
     class ForeignCancelled(Exception):
         pass
@@ -189,17 +190,15 @@ def test_a_cancelled_load_says_so_and_only_the_engines_cancel_counts(qtbot, monk
     ForeignCancelled.__name__ = "Cancelled"
     raised = [Cancelled(), ForeignCancelled("the model's code gave up")]
 
-    def failing_load_task(*args, **kwargs):
-        exc = raised.pop(0)
+    class FailingLoads(SlowEngine):
+        def load_all(self, request, report, should_cancel=None):
+            raise raised.pop(0)
 
-        def task(engine, report):
-            raise exc
-
-        return task
-
-    monkeypatch.setattr(model_controller, "load_task", failing_load_task)
-    write_settings(model="/models/anything")
-    w = open_window(qtbot, wait_loaded=False)
+    write_settings(model="/models/anything", precision="fp32", strategy="kv")
+    w = build_window(engine_factory=FailingLoads)
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
     try:
         qtbot.waitUntil(lambda: w.banner.isVisible() and not w.loading, timeout=30_000)
         assert (w.banner.kind, w.banner.label.text()) == ("warning", "Loading was cancelled. No model is loaded.")
@@ -247,7 +246,7 @@ def test_set_aside_files_stay_noticed_while_a_model_loads_until_dismissed(qtbot,
         assert db_notice.startswith("The conversation database was unreadable") and ".corrupt-" in db_notice
         assert w.loaded is not None and w.notices.isVisible()
         with qtbot.waitSignal(w.model_loaded, timeout=60_000):
-            w.load_model()  # a reload hides the banner again; the notices stay
+            w.models.load_model()  # a reload hides the banner again; the notices stay
         assert w.notices.texts() == [settings_notice, db_notice]
         first, second = w.notices.notices()
         first.close_button.click()

@@ -66,13 +66,13 @@ def test_the_window_serves_its_model_and_chat_and_api_share_the_engine(qtbot, ti
 def test_an_address_beyond_loopback_needs_a_key_and_the_window_says_it_is_reachable(qtbot, tiny_window, monkeypatch):
     w = tiny_window
     # Refused before anything binds: 192.0.2.1 (TEST-NET-1) stands for any address beyond loopback.
-    w.set_settings(dataclasses.replace(w.settings, server_host="192.0.2.1"))
+    w.settings_holder.set(dataclasses.replace(w.settings, server_host="192.0.2.1"))
     w.set_serving(True)
     qtbot.waitUntil(lambda: "needs an API key" in w.banner.label.text(), timeout=10_000)
     qtbot.waitUntil(lambda: not w.server.busy, timeout=10_000)
     assert not w.server.running and w.server_button.text() == "Server: off"
     # With a key it would be reachable from the network; tests stay on loopback, so only the flag is forced.
-    w.set_settings(dataclasses.replace(w.settings, server_host="127.0.0.1"))
+    w.settings_holder.set(dataclasses.replace(w.settings, server_host="127.0.0.1"))
     w.server_keys.set_own_key(KEY)
     monkeypatch.setattr(ServerConfig, "exposed", property(lambda self: True))
     serve(qtbot, w)
@@ -99,7 +99,7 @@ def remote_server(tiny_model_dir):
 def test_connect_to_a_server_chats_measures_and_keeps_the_key_private(qtbot, remote_server):
     window = open_window(qtbot)
     try:
-        dialog = window.connect_to_server()
+        dialog = window.models.connect_dialog()
         dialog.url_edit.setText(remote_server.address)
         dialog.key_edit.setText(KEY)
         dialog.list_models()
@@ -108,7 +108,7 @@ def test_connect_to_a_server_chats_measures_and_keeps_the_key_private(qtbot, rem
         with qtbot.waitSignal(window.model_loaded, timeout=60_000) as loaded:
             dialog.connect()
         info = loaded.args[0]
-        assert info.device == "remote" and info.name == f"tiny-llama @ 127.0.0.1:{remote_server.port}"
+        assert info.kind == "remote" and info.name == f"tiny-llama @ 127.0.0.1:{remote_server.port}"
         assert "on the server" in window.model_label.text()
         assert window.settings.model == remote_server.address + "#tiny-llama"
         result = send(qtbot, window, "hello over the network")

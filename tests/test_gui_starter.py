@@ -66,6 +66,6 @@ def test_starter_answers_and_ui_stays_responsive(qtbot, starter_dir):
         assert w.gauges.rate_updates > 0
         assert w.gauges.gauge.value == story.tokens_per_s
         assert w.gauges.last_snapshot is not None and w.gauges.last_snapshot.rss_bytes > 0
-        assert len(w.gauges._latencies) >= story.new_tokens // 2
+        assert len(w.gauges.latencies()) >= story.new_tokens // 2
     finally:
         w.shutdown()

@@ -26,7 +26,7 @@ def test_custom_code_needs_confirmation_naming_the_files(qtbot, custom_model, mo
 
         monkeypatch.setattr(model_controller, "confirm_opt_in", lambda parent, exc: asked.append(exc.files) or True)
         with qtbot.waitSignal(w.model_loaded, timeout=60_000):
-            w.load_model()
+            w.models.load_model()
         assert marker.exists() and w.loaded is not None
     finally:
         w.shutdown()

@@ -46,8 +46,11 @@ def test_stop_during_a_long_prefill_takes_effect_within_a_second(qtbot):
         assert time.monotonic() - started < 1.0
         result = blocker.args[0]
         assert result.finish_reason == "cancelled" and result.new_tokens == 0
-        # Nothing was written: no empty "partial" bubble stays behind.
-        assert [m.role for m in w.store.messages(w.conversation_id)] == ["user"]
+        # No word was written, and the conversation says why instead of silently dropping the reply.
+        user, line = w.store.messages(w.conversation_id)
+        assert (user.role, line.role, line.content) == ("user", "assistant", "")
+        assert line.stats["notes"] == ["Stopped before it started: you stopped it before its first word."]
+        assert w.chat_view.widgets[-1].browser.toPlainText() == line.stats["notes"][0]
     finally:
         w.shutdown()
 
@@ -60,7 +63,9 @@ def test_quitting_during_a_prefill_stops_cleanly_and_keeps_the_conversation(qtbo
     w.close()
     assert w.engine.stopped() and time.monotonic() - started < 2.0
     assert w.shutdown() is True  # the app's second call answers what closing found
-    assert [(m.role, m.content) for m in w.store.messages(w.conversation_id)] == [("user", "A long question")]
+    user, line = w.store.messages(w.conversation_id)
+    assert (user.role, user.content, line.content) == ("user", "A long question", "")
+    assert line.stats["notes"] == ["Stopped because Redline was closed."]
 
 
 def test_quitting_mid_reply_keeps_the_partial_with_its_figures(qtbot):
@@ -106,8 +111,8 @@ def test_a_message_sent_while_the_model_unloads_is_refused_before_it_is_saved(qt
     hold = threading.Event()
     try:
         w.new_chat()
-        w.engine.submit(lambda engine, report: hold.wait(30))  # keeps the unload waiting its turn
-        w.unload_model()
+        w.engine.run(lambda engine, report: hold.wait(30))  # keeps the unload waiting its turn
+        w.models.unload_model()
         qtbot.waitUntil(lambda: w.models.unloading, timeout=5_000)
         w.input.setPlainText("are you there?")
         w.send()
@@ -190,7 +195,7 @@ def test_the_speed_lab_and_a_chat_never_cancel_each_other(qtbot, tiny_model_dir)
         w.tabs.setCurrentIndex(0)
 
         # 1. A chat reply and a lab run wait behind a job that holds the engine; the lab's Cancel …
-        w.engine.submit(lambda engine, report: hold.wait(60), label="a test job")
+        w.engine.run(lambda engine, report: hold.wait(60), label="a test job")
         reply = start_reply(qtbot, w, "first question")
         assert panel.start() is not None
         qtbot.waitUntil(lambda: "Waiting to start" in panel.status_label.text(), timeout=10_000)
@@ -204,7 +209,7 @@ def test_the_speed_lab_and_a_chat_never_cancel_each_other(qtbot, tiny_model_dir)
 
         # 2. The other way: a chat reply queued behind a lab run, stopped, leaves the run alone.
         hold.clear()
-        w.engine.submit(lambda engine, report: hold.wait(60), label="a test job")
+        w.engine.run(lambda engine, report: hold.wait(60), label="a test job")
         with qtbot.waitSignal(panel.run_finished, timeout=300_000) as run:
             panel.start()
             second = start_reply(qtbot, w, "second question")

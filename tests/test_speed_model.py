@@ -374,7 +374,7 @@ def test_cli_chat_and_the_window_resolve_auto_alike(tiny_model_dir, tmp_path, mo
     from redline.inference.engine import Engine
     from redline.inference.memory.model_shapes import read_shape
     from redline.inference.speed.arithmetic import this_machine
-    from redline.inference.jobs import auto_task
+    from redline.inference.jobs import auto_job
 
     monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
     engine = Engine("cpu")
@@ -386,7 +386,7 @@ def test_cli_chat_and_the_window_resolve_auto_alike(tiny_model_dir, tmp_path, mo
     args = cli.build_parser().parse_args(["chat", "hi", "--model", str(tiny_model_dir)])
     assert (args.precision, args.strategy, args.priority) == ("auto", "auto", "balanced")
     cli_choice = resolve_auto_args(engine.device, args, quiet=True)
-    window_choice = auto_task(str(tiny_model_dir), "auto", "auto", "balanced", None)(engine, None)
+    window_choice = auto_job(str(tiny_model_dir), "auto", "auto", "balanced", None)(engine, None)
     assert (args.precision, args.strategy) == ("q8", "kv")  # measured fastest here
     assert (window_choice.precision, window_choice.strategy) == (
         "q8",

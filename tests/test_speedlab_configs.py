@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QSplitter
 from redline.inference import BenchConfig, every_precision, ladder, parse_configs
 from redline.ui.speedlab import SpeedLabPanel
 from redline.ui.speedlab.configs import COMPILE, DRAFT, DRAFT_PRECISION, MEASURED, PRECISION, PREDICTED, STRATEGY, K
-from redline.ui.worker import EngineThread
+from redline.ui.bridge import EngineBridge
 
 
 def runs(configs):
@@ -23,7 +23,7 @@ def runs(configs):
 
 @pytest.fixture
 def panel(qtbot, tmp_path):
-    worker = EngineThread()
+    bridge = EngineBridge()
     presets = [
         SimpleNamespace(name="fast one", values={"precision": "q8", "strategy": "fast"}),
         SimpleNamespace(
@@ -31,12 +31,12 @@ def panel(qtbot, tmp_path):
             values={"precision": "fp32", "strategy": "speculative", "draft_model": "starter", "num_draft_tokens": 3},
         ),
     ]
-    p = SpeedLabPanel(worker, runs_dir=tmp_path / "runs", presets=lambda: presets)
+    p = SpeedLabPanel(bridge, runs_dir=tmp_path / "runs", presets=lambda: presets)
     qtbot.addWidget(p)
     p.resize(1300, 950)
     p.show()
     yield p
-    worker.shutdown(10000)
+    bridge.shutdown(10000)
 
 
 def cell(panel, row, col):
@@ -153,7 +153,7 @@ def test_rows_show_predicted_then_measured(qtbot, panel, tiny_model_dir):
     headers = [panel.table.horizontalHeaderItem(j).text() for j in range(panel.table.columnCount())]
     assert "pred. tok/s" in headers and "pred. error" in headers
     # The run taught the speed model: the next predictions are corrected by this configuration's measurement.
-    qtbot.waitUntil(lambda: panel._predict_task is None and not panel._predict_timer.isActive(), timeout=60_000)
+    qtbot.waitUntil(lambda: not panel.predicting(), timeout=60_000)
     qtbot.waitUntil(lambda: "corrected by this configuration" in table.item(0, PREDICTED).toolTip(), timeout=60_000)
 
 

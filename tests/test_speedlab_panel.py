@@ -7,18 +7,18 @@ import pytest
 from PySide6.QtGui import QImage
 
 from redline.ui.speedlab import SpeedLabPanel
-from redline.ui.worker import EngineThread
+from redline.ui.bridge import EngineBridge
 
 
 @pytest.fixture
 def panel(qtbot, tmp_path):
-    worker = EngineThread()
-    p = SpeedLabPanel(worker, runs_dir=tmp_path / "runs")
+    bridge = EngineBridge()
+    p = SpeedLabPanel(bridge, runs_dir=tmp_path / "runs")
     qtbot.addWidget(p)
     p.resize(1200, 900)
     p.show()
     yield p
-    worker.shutdown(10000)
+    bridge.shutdown(10000)
 
 
 def test_small_run_fills_table_charts_and_exports(qtbot, panel, tiny_model_dir, tmp_path):
@@ -93,7 +93,7 @@ def test_cancel_keeps_finished_rows(qtbot, panel, tiny_model_dir):
     panel.warmup_spin.setValue(0)
     panel.samples_spin.setValue(1)
     # Cancel as soon as the first row lands, as a user pressing Cancel would.
-    panel.worker.progress.connect(lambda _tid, ev: panel.cancel() if type(ev).__name__ == "BenchRow" else None)
+    panel.row_done.connect(lambda _result: panel.cancel())
     with qtbot.waitSignal(panel.run_finished, timeout=120_000) as blocker:
         panel.start()
     report = blocker.args[0]

@@ -1,6 +1,7 @@
 """The configuration wizard, driven page by page: the starter end to end, the "does not fit" path,
 rejected choices, a draft model's compatibility, tooltips."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def test_does_not_fit_names_the_fix(qtbot, tmp_path):
     assert cfg.selected_row() is None and not cfg.isComplete()
     why = cfg.why.text()
     assert why.startswith("Nothing fits at 8192 tokens") and "RTX 4060 Ti 8GB" in why
-    fix = cfg._fix_context
+    fix = cfg.fix_context
     assert fix and 256 <= fix < 8192 and f"With a context of {fix} tokens instead of 8192, nf4 fits." in why
     assert cfg.fix_button.isVisible() and str(fix) in cfg.fix_button.text()
     cfg.fix_button.click()  # the one change, applied
@@ -245,14 +246,14 @@ def test_config_table_lists_every_engine_precision(qtbot, tiny_model_dir):
 def test_load_page_judges_the_prediction_with_the_estimators_margin(qtbot):
     """Within 10 % or 300 MB, whichever is larger: the estimator's own accuracy target, not a copy of it."""
     from redline.inference import MB, accuracy_margin
-    from redline.ui.engine_client import ModelInfo
+    from redline.inference import LoadReport
 
     window = open_window(qtbot)
     page = window.open_wizard().load_page
 
     def within(predicted_mb, measured_mb):
         sizes = dict(predicted_bytes=predicted_mb * MB, measured_bytes=measured_mb * MB)
-        page._show_figures(ModelInfo("m", "cuda", "bf16", 0, 1.0, **sizes))
+        page.show_figures(LoadReport("m", "cuda", "bf16", 0, 1.0, **sizes))
         note = page.note.text()
         assert note.startswith(("Within the estimator's target", "Outside the estimator's target"))
         return note.startswith("Within")
@@ -268,13 +269,13 @@ def test_load_page_judges_the_prediction_with_the_estimators_margin(qtbot):
 def test_presets_menu_dialog_and_settings_panel(qtbot):
     window = open_window(qtbot)
     store = window.presets
-    base = window.settings_values()
+    base = dataclasses.asdict(window.settings)
     store.save("Tiny fp32", {**base, "model": "/models/tiny", "precision": "fp32", "context_length": 512})
     store.save("Starter nf4", {**base, "model": "starter", "precision": "nf4", "strategy": "prompt-lookup"})
     window.preset_actions.fill_menu()
     assert [a.text() for a in window.presets_menu.actions() if a.text()][:2] == ["Starter nf4", "Tiny fp32"]
 
-    dialog = window.manage_presets()
+    dialog = window.preset_actions.manage()
     assert dialog.list.count() == 2 and "starter · nf4" in dialog.detail.text()
     assert dialog.rename("Tiny fp32", "Tiny exact")
     assert not dialog.rename("Tiny exact", "Starter nf4")  # taken: refused in place, nothing lost

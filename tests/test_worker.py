@@ -1,12 +1,14 @@
-"""The engine service, seen from the UI thread: jobs run off the UI thread and report through queued signals."""
+"""The bridge to the engine service, seen from the UI thread: each request gets one channel, its events delivered on
+the UI thread in order and ending in its outcome; jobs run off the UI thread."""
 
 import os
 import sys
 import threading
 
 import pytest
+from gui_helpers import aloop  # noqa: F401 - fixture
 
-from redline.ui.worker import EngineThread
+from redline.ui.bridge import EngineBridge, TaskFailed
 
 
 class FakeEngine:
@@ -19,32 +21,68 @@ class FakeEngine:
 
 
 def test_tasks_run_on_worker_thread_and_report(qtbot):
-    worker = EngineThread(FakeEngine)
+    from redline.inference import Completed
+
+    bridge = EngineBridge(FakeEngine)
     seen = []
-    worker.progress.connect(lambda tid, obj: seen.append((tid, obj, threading.current_thread())))
 
     def task(engine, report):
         report("halfway")
         return engine.thread is threading.current_thread() and engine.thread is not threading.main_thread()
 
-    with qtbot.waitSignal(worker.done, timeout=5000) as blocker:
-        tid = worker.submit(task)
-    assert blocker.args == [tid, True]
-    reported = [s for s in seen if s[1] == "halfway"]  # beside the scheduler's own events (Started)
-    assert reported and reported[0][0] == tid and reported[0][2] is threading.main_thread()
-    assert worker.shutdown()
+    channel = bridge.run(task)
+    channel.events.connect(lambda events: seen.extend((ev, threading.current_thread()) for ev in events))
+    qtbot.waitUntil(lambda: channel.done, timeout=5000)
+    assert channel.result() is True
+    reported = [s for s in seen if s[0] == "halfway"]  # beside the scheduler's own events (Started)
+    assert reported and reported[0][1] is threading.main_thread()
+    assert isinstance(seen[-1][0], Completed) and seen[-1][0].value is True  # one channel, ending in the outcome
+    assert bridge.shutdown()
+
+
+def test_a_channel_is_awaitable_and_a_refused_request_ends_in_its_failure(qtbot, aloop):
+    """``await channel`` gives the value; a request the service refuses at once still gets a channel, whose end
+    (a failure with the service's sentence) arrives like any other request's."""
+    import asyncio
+
+    from redline.inference import Failed
+
+    bridge = EngineBridge(FakeEngine, max_queued=1)
+    hold = threading.Event()
+    try:
+        got = []
+
+        async def ask():
+            got.append(await bridge.run(lambda engine, report: 42))
+
+        asyncio.ensure_future(ask())
+        qtbot.waitUntil(lambda: got == [42], timeout=5000)
+        bridge.run(lambda engine, report: hold.wait(10))  # holds the engine
+        qtbot.waitUntil(lambda: bridge.status()["running"] is not None, timeout=5000)
+        bridge.run(lambda engine, report: None)  # the queue is full now
+        refused = bridge.run(lambda engine, report: None)
+        ends = []
+        refused.events.connect(ends.extend)
+        qtbot.waitUntil(lambda: refused.done, timeout=5000)
+        assert isinstance(ends[-1], Failed) and "busy" in str(ends[-1].error)
+        with pytest.raises(TaskFailed, match="busy"):
+            refused.result()
+    finally:
+        hold.set()
+        assert bridge.shutdown()
 
 
 def test_failure_reports_message(qtbot):
-    worker = EngineThread(FakeEngine)
+    bridge = EngineBridge(FakeEngine)
 
     def task(engine, report):
         raise ValueError("broken")
 
-    with qtbot.waitSignal(worker.failed, timeout=5000) as blocker:
-        worker.submit(task)
-    assert "broken" in blocker.args[1]
-    assert worker.shutdown()
+    channel = bridge.run(task)
+    qtbot.waitUntil(lambda: channel.done, timeout=5000)
+    with pytest.raises(TaskFailed, match="broken"):
+        channel.result()
+    assert bridge.shutdown()
 
 
 def test_expected_errors_read_as_sentences_and_others_name_their_type(qtbot):
@@ -55,38 +93,41 @@ def test_expected_errors_read_as_sentences_and_others_name_their_type(qtbot):
     class Stray(Exception):
         hint = "not ours"
 
-    worker = EngineThread(FakeEngine)
+    bridge = EngineBridge(FakeEngine)
     messages = []
     for exc in (ModelSourceError("No model at /x.", "Pass a folder with config.json."), Stray("odd")):
 
         def task(engine, report, exc=exc):
             raise exc
 
-        with qtbot.waitSignal(worker.failed, timeout=5000) as blocker:
-            worker.submit(task)
-        messages.append(blocker.args[1])
+        channel = bridge.run(task)
+        qtbot.waitUntil(lambda c=channel: c.done, timeout=5000)
+        try:
+            channel.result()
+        except TaskFailed as failed:
+            messages.append(str(failed))
     assert messages == ["No model at /x. Pass a folder with config.json.", "Stray: odd"]
-    assert worker.shutdown()
+    assert bridge.shutdown()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a niceness per thread is Linux's")
 def test_engine_thread_yields_to_the_ui(qtbot, monkeypatch):
     """The engine (and the torch threads it starts, which inherit it) runs nicer than the UI thread, so a
     decoding model cannot keep the window waiting for a core; the UI thread itself is left as it was."""
-    from redline.ui.worker import ENGINE_NICE
+    from redline.ui.bridge import ENGINE_NICE
 
     monkeypatch.delenv("REDLINE_ENGINE_NICE", raising=False)
     ui_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    worker = EngineThread(FakeEngine)
+    bridge = EngineBridge(FakeEngine)
 
     def task(engine, report):
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    with qtbot.waitSignal(worker.done, timeout=5000) as blocker:
-        worker.submit(task)
-    assert blocker.args[1] == min(19, ui_nice + ENGINE_NICE)
+    channel = bridge.run(task)
+    qtbot.waitUntil(lambda: channel.done, timeout=5000)
+    assert channel.result() == min(19, ui_nice + ENGINE_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ui_nice
-    assert worker.shutdown()
+    assert bridge.shutdown()
 
 
 def test_garbage_is_collected_on_the_ui_thread(qtbot, tiny_model_dir):
@@ -97,9 +138,8 @@ def test_garbage_is_collected_on_the_ui_thread(qtbot, tiny_model_dir):
 
     from redline.inference import garbage_collector, parse_precision
     from redline.ui.garbage import UiGarbageCollector
-    from redline.ui.worker import EngineThread
 
-    worker = EngineThread()
+    bridge = EngineBridge()
     threads = []
     real_collect = gc.collect
 
@@ -109,15 +149,16 @@ def test_garbage_is_collected_on_the_ui_thread(qtbot, tiny_model_dir):
 
     gc.collect = spy
     try:
-        assert garbage_collector() == worker._collect_on_ui_thread
-        handle = worker.service.load(str(tiny_model_dir), parse_precision("fp32"))
-        qtbot.waitUntil(lambda h=handle: h.done, timeout=120_000)
-        handle = worker.service.unload()
-        qtbot.waitUntil(lambda h=handle: h.done, timeout=120_000)
+        assert garbage_collector() == bridge.collect_on_ui_thread
+        loaded = bridge.load(str(tiny_model_dir), parse_precision("fp32"))
+        qtbot.waitUntil(lambda: loaded.done, timeout=120_000)
+        assert loaded.result().name == "tiny-llama"  # the engine's LoadReport
+        unloaded = bridge.unload()
+        qtbot.waitUntil(lambda: unloaded.done, timeout=120_000)
         assert threads and all(threads)  # every collection the engine asked for ran on the UI thread
     finally:
         gc.collect = real_collect
-        worker.shutdown(10000)
+        bridge.shutdown(10000)
     assert garbage_collector() is None
     collector = UiGarbageCollector(interval_ms=10)
     try:

@@ -132,7 +132,7 @@ def main() -> int:
     shot(wiz, "wizard-3-does-not-fit.png")
     wiz.reject()
 
-    dialog = window.manage_presets()
+    dialog = window.preset_actions.manage()
     shot(dialog, "wizard-presets-dialog.png")
     dialog.reject()
     window.shutdown()

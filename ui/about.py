@@ -107,7 +107,7 @@ class AboutDialog(QDialog):
         self._add("Licence", info.licence)
         for label, value in library_versions():
             self._add(label, value)
-        for label in ("CUDA (torch build)", "GPU", "CPU", "RAM"):
+        for label in ("CUDA (torch build)", "GPU", "CPU", "RAM", "CPU kernels"):
             self._add(label, PENDING)
         for label, path in info.paths:
             self._add(label, path)
@@ -145,6 +145,19 @@ class AboutDialog(QDialog):
         self.values["GPU"].setText("; ".join(hw.gpus) if hw.gpus else "none found: models run on the CPU")
         self.values["CPU"].setText(hw.cpu)
         self.values["RAM"].setText(hw.ram)
+
+    def set_kernels(self, report) -> None:
+        """Whether Redline's CPU kernels run here (``redline.inference.KernelsReport``): when they cannot, why,
+        what it costs (the speed model's prediction with and without them) and how to fix it."""
+        if isinstance(report, BaseException):
+            self.values["CPU kernels"].setText(f"unknown ({report})")
+            return
+        if report.on:
+            self.values["CPU kernels"].setText(
+                "not used: this model runs on the GPU" if report.device.startswith("cuda") else report.text
+            )
+            return
+        self.values["CPU kernels"].setText(report.sentence())
 
     def details(self) -> str:
         return "\n".join(f"{label}: {w.text()}" for label, w in self.values.items())

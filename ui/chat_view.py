@@ -33,6 +33,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from redline.ui.signals import emit
+
 from .markdown import SafeDocument, append_reply, code_blocks, hard_line_breaks, render
 
 RENDER_INTERVAL_MS = 100
@@ -71,6 +73,11 @@ def format_stats(stats: dict) -> str:
     elif reason == "interrupted":
         bits.append("interrupted")
     return " · ".join(bits)
+
+
+def reply_notes(stats: dict) -> list[str]:
+    """What a stored reply's notes say (why it stopped, what was left out), as shown under it."""
+    return [str(n) for n in (stats or {}).get("notes") or [] if str(n).strip()]
 
 
 def confirm_open_link(parent, address: str) -> bool:
@@ -175,11 +182,13 @@ class MessageWidget(QFrame):
         header.addWidget(self.copy_code_button)
         if role == "assistant":
             self.action_button = self._tool(
-                "Regenerate", "Generate this reply again", lambda: self.regenerate_requested.emit(self.message_id or -1)
+                "Regenerate",
+                "Generate this reply again",
+                lambda: emit(self.regenerate_requested, self.message_id or -1),
             )
         else:
             self.action_button = self._tool(
-                "Edit", "Edit this message and send it again", lambda: self.edit_requested.emit(self.message_id or -1)
+                "Edit", "Edit this message and send it again", lambda: emit(self.edit_requested, self.message_id or -1)
             )
         header.addWidget(self.action_button)
         layout.addLayout(header)
@@ -217,6 +226,10 @@ class MessageWidget(QFrame):
     def dirty(self) -> bool:
         return self._dirty
 
+    def mark_dirty(self) -> None:
+        """Its text changed (a growing reply): the view re-renders it at its next tick."""
+        self._dirty = True
+
     def set_waiting(self, why: str) -> None:
         """A reply the engine has not started yet says why it waits ("waiting for the speed lab")."""
         self.waiting = why
@@ -225,7 +238,11 @@ class MessageWidget(QFrame):
     def render(self) -> None:
         self._dirty = False
         self.render_count += 1
+        notes = reply_notes(self.stats) if self.role == "assistant" else []
         shown = self.text if self.text or not self.streaming else "…"
+        if not self.text and not self.streaming and notes:  # a reply that never got a word: the line saying why
+            shown = "*" + " ".join(n.replace("*", "\\*") for n in notes) + "*"
+            notes = []
         if len(shown) > SHOWN_CHARS:  # typesetting megabytes would freeze the window; the store keeps it all
             shown = (
                 shown[:SHOWN_CHARS] + f"\n\n*… {len(self.text) - SHOWN_CHARS:,} more characters not shown "
@@ -233,8 +250,11 @@ class MessageWidget(QFrame):
             )
         render(self.browser.document(), hard_line_breaks(shown) if self.role == "user" else shown, self.draft_spans)
         self.browser._fit()
-        self.stats_label.setText(format_stats(self.stats))
-        self.stats_label.setVisible(bool(self.stats))
+        line = format_stats(self.stats)
+        if notes:
+            line = (line + "\n" if line else "") + " ".join(notes)
+        self.stats_label.setText(line)
+        self.stats_label.setVisible(bool(line))
         if self.streaming:
             self.badge.setText(self.waiting or "generating…")
         elif self.partial:

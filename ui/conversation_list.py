@@ -18,6 +18,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from redline.ui.signals import emit
+
 from .protocols import ConversationStore
 
 
@@ -117,7 +119,7 @@ class ConversationList(QWidget):
         self.rename_button.setEnabled(has)
         self.delete_button.setEnabled(has)
         if has and not self._silent:
-            self.selected.emit(current.data(Qt.UserRole))
+            emit(self.selected, current.data(Qt.UserRole))
 
     def rename_current(self) -> None:
         cid = self.current_id()
@@ -140,7 +142,7 @@ class ConversationList(QWidget):
         if answer == QMessageBox.Yes:
             self.store.delete_conversation(cid)
             self.refresh()
-            self.deleted.emit(cid)
+            emit(self.deleted, cid)
 
     def _menu(self, pos) -> None:
         if self.list.itemAt(pos) is None:

@@ -238,15 +238,23 @@ class GaugesPanel(QFrame):
         ttft_ms: Optional[float],
         new_tokens: int,
         engine_tokens_per_s: Optional[float] = None,
+        source: Optional[str] = None,
     ) -> None:
-        """This chat's reply: its rolling speed, TTFT and tokens; ``engine_tokens_per_s`` is what the engine
-        writes in all when other replies run at the same time (shown under the gauge)."""
+        """A reply's rolling speed, TTFT and tokens; ``engine_tokens_per_s`` is what the engine writes in all when
+        other replies run at the same time (shown under the gauge). ``source`` names what the figures are of ("" for
+        the chat, "speed lab: fast:q8" for a lab row), so the label always matches the figures it sits on."""
         self.rate_updates += 1
+        if source is not None and source != self.source_label.text():
+            self.set_source(source)
         total = engine_tokens_per_s if engine_tokens_per_s and engine_tokens_per_s > tokens_per_s_1s + 0.05 else None
         self.gauge.set_value(tokens_per_s_1s, "tok/s (1 s)" if total is None else f"tok/s · engine {total:.1f}")
         if ttft_ms is not None:
             self.ttft_label.setText(f"{ttft_ms:.0f} ms")
         self.tokens_label.setText(str(new_tokens))
+
+    def latencies(self) -> list[float]:
+        """The per-token latencies the sparkline shows now (ms, oldest first)."""
+        return list(self._latencies)
 
     def add_latencies(self, ms: list[float]) -> None:
         if not ms:
@@ -261,12 +269,17 @@ class GaugesPanel(QFrame):
         new_tokens: int,
         p50_ms: Optional[float],
         p95_ms: Optional[float],
+        source: Optional[str] = None,
     ) -> None:
+        if source is not None:
+            self.set_source(source)
         self.gauge.set_value(tokens_per_s, "tok/s (last reply)")
         self.ttft_label.setText("—" if ttft_ms is None else f"{ttft_ms:.0f} ms")
         self.tokens_label.setText(str(new_tokens))
         if p50_ms is not None:
             self.latency_label.setText(f"p50 {p50_ms:.1f} ms · p95 {p95_ms:.1f} ms")
+        else:
+            self.latency_label.setText("—")  # never the previous reply's figures under this one's
 
     # -- memory ---------------------------------------------------------------------
     def set_device(self, text: str) -> None:

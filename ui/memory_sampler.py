@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
+from redline.ui.signals import emit
+
 FAST_MS = 400  # while generating or loading: more than twice a second
 SLOW_MS = 2000
 
@@ -55,7 +57,7 @@ class _Sampler(QObject):
             snap = memory_snapshot(self.device)
         except Exception as exc:  # reported as unreadable, never replaced by a guess
             snap = exc
-        self.sampled.emit(snap)
+        emit(self.sampled, snap)
 
 
 class MemorySampler(QObject):
@@ -79,12 +81,12 @@ class MemorySampler(QObject):
         self._thread.start()
 
     def set_device(self, device: str) -> None:
-        self._set_device.emit(device)
+        emit(self._set_device, device)
 
     def set_fast(self, fast: bool) -> None:
-        self._set_fast.emit(fast)
+        emit(self._set_fast, fast)
 
     def shutdown(self, timeout_ms: int = 1000) -> bool:
-        self._stop.emit()
+        emit(self._stop)
         self._thread.quit()
         return self._thread.wait(timeout_ms)

@@ -16,6 +16,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from redline.ui.signals import emit
+
 from .protocols import PresetStoreLike
 
 
@@ -87,7 +89,7 @@ class PresetsDialog(QDialog):
     def load(self) -> None:
         name = self.current()
         if name:
-            self.load_requested.emit(name)
+            emit(self.load_requested, name)
             self.accept()
 
     def rename(self, old: str, new: str) -> bool:
@@ -99,13 +101,13 @@ class PresetsDialog(QDialog):
             return False
         self.detail.setStyleSheet("")
         self.refresh(select=new.strip())
-        self.changed.emit()
+        emit(self.changed)
         return True
 
     def delete(self, name: str) -> None:
         self.store.delete(name)
         self.refresh()
-        self.changed.emit()
+        emit(self.changed)
 
     def _ask_rename(self) -> None:
         old = self.current()

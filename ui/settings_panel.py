@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from redline.inference import PRECISIONS, PRIORITIES, PRIORITY_LABELS, STRATEGIES
+from redline.ui.signals import emit
 
 MIXED_EXAMPLE = "nf4+keep=lm_head"  # a mixed precision: nf4, with the output layer left unquantised
 PRECISION_CHOICES = ("auto", *PRECISIONS, MIXED_EXAMPLE)  # the box is editable: any other mix can be typed
@@ -279,4 +280,4 @@ class SettingsPanel(QWidget):
 
     def apply(self) -> None:
         cand = self.candidate()
-        self.applied.emit(cand)
+        emit(self.applied, cand)

@@ -15,6 +15,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from redline.ui.signals import emit
+
 LARGE_PASTE_CHARS = 100_000  # a paste beyond this is held aside, not typeset into the editor
 
 
@@ -58,7 +60,7 @@ class MessageInput(QPlainTextEdit):
 
     def keyPressEvent(self, event):  # noqa: N802
         if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not (event.modifiers() & Qt.ShiftModifier):
-            self.submitted.emit()
+            emit(self.submitted)
             return
         super().keyPressEvent(event)
 

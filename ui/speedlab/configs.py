@@ -40,6 +40,7 @@ from redline.inference import (
     parse_config,
     parse_configs,
 )
+from redline.ui.signals import emit
 
 COLUMNS = ("strategy", "precision", "draft", "draft precision", "draft tokens", "compile", "predicted", "measured")
 (STRATEGY, PRECISION, DRAFT, DRAFT_PRECISION, K, COMPILE, PREDICTED, MEASURED) = range(len(COLUMNS))
@@ -196,7 +197,7 @@ class ConfigEditor(QWidget):
         elif key == "my presets":
             configs = from_presets(self._presets() if self._presets else [])
             if not configs:
-                self.message.emit("No presets saved yet: the configuration wizard saves them.")
+                emit(self.message, "No presets saved yet: the configuration wizard saves them.")
                 return
         else:
             raise ValueError(f"unknown set {key!r}")
@@ -285,7 +286,7 @@ class ConfigEditor(QWidget):
         self.text_edit.setText(",".join(c.label for c in self._rows))
         self._syncing = False
         self.text_error = None
-        self.changed.emit()
+        emit(self.changed)
 
     def _text_changed(self, text: str) -> None:
         if self._syncing:
@@ -294,12 +295,12 @@ class ConfigEditor(QWidget):
             configs = parse_configs(text) if text.strip() else []
         except RedlineError as exc:
             self.text_error = str(exc)  # half-typed or wrong: the rows keep the last good text's
-            self.changed.emit()
+            emit(self.changed)
             return
         self.text_error = None
         self._reset(configs)
         self._fill()
-        self.changed.emit()
+        emit(self.changed)
 
     def validated(self) -> list[BenchConfig]:
         """The rows, each checked as the text form checks it; raises the text form's or a row's error."""

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 
 def follow_speed_lab(window, panel) -> None:
-    """Connect a ``SpeedLabPanel``'s signals to ``window.gauges`` (a ``GaugesPanel``)."""
+    """Connect a ``SpeedLabPanel``'s signals to ``window.gauges`` (a ``GaugesPanel``). Each figure the lab sends
+    names its row, so the label under the gauge is always that of the figures shown (a chat's reply names itself
+    as the chat the same way)."""
     gauges = window.gauges
+    row = {"label": ""}
 
     def started(label: str) -> None:
+        row["label"] = f"speed lab: {label}"
         gauges.start_reply()
-        gauges.set_source(f"speed lab: {label}")
+        gauges.set_source(row["label"])
+
+    def live(tokens_per_s: float, ttft_ms, new_tokens: int) -> None:
+        gauges.live(tokens_per_s, ttft_ms, new_tokens, source=row["label"])
 
     def done(result) -> None:
         if result.status == "ok":
@@ -20,6 +27,6 @@ def follow_speed_lab(window, panel) -> None:
         gauges.set_source(f"speed lab: {result.config} ({result.status})")
 
     panel.row_started.connect(started)
-    panel.live_speed.connect(gauges.live)
+    panel.live_speed.connect(live)
     panel.token_latencies.connect(gauges.add_latencies)
     panel.row_done.connect(done)

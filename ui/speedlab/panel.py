@@ -1,9 +1,9 @@
 """The speed lab panel: run configurations side by side, watch them stream, compare and export.
 
-The run itself is ``run_bench`` submitted to the engine service as one job (it has the engine to itself
-while it runs: chat replies asked meanwhile wait, and say so); its progress events (phases, output
-tokens, finished rows) come back through ``EngineThread.progress``. Cancel stops this run and nothing
-else. Past runs are JSON files in a folder the caller hands in.
+The run itself is ``run_bench`` submitted to the engine service as one job through the window's
+``EngineBridge`` (it has the engine to itself while it runs: chat replies asked meanwhile wait, and say so);
+its channel brings back its progress events (phases, output tokens, finished rows), ending in the report.
+Cancel stops this run and nothing else. Past runs are JSON files in a folder the caller hands in.
 
 The configurations are edited as rows of a table (``configs.ConfigEditor``, with ready-made sets and
 the text form in step); each row shows the tokens/s the speed model predicts here (asked on the engine thread
@@ -55,23 +55,27 @@ from redline.inference import (
     BenchStarted,
     BenchSweepRow,
     BenchToken,
+    Cancelled,
+    Completed,
     ConfigResult,
+    Failed,
     Queued,
     RedlineError,
     builtin_prompt_sets,
     list_reports,
     load_prompt_set,
     load_report,
+    predictions_job,
     run_bench,
     save_report,
     to_csv,
     to_json,
     to_markdown,
 )
-from redline.inference import predictions_task
+from redline.ui.bridge import EngineBridge, user_message
+from redline.ui.signals import emit
 from redline.ui.speedlab.configs import ConfigEditor
 from redline.ui.speedlab.outputs import OutputColumns
-from redline.ui.worker import EngineThread
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32"
 PREDICT_DELAY_MS = 400  # predictions are asked this long after the last edit
@@ -140,7 +144,7 @@ class SpeedLabPanel(QWidget):
 
     def __init__(
         self,
-        worker: EngineThread,
+        bridge: EngineBridge,
         runs_dir: Optional[Path] = None,
         model: str = "starter",
         parent: Optional[QWidget] = None,
@@ -148,23 +152,19 @@ class SpeedLabPanel(QWidget):
         presets: Optional[Callable[[], list]] = None,
     ):
         super().__init__(parent)
-        self.worker = worker
+        self.bridge = bridge
         self.server_keys = server_keys
         self.runs_dir = Path(runs_dir) if runs_dir else None
         self._presets = presets  # () -> saved presets, for the "my presets" set
-        self._predict_task: Optional[int] = None
+        self._predict = None  # the predictions asked of the engine thread: their channel, while it runs
         self._predict_again = False
         self._live_index: Optional[int] = None
         self._last_token_s: dict[int, float] = {}
         self.report: Optional[BenchReport] = None  # the run shown (live or reopened)
         self.shown: list[ConfigResult] = []  # rows in the table and charts (several runs when comparing)
-        self._task: Optional[int] = None
+        self._run = None  # the run going on: its channel
+        self._followed = model  # the model the Model field was last set to from the window
         self._build(model)
-        worker.progress.connect(self._on_progress)
-        worker.done.connect(self._on_done)
-        worker.failed.connect(self._on_failed)
-        worker.done.connect(self._on_predictions)
-        worker.failed.connect(self._on_predictions_failed)
         self.refresh_history()
         self.request_predictions()
 
@@ -349,7 +349,7 @@ class SpeedLabPanel(QWidget):
             self.prompts_combo.setCurrentText(path)
 
     def _device(self) -> str:
-        engine = getattr(self.worker, "engine", None)
+        engine = self.bridge.engine
         return getattr(engine, "device", None) or "cpu"
 
     def build_spec(self) -> BenchSpec:
@@ -384,9 +384,9 @@ class SpeedLabPanel(QWidget):
                     keys[base] = key
         return keys
 
-    def start(self) -> Optional[int]:
-        """Validate the form and submit the run; bad input is reported and nothing is lost."""
-        if self._task is not None:
+    def start(self):
+        """Validate the form and submit the run (its channel); bad input is reported and nothing is lost."""
+        if self._run is not None:
             return None
         try:
             spec = self.build_spec()
@@ -405,17 +405,44 @@ class SpeedLabPanel(QWidget):
         def task(engine, report):
             return run_bench(engine, spec, report, report.cancelled, restore_model=True)
 
-        self._task = self.worker.submit(task, label="the speed lab")
-        return self._task
+        self._run = run = self.bridge.run(task, label="the speed lab")
+        run.events.connect(lambda events, r=run: self._on_run_events(r, events))
+        return run
 
     def cancel(self) -> None:
         """Stop this run after the current step (a chat reply is never touched)."""
-        if self._task is not None:
-            self.worker.cancel(self._task)
+        if self._run is not None:
+            self._run.cancel()
         self.status_label.setText("Cancelling after the current step…")
 
     def running(self) -> bool:
-        return self._task is not None
+        return self._run is not None
+
+    def follow_model(self, spec: Optional[str]) -> None:
+        """The chat loaded ``spec`` (a model, or a server's address): the lab's Model field follows it unless the
+        user typed another model there, or a run is going on."""
+        if not spec or self.running():
+            return
+        current = self.model_edit.text().strip()
+        if current and current != self._followed:
+            return  # the user's own choice stays
+        self._followed = spec
+        self.model_edit.setText(spec)
+
+    def predicting(self) -> bool:
+        """Predictions are being asked of the engine thread, or are due to be asked."""
+        return self._predict is not None or self._predict_timer.isActive()
+
+    def _on_run_events(self, run, events: list) -> None:
+        if run is not self._run:
+            return
+        for ev in events:
+            if isinstance(ev, Completed):
+                self._on_done(ev.value)
+            elif isinstance(ev, Failed):
+                self._on_failed(ev.error)
+            else:
+                self._on_progress(ev)
 
     def _reset_outputs(self, spec: BenchSpec) -> None:
         self.outputs.reset(
@@ -429,9 +456,9 @@ class SpeedLabPanel(QWidget):
         return self.outputs.texts()
 
     # -- predictions (asked on the engine thread between runs) ---------------------------
-    def request_predictions(self) -> Optional[int]:
+    def request_predictions(self):
         """Ask the speed model for each row's tokens/s here; answered in ``_on_predictions``."""
-        if self._task is not None or self._predict_task is not None:
+        if self._run is not None or self._predict is not None:
             self._predict_again = True  # after the run (or the question already asked)
             return None
         self._predict_again = False
@@ -441,13 +468,11 @@ class SpeedLabPanel(QWidget):
             return None
         model = self.model_edit.text().strip() or "starter"
         self._predict_for = (model, [c.label for c in configs], self.new_tokens_spin.value())
-        try:
-            self._predict_task = self.worker.submit(
-                predictions_task(model, configs, self._prompt_tokens_guess(), self.new_tokens_spin.value())
-            )
-        except RedlineError:  # the engine is shutting down, or its queue is full: predictions are only a hint
-            self._predict_task = None
-        return self._predict_task
+        self._predict = ask = self.bridge.run(
+            predictions_job(model, configs, self._prompt_tokens_guess(), self.new_tokens_spin.value())
+        )
+        ask.events.connect(lambda events, a=ask: self._on_prediction_events(a, events))
+        return ask
 
     def _asked_for_now(self) -> bool:
         """Were the predictions that came back asked for the rows, model and length shown now?"""
@@ -464,10 +489,17 @@ class SpeedLabPanel(QWidget):
             return 64
         return max(1, sum(len(str(m.get("content", ""))) for m in prompt.messages) // 4 + 16)
 
-    def _on_predictions(self, task_id: int, predictions) -> None:
-        if task_id != self._predict_task:
+    def _on_prediction_events(self, ask, events: list) -> None:
+        if ask is not self._predict or not ask.done:
             return
-        self._predict_task = None
+        self._predict = None
+        final = events[-1]
+        if isinstance(final, Failed):
+            self._on_predictions_failed(user_message(final.error), final.error)
+        else:
+            self._on_predictions(final.value)
+
+    def _on_predictions(self, predictions) -> None:
         if self._asked_for_now():
             self.configs_editor.set_predictions(list(predictions))
         else:  # the rows changed while the engine thread answered: ask again for what is shown
@@ -475,18 +507,15 @@ class SpeedLabPanel(QWidget):
         if self._predict_again:
             self._predict_timer.start()
 
-    def _on_predictions_failed(self, task_id: int, message: str, exc) -> None:
-        if task_id != self._predict_task:
-            return
-        self._predict_task = None
+    def _on_predictions_failed(self, message: str, exc) -> None:
+        if isinstance(exc, RedlineError) and "shutting down" in str(exc):
+            return  # the window is closing: predictions are only a hint
         if self._asked_for_now():
             self.configs_editor.set_predictions([f"Cannot predict: {message}"] * len(self.configs_editor.configs()))
         else:
             self._predict_timer.start()
 
-    def _on_progress(self, task_id: int, ev) -> None:
-        if task_id != self._task:
-            return
+    def _on_progress(self, ev) -> None:
         if isinstance(ev, Queued):  # a chat reply (or a load) has the engine: the run waits, and says so
             self.status_label.setText(f"Waiting to start: {ev.reason}.")
         elif isinstance(ev, BenchToken):
@@ -496,19 +525,19 @@ class SpeedLabPanel(QWidget):
             if ev.time_s is not None:
                 last = self._last_token_s.get(ev.index)
                 if last is not None and ev.time_s > last:
-                    self.token_latencies.emit([(ev.time_s - last) * 1000.0])
+                    emit(self.token_latencies, [(ev.time_s - last) * 1000.0])
                 self._last_token_s[ev.index] = ev.time_s
         elif isinstance(ev, BenchLive):
             col = self.outputs.column(ev.index)
             if col is not None:
                 col.live(ev.tokens_per_s_1s)
-            self.live_speed.emit(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens)
+            emit(self.live_speed, ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens)
         elif isinstance(ev, BenchPhase):
             self.progress_bar.setValue(int(ev.fraction * 1000))
             self.status_label.setText(ev.phase)
             if ev.index is not None and ev.index != self._live_index:
                 self._live_index = ev.index
-                self.row_started.emit(ev.phase.split(": ")[0])
+                emit(self.row_started, ev.phase.split(": ")[0])
         elif isinstance(ev, BenchRow):
             self.shown = [r for r in self.shown if r.index != ev.result.index] + [ev.result]
             self.shown.sort(key=lambda r: r.index)
@@ -517,7 +546,7 @@ class SpeedLabPanel(QWidget):
             if col is not None:
                 col.finish(r)
             self.configs_editor.set_measured(r.index, r)
-            self.row_done.emit(r)
+            emit(self.row_done, r)
             self._refresh_views()
         elif isinstance(ev, BenchSweepRow):
             if self.report is None:
@@ -526,10 +555,8 @@ class SpeedLabPanel(QWidget):
         elif isinstance(ev, BenchStarted):
             self._sweep_live = []
 
-    def _on_done(self, task_id: int, report) -> None:
-        if task_id != self._task:
-            return
-        self._task = None
+    def _on_done(self, report) -> None:
+        self._run = None
         self.run_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
         self.progress_bar.setValue(1000)
@@ -545,15 +572,16 @@ class SpeedLabPanel(QWidget):
         self.status_label.setText(
             ("Cancelled; finished rows kept." if report.cancelled else f"Done in {report.seconds:.0f} s.") + saved
         )
-        self.run_finished.emit(report)
+        emit(self.run_finished, report)
 
-    def _on_failed(self, task_id: int, message: str, exc) -> None:
-        if task_id != self._task:
-            return
-        self._task = None
+    def _on_failed(self, exc: BaseException) -> None:
+        self._run = None
         self.run_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
-        self.status_label.setText(f"<b>The run failed:</b> {message}")
+        if isinstance(exc, Cancelled):  # cancelled while it waited for the engine: nothing ran, nothing failed
+            self.status_label.setText("Cancelled before it started: nothing ran.")
+        else:
+            self.status_label.setText(f"<b>The run failed:</b> {user_message(exc)}")
         self._predict_timer.start()
 
     # -- showing results -------------------------------------------------------

@@ -4,7 +4,7 @@ SGLang, TGI, Ollama, another Redline) becomes the chat's model. The dialog lists
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from PySide6.QtWidgets import (
     QDialog,
@@ -27,9 +27,12 @@ DEFAULT_URL = "http://127.0.0.1:8080/v1"
 
 
 class ConnectDialog(QDialog):
-    def __init__(self, window):
-        super().__init__(window)
-        self.window = window
+    """``current``: the server the chat is connected to now (its spec), or None; ``connect_to(base, model_id, key)``
+    connects the chat (``ModelController.connect_to``)."""
+
+    def __init__(self, current: Optional[str], server_keys, connect_to: Callable, parent=None):
+        super().__init__(parent)
+        self._connect_to = connect_to
         self.setWindowTitle("Connect to a server")
         self.resize(520, 420)
         layout = QVBoxLayout(self)
@@ -40,8 +43,7 @@ class ConnectDialog(QDialog):
         )
         intro.setWordWrap(True)
         layout.addWidget(intro)
-        current = window.settings.model if is_server_url(window.settings.model) else None
-        base = parse_server_spec(current)[0] if current else DEFAULT_URL
+        base = parse_server_spec(current)[0] if current and is_server_url(current) else DEFAULT_URL
         form = QFormLayout()
         row = QHBoxLayout()
         self.url_edit = QLineEdit(base)
@@ -50,7 +52,7 @@ class ConnectDialog(QDialog):
         row.addWidget(self.url_edit, 1)
         row.addWidget(self.list_button)
         form.addRow("Server address", row)
-        keys = window.server_keys
+        keys = server_keys
         self.key_edit = QLineEdit((keys.get(base) if keys is not None and base else None) or "")
         self.key_edit.setEchoMode(QLineEdit.Password)
         self.key_edit.setPlaceholderText("none")
@@ -112,4 +114,4 @@ class ConnectDialog(QDialog):
             return
         base, _ = parse_server_spec(self.url_edit.text().strip())
         self.accept()
-        self.window.models.connect_to(base, item.model_id, self.key_edit.text().strip() or None)
+        self._connect_to(base, item.model_id, self.key_edit.text().strip() or None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from PySide6.QtWidgets import QFileDialog
 
 
@@ -10,25 +12,24 @@ def safe_file_name(title: str) -> str:
     return "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "conversation"
 
 
-def export(window, kind: str) -> None:
+def export(parent, store, conversation_id: Optional[int], banner, status, kind: str) -> None:
     """Ask where to save the open conversation, then save it there."""
-    if window.conversation_id is None:
-        window.banner.show_message("Open a conversation to export it.", "info")
+    if conversation_id is None:
+        banner.show_message("Open a conversation to export it.", "info")
         return
-    conv = window.store.conversation(window.conversation_id)
+    conv = store.conversation(conversation_id)
     flt = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
-    path, _ = QFileDialog.getSaveFileName(window, "Export conversation", f"{safe_file_name(conv.title)}.{kind}", flt)
+    path, _ = QFileDialog.getSaveFileName(parent, "Export conversation", f"{safe_file_name(conv.title)}.{kind}", flt)
     if path:
-        export_to(window, path, kind)
+        export_to(store, conversation_id, banner, status, path, kind)
 
 
-def export_to(window, path: str, kind: str) -> None:
-    store = window.store
-    text = (store.export_markdown if kind == "md" else store.export_json)(window.conversation_id)
+def export_to(store, conversation_id: int, banner, status, path: str, kind: str) -> None:
+    text = (store.export_markdown if kind == "md" else store.export_json)(conversation_id)
     try:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
     except OSError as exc:
-        window.banner.show_message(f"Could not write {path}: {exc}. Choose another folder.", "error")
+        banner.show_message(f"Could not write {path}: {exc}. Choose another folder.", "error")
         return
-    window.statusBar().showMessage(f"Exported to {path}", 5000)
+    status.say(f"Exported to {path}", 5000)

@@ -2,8 +2,8 @@
 tabs in the middle, the gauges on the right; the notices, the banner and the load bar across the top; the
 settings in a dock; the model's name in the status bar.
 
-``build_layout(window)`` creates them as the window's attributes (``window.chat_view``, ``window.input``,
-``window.banner``, …) and connects them to the window's methods; it decides nothing itself.
+``build_layout(window, store, settings)`` creates them as the window's attributes (``window.chat_view``,
+``window.input``, ``window.banner``, …); the window connects them to its controllers. It decides nothing itself.
 """
 
 from __future__ import annotations
@@ -30,11 +30,8 @@ from redline.ui.widgets import Banner, LoadBar, MessageInput, NoticeArea
 EDITING_NOTE = "Editing a message: Enter sends the new version (later messages are replaced); Esc cancels."
 
 
-def build_layout(window) -> None:
-    window.conversations = ConversationList(window.store)
-    window.conversations.selected.connect(window.open_conversation)
-    window.conversations.new_requested.connect(window.new_chat)
-    window.conversations.deleted.connect(window.chats.deleted)
+def build_layout(window, store, settings) -> None:
+    window.conversations = ConversationList(store)
 
     # A tab bar so later panels (the speed lab) sit next to the chat.
     window.tabs = QTabWidget()
@@ -56,16 +53,13 @@ def build_layout(window) -> None:
     window.notices = NoticeArea()  # what stays until dismissed (a settings file or database set aside)
     window.banner = Banner()  # the latest transient message; the next one replaces it
     window.load_bar = LoadBar()
-    window.load_bar.cancel_requested.connect(window.cancel_load)
     tv.addWidget(window.notices)
     tv.addWidget(window.banner)
     tv.addWidget(window.load_bar)
     tv.addWidget(splitter, 1)
     window.setCentralWidget(top)
 
-    window.settings_panel = SettingsPanel(window.settings)
-    window.settings_panel.applied.connect(window.apply_settings)
-    window.settings_panel.wizard_requested.connect(window.open_wizard)
+    window.settings_panel = SettingsPanel(settings)
     window.settings_dock = QDockWidget("Settings", window)
     window.settings_dock.setObjectName("settingsDock")
     window.settings_dock.setWidget(window.settings_panel)
@@ -85,12 +79,9 @@ def _chat_area(window) -> QWidget:
     sys_row.addWidget(QLabel("System prompt:"))
     window.system_prompt = QLineEdit()
     window.system_prompt.setPlaceholderText("optional, for this conversation (e.g. “Answer briefly.”)")
-    window.system_prompt.editingFinished.connect(window.chats.save_system_prompt)
     sys_row.addWidget(window.system_prompt, 1)
     v.addLayout(sys_row)
     window.chat_view = ChatView()
-    window.chat_view.regenerate_requested.connect(window.regenerate)
-    window.chat_view.edit_requested.connect(window.edit_message)
     v.addWidget(window.chat_view, 1)
     window.edit_bar = QLabel(EDITING_NOTE)
     window.edit_bar.setObjectName("reloadNote")
@@ -98,16 +89,13 @@ def _chat_area(window) -> QWidget:
     v.addWidget(window.edit_bar)
     row = QHBoxLayout()
     window.input = MessageInput()
-    window.input.submitted.connect(window.send)
     row.addWidget(window.input, 1)
     buttons = QVBoxLayout()
     window.send_button = QPushButton("Send")
     window.send_button.setObjectName("sendButton")
-    window.send_button.clicked.connect(window.send)
     window.stop_button = QPushButton("Stop")
     window.stop_button.setObjectName("stopButton")
     window.stop_button.setToolTip("Stop the reply (Esc); what was generated is kept")
-    window.stop_button.clicked.connect(window.stop)
     buttons.addWidget(window.send_button)
     buttons.addWidget(window.stop_button)
     row.addLayout(buttons)

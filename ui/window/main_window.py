@@ -1,59 +1,54 @@
 """The main window: conversations, chat, live gauges, settings — assembled from the parts in this package.
 
-Everything that touches the model runs on the engine thread (``EngineClient``); the window only reacts to
-what comes back. Its parts, each a module of ``redline.ui.window``:
+Everything that touches the model goes through one ``EngineBridge`` (``ui/bridge.py``: one channel per request);
+the window only reacts to what comes back. Its parts, each a module of ``redline.ui.window``, each handed the
+few collaborators it uses (never the window):
 
 - ``layout``: the widgets and where they sit; ``menus``: the menu bar and the Esc shortcut;
 - ``model_controller``: loading (with the opt-in question and the load bar), unloading, reloading when the
-  settings change, the status bar's line;
-- ``reply_controller``: sending, regenerating, editing and stopping replies, each reply's own state, and
-  the database writes while a reply is written;
+  settings change, the status bar's line; the configuration wizard's host;
+- ``reply_controller``: sending, regenerating, editing and stopping replies, shown from each conversation's
+  ``ChatSession`` (``ui/chat_session.py``), which holds the reply's state and writes the database;
 - ``conversations``: which conversation is open, new chats, deletions, the system prompt;
 - ``presets_controller``: Model → Presets and Manage presets…; ``export``: File → Export;
 - ``help_actions``: Help → Keyboard shortcuts and About;
 - ``server_controller``: Server → Serve the model (the OpenAI-compatible server over the chat's engine), its
   settings and the status bar's switch; ``connect_dialog``: Model → Connect to a server….
 
-This class is what app/, the tests and the tools use: its signals and methods (``start``, ``send``,
-``load_model``, ``apply_settings``, ``shutdown``, …), its widgets (``input``, ``chat_view``, ``banner``,
-``notices``, …)
-and its state (``loaded``, ``loading``, ``generation``, ``conversation_id``, …), which the parts hold.
+What app/, the tests and the tools use of the window itself: its signals (``model_loaded``, ``reply_finished``,
+``load_progress``, ``model_unloaded``), its widgets (``input``, ``chat_view``, ``banner``, ``notices``, …), its
+parts (``models``, ``replies``, ``chats``, ``server``, ``preset_actions``, ``help``), the state they hold
+(``loaded``, ``loading``, ``generation``, ``conversation_id``, …) and the few actions that span parts
+(``start``, ``send``, ``stop``, ``escape``, ``load_model``, ``unload_model``, ``apply_settings``, ``show_settings``,
+``open_wizard``, ``new_chat``, ``open_conversation``, ``set_serving``, ``shutdown``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional, Sequence
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QMainWindow, QWidget
+from PySide6.QtWidgets import QLabel, QMainWindow, QWidget
 
 from redline.ui.about import AboutInfo
-from redline.ui.engine_client import EngineClient, ModelInfo
+from redline.ui.bridge import EngineBridge
 from redline.ui.memory_sampler import MemorySampler
 from redline.ui.protocols import ConversationStore, PresetStoreLike, ServerKeyStore, TrustDecisions
 from redline.ui.style import app_icon, stylesheet
-from redline.ui.window import export as export_conversation
 from redline.ui.window.conversations import ConversationController
 from redline.ui.window.help_actions import HelpActions
 from redline.ui.window.layout import build_layout
 from redline.ui.window.menus import build_menus
 from redline.ui.window.model_controller import ModelController
+from redline.ui.window.parts import Composer, SettingsHolder, StatusLine
 from redline.ui.window.presets_controller import PresetsController
-from redline.ui.window.reply_controller import Reply, ReplyController
+from redline.ui.window.reply_controller import ReplyController
 from redline.ui.window.server_controller import ServerController
-from redline.ui.worker import EngineThread
 
 
 class MainWindow(QMainWindow):
-    model_loaded = Signal(object)  # ModelInfo
-    reply_finished = Signal(object)  # GenerationResult, or None when the reply failed
-    load_progress = Signal(float, str)  # fraction, phase (the wizard's load page follows it)
-    model_unloaded = Signal()
-
     def __init__(
         self,
-        engine: EngineThread,
+        engine: EngineBridge,
         store: ConversationStore,
         settings: Any,
         save_settings: Callable[[Any], None],
@@ -66,14 +61,11 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("Redline")
         self.setWindowIcon(app_icon())
-        self.about_info = about or AboutInfo(version="unknown", licence="unknown")
-        self.resize(1280, 800)
+        self.resize(1280, 760)
         self.setStyleSheet(stylesheet())
-        self.engine = engine
-        self.client = EngineClient(engine, self)
+        self.engine = engine  # the bridge to the engine service
         self.store = store
-        self.settings = settings
-        self._save_settings = save_settings
+        self.settings_holder = SettingsHolder(settings, save_settings, self)
         self.presets = presets
         self.trust = trust
         self.server_keys = server_keys  # API keys: of servers the chat connects to, and of the window's server
@@ -81,19 +73,81 @@ class MainWindow(QMainWindow):
         self.has_shut_down = False
         self._engine_stopped = True
 
-        self.models = ModelController(self)
-        self.replies = ReplyController(self)
-        self.chats = ConversationController(self)
-        self.preset_actions = PresetsController(self)
-        self.help = HelpActions(self)
-        self.server = ServerController(self)
-        build_layout(self)
-        self.server.build_status_widgets()
-        build_menus(self)
+        build_layout(self, store, settings)
+        self.status = StatusLine(self.statusBar(), self.model_label)
+        self.kernels_label = QLabel("")  # shown once, when Redline's CPU kernels cannot run here
+        self.kernels_label.setObjectName("kernelsNote")
+        self.kernels_label.hide()
+        self.statusBar().addPermanentWidget(self.kernels_label)
         self.sampler = MemorySampler(self)
         self.sampler.sampled.connect(self.gauges.set_memory)
+        self.chats = ConversationController(
+            store, self.conversations, self.chat_view, self.system_prompt, self.input, self
+        )
+        self.models = ModelController(
+            engine,
+            self.settings_holder,
+            self.banner,
+            self.load_bar,
+            self.gauges,
+            self.sampler,
+            self.status,
+            replies_stop=lambda note: self.replies.stop_all(note),
+            show_settings=self.show_settings,
+            open_wizard=self.open_wizard,
+            trust=trust,
+            server_keys=server_keys,
+            presets=presets,
+            dialog_parent=self,
+            parent=self,
+        )
+        composer = Composer(self.input, self.edit_bar, self.send_button, self.stop_button)
+        self.replies = ReplyController(
+            store,
+            engine,
+            self.chats,
+            self.chat_view,
+            composer,
+            self.gauges,
+            self.sampler,
+            self.banner,
+            self.settings_holder,
+            self.models,
+            self.show_settings,
+            self,
+        )
+        self.preset_actions = PresetsController(
+            presets,
+            self.settings_holder,
+            self.models.apply_settings,
+            lambda: self.models.loaded is not None,
+            self.banner,
+            self.status,
+            self.settings_panel,
+            self.open_wizard,
+            dialog_parent=self,
+            parent=self,
+        )
+        self.help = HelpActions(
+            self, about or AboutInfo(version="unknown", licence="unknown"), engine, lambda: self.models.kernels
+        )
+        self.server = ServerController(
+            engine.service, self.settings_holder, server_keys, self.banner, self.notices, self.statusBar(), self, self
+        )
+        self.server_button = self.server.button
+        # The window's signals are its parts'.
+        self.model_loaded = self.models.model_loaded  # the engine's LoadReport
+        self.model_unloaded = self.models.model_unloaded
+        self.load_progress = self.models.load_progress  # fraction, phase (the wizard's load page follows it)
+        self.reply_finished = self.replies.reply_finished  # GenerationResult, or None when the reply failed
+        self.models.state_changed.connect(self.replies.update_controls)
+        self.models.kernels_known.connect(self._show_kernels)
+        self.settings_holder.changed.connect(self.settings_panel.set_settings)
+        self.settings_panel.applied.connect(self.models.apply_settings)
+        self.settings_panel.wizard_requested.connect(self.open_wizard)
+        build_menus(self)
         self.chats.open_latest()
-        self.update_controls()
+        self.replies.update_controls()
         self.preset_actions.refresh()
         for text in startup_notices:  # e.g. the settings file or the database was unreadable: kept until dismissed
             self.notices.add(text, "warning")
@@ -101,7 +155,12 @@ class MainWindow(QMainWindow):
 
     # -- state the parts hold ---------------------------------------------------------
     @property
-    def loaded(self) -> Optional[ModelInfo]:
+    def settings(self):
+        return self.settings_holder.value
+
+    @property
+    def loaded(self):
+        """The engine's LoadReport for the model loaded, or None."""
         return self.models.loaded
 
     @property
@@ -113,17 +172,13 @@ class MainWindow(QMainWindow):
         return self.models.last_load_error
 
     @property
-    def generation(self) -> Optional[Reply]:
-        """The reply being written, or None."""
+    def generation(self):
+        """The reply being written (in the chat on screen, else any), or None."""
         return self.replies.current
 
     @property
     def last_result(self):
         return self.replies.last_result
-
-    @property
-    def editing_message_id(self) -> Optional[int]:
-        return self.replies.editing_message_id
 
     @property
     def conversation_id(self) -> Optional[int]:
@@ -133,68 +188,46 @@ class MainWindow(QMainWindow):
     def about_dialog(self):
         return self.help.about_dialog
 
-    def update_controls(self) -> None:
-        """Send and Stop, and the chat's placeholder line, follow the model and the replies."""
-        generating = self.replies.busy_in(self.conversation_id)  # this chat's reply; others may run too
-        self.send_button.setEnabled(not generating)
-        self.stop_button.setEnabled(generating)
-        if self.loaded is None:
-            self.chat_view.set_placeholder(
-                "Loading the model…"
-                if self.loading
-                else "No model loaded. Choose one in Model → Configure model… or Model → Settings."
-            )
-        else:
-            self.chat_view.set_placeholder(f"Chatting with {self.loaded.name}. Type a message below.")
-
-    # -- settings -----------------------------------------------------------------------
-    def set_settings(self, new) -> None:
-        """Use and save ``new``; the settings panel shows it. (Whether to reload is the caller's question.)"""
-        self.settings = new
-        self._save_settings(new)
-        self.settings_panel.set_settings(new)
-
-    def settings_values(self) -> dict:
-        return dataclasses.asdict(self.settings)
-
-    def show_settings(self) -> None:
-        self.settings_panel.set_settings(self.settings)
-        self.settings_dock.show()
-        self.settings_dock.raise_()
-
-    def apply_settings(self, new, force_reload: bool = False) -> None:
-        self.models.apply_settings(new, force_reload)
-
-    def configure(self, values: dict):
-        """Apply settings chosen elsewhere (the wizard, a preset) and load; awaitable: ModelInfo or None."""
-        return self.models.configure(values)
-
-    # -- the model --------------------------------------------------------------------------
+    # -- what spans the parts ----------------------------------------------------------------
     def start(self, model: Optional[str] = None) -> None:
         """Called once the window is shown: load the configured model, or offer the starter."""
         self.models.start(model)
 
-    def use_starter(self) -> None:
-        self.models.use_starter()
+    def send(self):
+        """Send what the input holds; awaitable (the reply's end is also ``reply_finished``)."""
+        return self.replies.send()
+
+    def stop(self) -> None:
+        """Stop the reply of the chat on screen (replies in other chats go on)."""
+        self.replies.stop_in(self.conversation_id)
+
+    def escape(self) -> None:
+        """Esc: stop this chat's reply (or drop what waits behind its stop), else cancel loading, else leave
+        editing."""
+        if self.replies.escape():
+            return
+        if self.loading:
+            self.models.cancel_load()
+        elif self.replies.editing_message_id is not None:
+            self.replies.end_edit()
+            self.input.clear()
 
     def load_model(self):
-        """Load the configured model; awaitable: the ModelInfo, or None (``last_load_error`` says why)."""
+        """Load (or reload) the configured model; awaitable: the LoadReport, or None (``last_load_error``)."""
         return self.models.load_model()
 
     def unload_model(self):
         """Free the model's memory; the settings keep it, so Reload brings it back."""
         return self.models.unload_model()
 
-    def cancel_load(self) -> None:
-        self.models.cancel_load()
+    def apply_settings(self, new, force_reload: bool = False) -> None:
+        """Use ``new`` (saved); reload the model when the change needs it."""
+        self.models.apply_settings(new, force_reload)
 
-    def connect_to_server(self):
-        """Model → Connect to a server…: the dialog (it lists the server's models)."""
-        return self.models.connect_dialog()
-
-    def set_serving(self, on: bool):
-        """Server → Serve the model: start or stop the OpenAI-compatible server; awaitable (the address)."""
-        return self.server.set_serving(on)
+    def show_settings(self) -> None:
+        self.settings_panel.set_settings(self.settings)
+        self.settings_dock.show()
+        self.settings_dock.raise_()
 
     def open_wizard(self):
         """Open the configuration wizard (window-modal; it never blocks the event loop)."""
@@ -203,63 +236,38 @@ class MainWindow(QMainWindow):
         if self.wizard is not None and self.wizard.isVisible():
             self.wizard.raise_()
             return self.wizard
-        self.wizard = ConfigWizard(self.client, self, self.presets, self)
+        self.wizard = ConfigWizard(self.engine, self.models, self.presets, self)
         self.wizard.preset_saved.connect(lambda _name: self.preset_actions.refresh())
         self.wizard.open()
         return self.wizard
 
-    # -- presets ------------------------------------------------------------------------------
-    def apply_preset(self, name: str) -> None:
-        self.preset_actions.apply(name)
-
-    def manage_presets(self):
-        return self.preset_actions.manage()
-
-    # -- conversations --------------------------------------------------------------------------
     def new_chat(self) -> None:
         self.chats.new_chat()
 
     def open_conversation(self, conversation_id: int) -> None:
         self.chats.open(conversation_id)
 
-    def export(self, kind: str) -> None:
-        export_conversation.export(self, kind)
+    def set_serving(self, on: bool):
+        """Server → Serve the model: start or stop the OpenAI-compatible server; awaitable (the address)."""
+        return self.server.set_serving(on)
 
-    def export_to(self, path: str, kind: str) -> None:
-        export_conversation.export_to(self, path, kind)
-
-    # -- replies ----------------------------------------------------------------------------------
-    def send(self):
-        """Send what the input holds; awaitable (the reply's end is also ``reply_finished``)."""
-        return self.replies.send()
-
-    def regenerate(self, message_id: int):
-        return self.replies.regenerate(message_id)
-
-    def edit_message(self, message_id: int) -> None:
-        self.replies.edit_message(message_id)
-
-    def stop(self) -> None:
-        """Stop the reply of the chat on screen (replies in other chats go on)."""
-        self.replies.stop_in(self.conversation_id)
-
-    def escape(self) -> None:
-        """Esc: stop this chat's reply, else cancel loading, else leave editing."""
-        if self.replies.busy_in(self.conversation_id):
-            self.stop()
-        elif self.loading:
-            self.cancel_load()
-        elif self.editing_message_id is not None:
-            self.replies.end_edit()
-            self.input.clear()
-
-    # -- panels and help ------------------------------------------------------------------------
     def add_panel(self, widget: QWidget, title: str) -> None:
         """Later panels (the speed lab) are added next to the chat."""
         self.tabs.addTab(widget, title)
 
-    def show_about(self):
-        return self.help.show_about()
+    def _show_kernels(self, report) -> None:
+        """Redline's CPU kernels cannot run here: said once, in the status bar (the whole sentence on hover and
+        in Help → About)."""
+        if report.on:
+            self.kernels_label.hide()
+            return
+        slower = ""
+        if report.with_tokens_per_s and report.without_tokens_per_s:
+            slower = f" (≈ {report.without_tokens_per_s:.0f} instead of ≈ {report.with_tokens_per_s:.0f} tok/s)"
+        self.kernels_label.setText(f"CPU kernels off: slower{slower}")
+        self.kernels_label.setToolTip(report.sentence())
+        self.kernels_label.show()
+        self.status.say(report.sentence(), 15_000)
 
     # -- closing ------------------------------------------------------------------------------------
     def closeEvent(self, event):  # noqa: N802
@@ -275,9 +283,10 @@ class MainWindow(QMainWindow):
             return self._engine_stopped
         self.has_shut_down = True
         self.server.shutdown()  # API clients first: their requests stop with the server
-        self.replies.shutdown()
-        if self.loading:
-            self.client.cancel(self.models._load_future)
+        self.replies.shutdown()  # each reply's request is cancelled, with the note that Redline was closed
+        self.models.shutdown()
         self.sampler.shutdown(500)
         self._engine_stopped = self.engine.shutdown(timeout_ms)
+        self.engine.flush()  # what the engine sent while it stopped: the stopped replies' results
+        self.replies.close_sessions()  # saved with those results (or, had the engine not stopped, what came)
         return self._engine_stopped

@@ -2,25 +2,29 @@
 pickle weights run (and remembering the answer), unloading, reloading when settings change, and the
 status bar's line about what is loaded.
 
-Precision and strategy ``auto`` are resolved just before loading (``inference.jobs.auto_task``, the same
+Precision and strategy ``auto`` are resolved just before loading (``inference.jobs.auto_job``, the same
 ``resolve_auto`` as ``redline chat``): the fastest configuration that fits for the settings' priority. The
 status bar says what was chosen and why; replies use the chosen strategy (``strategy()``).
 
-Loading runs on the engine thread (``load_task``); this only reacts to its progress and outcome.
+Loading is the engine's one load (``EngineService.load`` through the bridge: its ``LoadReport``); this only
+reacts to its progress and outcome. It is also the configuration wizard's host: ``settings``,
+``settings_values()``, ``configure(values)``, ``last_load_error``, ``cancel_load()`` and ``load_progress``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QMessageBox
 from qasync import asyncSlot
 
-from redline.inference import Cancelled, NeedsOptIn, is_server_url
-from redline.ui.engine_client import LoadProgress, ModelInfo, TaskFailed, load_task, unload_task
-from redline.inference import auto_task
+from redline.inference import Cancelled, LoadReport, NeedsOptIn, Progress, auto_job, is_server_url, kernels_job
+from redline.ui.bridge import TaskFailed
+from redline.ui.chat_session import LOAD_NOTE, UNLOAD_NOTE
+from redline.ui.signals import emit
+from redline.ui.window.parts import SettingsHolder, StatusLine
 
 AUTO = "auto"
 
@@ -52,30 +56,66 @@ def confirm_opt_in(parent, exc) -> bool:
 
 
 class ModelController(QObject):
-    def __init__(self, window):
-        super().__init__(window)
-        self.window = window
-        self.loaded: Optional[ModelInfo] = None
+    model_loaded = Signal(object)  # the engine's LoadReport
+    model_unloaded = Signal()
+    load_progress = Signal(float, str)  # fraction, phase (the wizard's load page follows it)
+    state_changed = Signal()  # loaded, loading or unloading changed
+    kernels_known = Signal(object)  # a KernelsReport: whether Redline's CPU kernels run here, and what it costs
+
+    def __init__(
+        self,
+        bridge,
+        settings: SettingsHolder,
+        banner,
+        load_bar,
+        gauges,
+        sampler,
+        status: StatusLine,
+        replies_stop: Callable[[str], None],
+        show_settings: Callable[[], None],
+        open_wizard: Callable[[], Any],
+        trust=None,
+        server_keys=None,
+        presets=None,
+        dialog_parent=None,
+        parent: Optional[QObject] = None,
+    ):
+        super().__init__(parent)
+        self.bridge, self._settings, self.banner, self.load_bar = bridge, settings, banner, load_bar
+        self.gauges, self.sampler, self.status = gauges, sampler, status
+        self._stop_replies, self.show_settings, self.open_wizard = replies_stop, show_settings, open_wizard
+        self.trust, self.server_keys, self.presets, self.dialog_parent = trust, server_keys, presets, dialog_parent
+        self.loaded: Optional[LoadReport] = None
         self.loading = False
         self.unloading = False
-        self._load_future = None  # the load now running: its own cancel (the load bar's button)
+        self.closing = False  # the window is shutting down: outcomes arriving now change nothing on screen
+        self._load = None  # the load now running: its channel (the load bar's Cancel cancels it)
         self.last_load_error: Optional[str] = None  # why the last load_model() returned None
         self.auto_choice = None  # redline.inference.AutoChoice: how auto was resolved for the model loaded
         self.auto_note: Optional[str] = None  # the status bar's line about it
+        self.kernels = None  # the last KernelsReport
+        load_bar.cancel_requested.connect(self.cancel_load)
+
+    # -- the settings (the wizard reads them here) ---------------------------------------------------
+    @property
+    def settings(self):
+        return self._settings.value
+
+    def settings_values(self) -> dict:
+        return dataclasses.asdict(self._settings.value)
 
     def strategy(self) -> str:
         """The strategy replies use: the setting, or what auto chose for the model loaded."""
-        s = self.window.settings.strategy
+        s = self.settings.strategy
         if s != AUTO:
             return s
         return self.auto_choice.strategy if self.auto_choice is not None else "kv"
 
     async def _resolve_auto(self, s, precision: Optional[str] = None):
         """Resolve auto on the engine thread; a failure falls back to the device's default with kv, said so."""
-        w = self.window
         try:
-            choice = await w.client.run(
-                auto_task(s.model, precision or s.precision, s.strategy, s.priority, s.context_length)
+            choice = await self.bridge.run(
+                auto_job(s.model, precision or s.precision, s.strategy, s.priority, s.context_length)
             )
         except TaskFailed as exc:
             self.auto_choice = None
@@ -87,53 +127,53 @@ class ModelController(QObject):
 
     # -- what the window shows about the model --------------------------------------
     def show_status(self) -> None:
-        w = self.window
+        label = self.status.model_label
         if self.loaded is None:
-            w.model_label.setText("Loading…" if self.loading else "No model loaded")
+            label.setText("Loading…" if self.loading else "No model loaded")
+            if self.auto_note and self.status.message() == self.auto_note:
+                self.status.clear()  # about a model no longer loaded
             return
-        if self.loaded.device == "remote":
-            w.model_label.setText(f"{self.loaded.name} · on the server (its memory, its decoding)")
+        if self.loaded.kind == "remote":
+            label.setText(f"{self.loaded.name} · on the server (its memory, its decoding)")
+            if self.auto_note and self.status.message() == self.auto_note:
+                self.status.clear()
             return
         draft = f" · draft {self.loaded.draft_name}" if self.loaded.draft_name else ""
-        w.model_label.setText(
-            f"{self.loaded.name} · {self.loaded.precision} · {self.loaded.device} · {self.strategy()}{draft}"
-        )
-        if self.auto_note and AUTO in (w.settings.precision, w.settings.strategy):
-            w.statusBar().showMessage(self.auto_note)
-        else:
-            w.statusBar().clearMessage()
+        label.setText(f"{self.loaded.name} · {self.loaded.precision} · {self.loaded.device} · {self.strategy()}{draft}")
+        if self.auto_note and AUTO in (self.settings.precision, self.settings.strategy):
+            self.status.say(self.auto_note)
+        elif self.auto_note and self.status.message() == self.auto_note:
+            self.status.clear()
 
     def _refresh(self) -> None:
         self.show_status()
-        self.window.update_controls()
+        emit(self.state_changed)
 
     # -- which model ------------------------------------------------------------------
     def start(self, model: Optional[str] = None) -> None:
         """Called once the window is shown: load the configured model, or offer the starter."""
-        w = self.window
         if model:
-            w.set_settings(dataclasses.replace(w.settings, model=model))
-        if w.settings.model:
+            self._settings.set(dataclasses.replace(self.settings, model=model))
+        if self.settings.model:
             self.load_model()
         else:
-            w.banner.show_message(
+            self.banner.show_message(
                 STARTER_OFFER,
                 "info",
                 [
                     ("Use the starter model", self.use_starter),
-                    ("Choose another…", w.show_settings),
-                    ("Configure model…", w.open_wizard),
+                    ("Choose another…", self.show_settings),
+                    ("Configure model…", self.open_wizard),
                 ],
             )
 
     def use_starter(self) -> None:
-        self.apply_settings(dataclasses.replace(self.window.settings, model="starter"), force_reload=True)
+        self.apply_settings(dataclasses.replace(self.settings, model="starter"), force_reload=True)
 
     def apply_settings(self, new, force_reload: bool = False) -> None:
-        w = self.window
-        old = w.settings
+        old = self.settings
         reload = force_reload or self.loaded is None or old.needs_reload(new)
-        w.set_settings(new)
+        self._settings.set(new)
         self.show_status()
         if reload and new.model:
             self.load_model()
@@ -145,7 +185,7 @@ class ModelController(QObject):
         """Strategy auto without a reload: the fastest strategy for the precision loaded now."""
         if self.loaded is None:
             return
-        s = self.window.settings
+        s = self.settings
         precision = s.precision
         if precision == AUTO:
             chosen = self.auto_choice.precision if self.auto_choice is not None else None
@@ -154,164 +194,195 @@ class ModelController(QObject):
         self.show_status()
 
     def configure(self, values: dict):
-        """Apply settings chosen elsewhere (the wizard, a preset) and load; awaitable: ModelInfo or None."""
-        w = self.window
-        w.set_settings(dataclasses.replace(w.settings, **values))
+        """Apply settings chosen elsewhere (the wizard, a preset) and load; awaitable: LoadReport or None."""
+        self._settings.set(dataclasses.replace(self.settings, **values))
         return self.load_model()
 
     # -- loading and unloading --------------------------------------------------------
+    def _end_held_back(self) -> None:
+        """The load ended: a banner that held a message back until it did is stale now."""
+        from redline.ui.window.reply_controller import STILL_LOADING
+
+        if self.banner.label.text() == STILL_LOADING:
+            self.banner.hide()
+
     @asyncSlot()
-    async def load_model(self) -> Optional[ModelInfo]:
-        """Load the configured model; the ModelInfo, or None (``last_load_error`` says why)."""
-        w = self.window
-        s = w.settings
+    async def load_model(self) -> Optional[LoadReport]:
+        """Load the configured model; the LoadReport, or None (``last_load_error`` says why)."""
+        s = self.settings
         if not s.model:
             return None
         self.last_load_error = None
-        w.replies.stop_all()
-        w.banner.hide()
+        self._stop_replies(LOAD_NOTE)  # a load takes the engine: replies being written stop, each saying so
+        self.banner.hide()
         self.loading = True
         self.loaded = None
-        w.load_bar.set_progress(0.0, f"Loading {s.model}…")
-        w.load_bar.show()
-        w.sampler.set_fast(True)
+        self.load_bar.set_progress(0.0, f"Loading {s.model}…")
+        self.load_bar.show()
+        self.sampler.set_fast(True)
         self._refresh()
-        is_trusted = None
-        if w.trust is not None:
-            trust = w.trust
-            is_trusted = lambda exc: trust.is_trusted(exc.folder, exc.kind, exc.fingerprint)  # noqa: E731
+        opt_in = None
+        if self.trust is not None:
+            trust = self.trust
+            opt_in = lambda exc: trust.is_trusted(exc.folder, exc.kind, exc.fingerprint)  # noqa: E731
         remote = is_server_url(s.model)
-        api_key = w.server_keys.get(s.model) if (w.server_keys is not None and remote) else None
+        api_key = self.server_keys.get(s.model) if (self.server_keys is not None and remote) else None
         precision = s.precision
         self.auto_choice = self.auto_note = None
         if AUTO in (s.precision, s.strategy) and not remote:  # a server's model: its precision is the server's
-            w.load_bar.set_progress(0.0, f"Choosing a configuration for {s.model}…")
+            self.load_bar.set_progress(0.0, f"Choosing a configuration for {s.model}…")
             choice = await self._resolve_auto(s)
-            if w.has_shut_down:
+            if self.closing:
                 return None
             if choice is not None and choice.precision and s.precision == AUTO:
                 precision = choice.precision
-        task = load_task(
-            s.model, precision, s.draft_model, s.draft_precision, s.strategy == "speculative", is_trusted, api_key
-        )
+        draft = s.draft_model if s.strategy == "speculative" else None
         ask_opt_in = None
         try:
-            # A load takes the engine: replies still being written stop with a note saying so.
-            self._load_future = w.client.run(task, self._on_load_progress, label="the model to load", interrupt=True)
-            info = await self._load_future
+            self._load = self.bridge.load(s.model, precision, draft, s.draft_precision, opt_in, api_key)
+            self._load.events.connect(self._on_load_progress)
+            info = await self._load
         except TaskFailed as exc:
-            if w.has_shut_down:
-                return
+            if self.closing:
+                return None
             original = exc.original
             self.last_load_error = str(exc)
-            if isinstance(original, NeedsOptIn) and w.trust is not None:
+            if isinstance(original, NeedsOptIn) and self.trust is not None:
                 ask_opt_in = original  # asked below, once the load bar is gone
             elif isinstance(original, Cancelled):
                 self.last_load_error = "Loading was cancelled. No model is loaded."
-                w.banner.show_message(
+                self.banner.show_message(
                     "Loading was cancelled. No model is loaded.", "warning", [("Load again", lambda: self.load_model())]
                 )
             else:
-                w.banner.show_message(
+                self.banner.show_message(
                     f"The model could not be loaded: {exc}",
                     "error",
-                    [("Open settings", w.show_settings), ("Use the starter model", self.use_starter)],
+                    [("Open settings", self.show_settings), ("Use the starter model", self.use_starter)],
                 )
             if ask_opt_in is None:
                 return None
         finally:
-            if not w.has_shut_down:
+            if not self.closing:
                 self.loading = False
-                w.load_bar.hide()
-                w.sampler.set_fast(False)
+                self._load = None
+                self.load_bar.hide()
+                self.sampler.set_fast(False)
+                self._end_held_back()
                 self._refresh()
         if ask_opt_in is not None:
-            if confirm_opt_in(w, ask_opt_in):
-                w.trust.remember(ask_opt_in.folder, ask_opt_in.kind, ask_opt_in.fingerprint, ask_opt_in.files)
+            if confirm_opt_in(self.dialog_parent, ask_opt_in):
+                self.trust.remember(ask_opt_in.folder, ask_opt_in.kind, ask_opt_in.fingerprint, ask_opt_in.files)
                 return await self.load_model()
-            w.banner.show_message(
+            self.banner.show_message(
                 f"The model was not loaded: {self.last_load_error}",
                 "warning",
-                [("Open settings", w.show_settings), ("Use the starter model", self.use_starter)],
+                [("Open settings", self.show_settings), ("Use the starter model", self.use_starter)],
             )
             return None
         self.loaded = info
-        if info.device == "remote":
-            w.sampler.set_device("cpu")  # this app's own memory, beside the note that the model's is the server's
-            w.gauges.set_remote(info.name)
-            w.gauges.set_device(f"on the server · {info.name}, connected in {info.load_seconds:.1f} s")
+        if info.kind == "remote":
+            self.sampler.set_device("cpu")  # this app's own memory, beside the note that the model's is the server's
+            self.gauges.set_remote(info.name)
+            self.gauges.set_device(f"on the server · {info.name}, connected in {info.load_seconds:.1f} s")
         else:
-            w.gauges.set_remote(None)
-            w.sampler.set_device(info.device)
-            w.gauges.set_device(f"{info.device} · {info.name} ({info.precision}), loaded in {info.load_seconds:.1f} s")
+            self.gauges.set_remote(None)
+            self.sampler.set_device(info.device)
+            self.gauges.set_device(
+                f"{info.device} · {info.name} ({info.precision}), loaded in {info.load_seconds:.1f} s"
+            )
         self._refresh()
         if info.draft_error:
-            w.banner.show_message(
+            self.banner.show_message(
                 f"The draft model was not loaded: {info.draft_error} Replies use the "
                 "target alone until you change the draft or the strategy.",
                 "warning",
-                [("Open settings", w.show_settings)],
+                [("Open settings", self.show_settings)],
             )
-        elif w.settings.strategy == "speculative" and not info.draft_name:
-            w.banner.show_message(
+        elif self.settings.strategy == "speculative" and not info.draft_name:
+            self.banner.show_message(
                 "The speculative strategy needs a draft model. Choose one in Settings, "
                 "or pick another strategy such as prompt-lookup.",
                 "warning",
-                [("Open settings", w.show_settings)],
+                [("Open settings", self.show_settings)],
             )
-        if w.presets is not None and not is_server_url(s.model):
-            w.presets.remember_model(s.model)
-        w.model_loaded.emit(info)
+        if self.presets is not None and not remote:
+            self.presets.remember_model(s.model)
+        emit(self.model_loaded, info)
+        if info.kind != "remote" and not info.device.startswith("cuda"):
+            self._check_kernels(s.model, info.precision)
         return info
+
+    @asyncSlot()
+    async def _check_kernels(self, model: str, precision: str) -> None:
+        """Whether Redline's CPU kernels run here (asked on the engine thread: it needs torch); said once."""
+        if self.kernels is not None:
+            return
+        try:
+            report = await self.bridge.run(kernels_job(model, precision if precision in ("q8", "q4", "bf16") else None))
+        except TaskFailed:
+            return  # a report only
+        if self.closing:
+            return
+        self.kernels = report
+        emit(self.kernels_known, report)
 
     @asyncSlot()
     async def unload_model(self) -> None:
         """Free the model's memory; the settings keep it, so Reload brings it back."""
-        w = self.window
         if self.loading:
             return
-        w.replies.stop_all()
+        self._stop_replies(UNLOAD_NOTE)
         self.unloading = True
         self._refresh()
         try:
-            await w.client.run(unload_task(), label="the model to unload", interrupt=True)
+            await self.bridge.unload()
         except TaskFailed as exc:  # pragma: no cover - unload does not raise in practice
-            w.banner.show_message(f"Unloading failed: {exc}", "error")
+            self.banner.show_message(f"Unloading failed: {exc}", "error")
             return
         finally:
             self.unloading = False
-        if w.has_shut_down:
+        if self.closing:
             return
         self.loaded = None
-        w.sampler.set_device("cpu" if w.engine.engine is None else w.engine.engine.device)
-        w.gauges.set_device("no model loaded")
+        engine = self.bridge.engine
+        self.sampler.set_device("cpu" if engine is None else engine.device)
+        self.gauges.set_device("no model loaded")
         self._refresh()
-        w.model_unloaded.emit()
+        emit(self.model_unloaded)
 
     def connect_dialog(self):
         """Model → Connect to a server…"""
         from redline.ui.window.connect_dialog import ConnectDialog
 
-        dialog = ConnectDialog(self.window)
+        current = self.settings.model if is_server_url(self.settings.model) else None
+        dialog = ConnectDialog(current, self.server_keys, self.connect_to, self.dialog_parent)
         dialog.open()
         return dialog
 
     def connect_to(self, base_url: str, model_id: str, api_key: Optional[str]):
         """Chat with ``model_id`` on the server at ``base_url``; awaitable like load_model. The key is saved
         privately (never in the settings)."""
-        w = self.window
-        if w.server_keys is not None:
-            w.server_keys.set(base_url, api_key)
-        w.set_settings(dataclasses.replace(w.settings, model=f"{base_url}#{model_id}"))
+        if self.server_keys is not None:
+            self.server_keys.set(base_url, api_key)
+        self._settings.set(dataclasses.replace(self.settings, model=f"{base_url}#{model_id}"))
         return self.load_model()
 
     def cancel_load(self) -> None:
-        w = self.window
-        if self.loading:
-            w.client.cancel(self._load_future)
-            w.load_bar.set_progress(w.load_bar.bar.value() / 1000, "Cancelling…")
+        if self.loading and self._load is not None:
+            self._load.cancel()
+            self.load_bar.set_progress(self.load_bar.bar.value() / 1000, "Cancelling…")
 
-    def _on_load_progress(self, obj) -> None:
-        if isinstance(obj, LoadProgress):
-            self.window.load_bar.set_progress(obj.fraction, obj.phase)
-            self.window.load_progress.emit(obj.fraction, obj.phase)
+    def shutdown(self) -> None:
+        self.closing = True
+        if self._load is not None:
+            self._load.cancel()
+
+    def _on_load_progress(self, events: list) -> None:
+        for ev in events:
+            if isinstance(ev, Progress) and self.loading:
+                self.load_bar.set_progress(ev.fraction, ev.phase)
+                emit(self.load_progress, ev.fraction, ev.phase)
+
+
+__all__ = ["AUTO", "ModelController", "STARTER_OFFER", "UNLOAD_NOTE", "confirm_opt_in"]

@@ -1,243 +1,198 @@
-"""Replies in the window: sending a message, regenerating or editing one, stopping a reply, and what the
-database holds while a reply is written.
+"""Replies in the window: sending a message, regenerating or editing one, stopping a reply — and showing what each
+conversation's ``ChatSession`` (``ui/chat_session.py``) says: its reply growing in the transcript, why it waits,
+the gauges (only for the chat on screen), the banner when it fails.
 
-Each reply is a ``Reply``: its conversation and message, its own request to the engine (its events are
-handed to that reply, never to "the current one"; its cancel stops it and nothing else), its text so far
-and the widget showing it. Several chats can be answered at once — the engine decodes their replies
-together — but one conversation waits for its own reply before the next message (``busy_in``).
-
-The database is written from here, on the UI thread, in small transactions: the user's message when sent,
-the assistant's as soon as its reply starts (marked partial), updated about once a second while it grows,
-and finalised when it ends; on shutdown a reply still running is saved as it stands.
+Several chats can be answered at once — the engine decodes their replies together — but one conversation waits
+for its own reply before the next message. What is asked while a reply in that chat is being stopped is queued
+and runs once it has ended (Regenerate, Edit); what is asked while it still runs is refused with words that say
+what to do. The sessions write the database; this writes none of it.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
-from PySide6.QtCore import QObject, QTimer
+from PySide6.QtCore import QObject, QTimer, Signal
 from qasync import asyncSlot
 
-from redline.inference import (
-    DecodeOptions,
-    GenerationRequest,
-    Notice,
-    PrefillProgress,
-    Queued,
-    SamplingSettings,
-    Started,
-    StatsEvent,
-    TokenEvent,
-)
-from redline.ui.chat_view import MessageWidget
-from redline.ui.engine_client import TaskFailed
-from redline.ui.markdown import append_reply
+from redline.inference import DecodeOptions, SamplingSettings
+from redline.ui.chat_session import LOAD_NOTE, ChatSession, Reply, ReplyConfig
+from redline.ui.chat_view import ChatView, MessageWidget
+from redline.ui.gauges import GaugesPanel
+from redline.ui.signals import emit
+from redline.ui.widgets import Banner
+from redline.ui.window.parts import Composer, SettingsHolder
 
-SAVE_INTERVAL_S = 1.0  # how often a growing reply is written to the database
 STILL_LOADING = "The model is still loading; your message stays in the box. Send it once loading ends."
 NOT_LOADED = "No model is loaded. Load one first; your message stays in the box."
 UNLOADING = "The model is being unloaded; your message stays in the box. Load a model to send it."
 STILL_ANSWERING = "This chat's reply is still being written; your message stays in the box. Stop it (Esc) or wait."
-
-STATS_KEYS = (
-    "new_tokens",
-    "prompt_tokens",
-    "tokens_per_s",
-    "ttft_ms",
-    "p50_ms",
-    "p95_ms",
-    "strategy",
-    "precision",
-    "device",
-    "finish_reason",
-    "error",
-    "draft_proposed",
-    "draft_accepted",
-    "acceptance_rate",
-    "mean_accepted_length",
-    "peak_memory_bytes",
-    "total_s",
-    "server_timings",
+EDIT_WHILE_ANSWERING = (
+    "This chat's reply is still being written, so its messages cannot be edited yet. Stop it (Esc), then click "
+    "Edit again, or wait for it to end."
 )
-
-
-def stats_from_result(result, model: str, draft_spans: list) -> dict:
-    """What is stored with a finished reply (and shown under it): the measured figures, labelled."""
-    stats = {k: getattr(result, k) for k in STATS_KEYS}
-    stats["model"] = model
-    stats["draft_spans"] = draft_spans
-    stats["notes"] = [n for n in result.notes if not n.startswith("Traceback")]
-    return stats
-
-
-@dataclass
-class Reply:
-    """One reply being written: where it goes, its event stream, and what has arrived so far."""
-
-    conversation_id: int
-    message_id: int
-    model: str = ""
-    position: int = 0  # the reply's place in its conversation
-    future: object = None  # this reply's request to the engine (cancel it to stop this reply alone)
-    text: str = ""
-    draft_spans: list = field(default_factory=list)
-    widget: Optional[MessageWidget] = None
-    last_token_time: Optional[float] = 0.0
-    last_save: float = field(default_factory=time.monotonic)
-    finished: bool = False
-    waiting: str = ""  # why the engine has not started it yet ("waiting for the speed lab"), while it waits
-    tokens_per_s: float = 0.0  # its own rolling speed
-    new_tokens: int = 0
-    ttft_ms: Optional[float] = None
-    after_finish: list = field(default_factory=list)  # what waits for this reply to end (an edit after Esc)
-    stopping: bool = False  # Stop was pressed; the engine ends it at its next step
-
-    def append(self, delta: str, from_draft: bool) -> None:
-        self.text = append_reply(self.text, self.draft_spans, delta, from_draft)
+REGENERATE_WHILE_ANSWERING = (
+    "This chat's reply is still being written. Stop it (Esc) and click Regenerate again, or wait for it to end."
+)
+NO_DRAFT = (
+    "Speculative decoding needs a draft model, and none is loaded. Choose a draft model in Settings "
+    "(a small model of the same family), or pick another strategy such as prompt-lookup."
+)
+# Banners about this chat's reply or the model that held a message back: stale once that has ended.
+HELD_BACK = (STILL_LOADING, NOT_LOADED, UNLOADING, STILL_ANSWERING, EDIT_WHILE_ANSWERING, REGENERATE_WHILE_ANSWERING)
+STOPPING = "Stopping…"
 
 
 class ReplyController(QObject):
-    def __init__(self, window):
-        super().__init__(window)
-        self.window = window
-        self._running: list[Reply] = []
+    reply_finished = Signal(object)  # GenerationResult, or None when the reply failed before one
+
+    def __init__(
+        self,
+        store,
+        bridge,
+        chats,
+        view: ChatView,
+        composer: Composer,
+        gauges: GaugesPanel,
+        sampler,
+        banner: Banner,
+        settings: SettingsHolder,
+        models,
+        show_settings: Callable[[], None],
+        parent: Optional[QObject] = None,
+    ):
+        super().__init__(parent)
+        self.store, self.bridge, self.chats, self.view = store, bridge, chats, view
+        self.composer, self.gauges, self.sampler, self.banner = composer, gauges, sampler, banner
+        self.settings, self.models, self.show_settings = settings, models, show_settings
+        self.sessions: dict[int, ChatSession] = {}
         self.editing_message_id: Optional[int] = None
         self.last_result = None
+        self._widgets: dict[int, MessageWidget] = {}  # message id of a reply being written -> its widget
+        chats.leaving.connect(self._leaving)
+        chats.opened.connect(self._opened)
+        chats.deleted.connect(self.stop_in)
+        view.regenerate_requested.connect(self.regenerate)
+        view.edit_requested.connect(self.edit_message)
+        composer.input.submitted.connect(self.send)
+        composer.send_button.clicked.connect(self.send)
+        composer.stop_button.clicked.connect(lambda: self.stop_in(self.chats.conversation_id))
 
-    # -- which replies run ------------------------------------------------------------
+    # -- sessions ---------------------------------------------------------------------------------------
+    def session(self, conversation_id: int) -> ChatSession:
+        s = self.sessions.get(conversation_id)
+        if s is None:
+            s = self.sessions[conversation_id] = ChatSession(self.store, self.bridge, conversation_id, self)
+            s.message_added.connect(lambda m, cid=conversation_id: self._show_message(cid, m))
+            s.messages_removed.connect(lambda mid, cid=conversation_id: self._removed(cid, mid))
+            s.reply_started.connect(self._started)
+            s.waiting.connect(self._show_waiting)
+            s.grew.connect(self._grew)
+            s.live.connect(self._live)
+            s.latencies.connect(lambda ms, cid=conversation_id: self._latencies(cid, ms))
+            s.notice.connect(lambda text: self.banner.show_message(text, "warning"))
+            s.reply_finished.connect(self._finished)
+            s.busy_changed.connect(self.update_controls)
+        return s
+
+    def _running(self) -> list[Reply]:
+        return [s.reply for s in self.sessions.values() if s.reply is not None]
+
     def busy(self) -> bool:
         """Some reply is being written (in any chat)."""
-        return bool(self._running)
+        return any(s.busy for s in self.sessions.values())
 
     def busy_in(self, conversation_id: Optional[int]) -> bool:
         """A reply is being written in this conversation: its next message waits for it."""
-        return any(r.conversation_id == conversation_id for r in self._running)
+        s = self.sessions.get(conversation_id) if conversation_id is not None else None
+        return s is not None and s.busy
 
     @property
     def current(self) -> Optional[Reply]:
-        """The reply being written, if any (the newest, should there ever be several)."""
-        return self._running[-1] if self._running else None
+        """The reply being written in the chat on screen, else any reply being written."""
+        s = self.sessions.get(self.chats.conversation_id) if self.chats.conversation_id is not None else None
+        if s is not None and s.reply is not None:
+            return s.reply
+        running = self._running()
+        return running[-1] if running else None
 
     def running(self) -> list[Reply]:
-        return list(self._running)
+        return self._running()
 
-    # -- stopping -----------------------------------------------------------------------
-    def stop(self, reply: Optional[Reply] = None) -> None:
-        """Stop ``reply`` (by default the current one); what was generated is kept."""
-        reply = reply or self.current
-        if reply is not None and not reply.finished:
-            reply.stopping = True
-            self.window.client.cancel(reply.future)  # this reply's own request: no other stops
+    def total_tokens_per_s(self) -> float:
+        """What the engine writes in all, over every reply running."""
+        return sum(r.tokens_per_s for r in self._running())
 
-    def stop_in(self, conversation_id: int) -> None:
-        for reply in self.running():
-            if reply.conversation_id == conversation_id:
-                self.stop(reply)
+    # -- Send and Stop --------------------------------------------------------------------------------------
+    def update_controls(self) -> None:
+        """Send and Stop, and the chat's placeholder line, follow the model and the chat on screen."""
+        s = self.sessions.get(self.chats.conversation_id) if self.chats.conversation_id is not None else None
+        generating, stopping = s is not None and s.busy, s is not None and s.stopping
+        c = self.composer
+        c.send_button.setEnabled(not generating)
+        c.stop_button.setEnabled(generating and not stopping)
+        c.stop_button.setText(STOPPING if stopping else "Stop")
+        c.stop_button.setToolTip(
+            "Stopping this chat's reply; what you asked for meanwhile runs once it has ended"
+            if stopping
+            else "Stop the reply (Esc); what was generated is kept"
+        )
+        loaded = self.models.loaded
+        if loaded is None:
+            self.view.set_placeholder(
+                "Loading the model…"
+                if self.models.loading
+                else "No model loaded. Choose one in Model → Configure model… or Model → Settings."
+            )
+        else:
+            self.view.set_placeholder(f"Chatting with {loaded.name}. Type a message below.")
 
-    def stop_all(self) -> None:
-        for reply in self.running():
-            self.stop(reply)
+    # -- stopping -------------------------------------------------------------------------------------------
+    def stop_in(self, conversation_id: Optional[int], reason: Optional[str] = None) -> None:
+        s = self.sessions.get(conversation_id) if conversation_id is not None else None
+        if s is not None:
+            s.stop(reason)
 
-    # -- editing a sent message ------------------------------------------------------------
+    def stop_all(self, reason: Optional[str] = None) -> None:
+        for s in list(self.sessions.values()):
+            s.stop(reason)
+
+    def escape(self) -> bool:
+        """Esc in the chat: stop this chat's reply, or drop what was queued behind its stop. True if it did."""
+        s = self.sessions.get(self.chats.conversation_id) if self.chats.conversation_id is not None else None
+        if s is None or not s.busy:
+            return False
+        if s.stopping:
+            s.after_reply(None)  # Esc again: what was asked meanwhile (a Regenerate, an Edit) does not run
+            return True
+        s.stop()
+        return True
+
+    # -- editing a sent message -------------------------------------------------------------------------------
     def edit_message(self, message_id: int) -> None:
-        w = self.window
-        m = w.store.message(message_id)
+        m = self.store.message(message_id)
         if m is None:
             return
-        running = next((r for r in self._running if r.conversation_id == m.conversation_id), None)
-        if running is not None:
-            if running.stopping:
-                # Esc was pressed a moment ago: the edit opens as soon as that reply has ended.
-                running.after_finish.append(lambda: self.edit_message(message_id))
+        s = self.sessions.get(m.conversation_id)
+        if s is not None and s.busy:
+            if s.stopping:  # Esc was pressed a moment ago: the edit opens as soon as that reply has ended
+                s.after_reply(lambda: self.edit_message(message_id))
                 return
-            w.banner.show_message(STILL_ANSWERING, "info")
+            self.banner.show_message(EDIT_WHILE_ANSWERING, "info")
             return
         self.editing_message_id = message_id
-        w.edit_bar.show()
-        w.input.setPlainText(m.content)
-        w.input.setFocus()
+        self.composer.edit_bar.show()
+        self.composer.input.setPlainText(m.content)
+        self.composer.input.setFocus()
 
     def end_edit(self) -> None:
         self.editing_message_id = None
-        self.window.edit_bar.hide()
+        self.composer.edit_bar.hide()
 
-    # -- starting a reply -----------------------------------------------------------------
-    @asyncSlot()
-    async def send(self) -> None:
-        w = self.window
-        text = w.input.message_text().strip()
-        if not text:
-            return
-        if self.busy_in(w.conversation_id):
-            w.banner.show_message(STILL_ANSWERING, "info")
-            return
-        if w.models.unloading:
-            w.banner.show_message(UNLOADING, "warning")
-            return
-        if w.loaded is None:
-            if w.loading:
-                w.banner.show_message(STILL_LOADING, "info")
-            else:
-                w.banner.show_message(
-                    NOT_LOADED,
-                    "warning",
-                    [("Use the starter model", w.use_starter), ("Open settings", w.show_settings)],
-                )
-            return
-        if w.banner.label.text() in (STILL_LOADING, NOT_LOADED, UNLOADING, STILL_ANSWERING):
-            w.banner.hide()  # the message it held back is going out now: the notice is stale
-        if self.editing_message_id is not None:
-            w.store.delete_from(self.editing_message_id)
-            w.chat_view.remove_from(self.editing_message_id)
-            self.end_edit()
-        conversation_id = w.chats.ensure_open(text)
-        user = w.store.add_message(conversation_id, "user", text)
-        w.chat_view.add_message(user.id, "user", text, position=user.position)
-        w.input.clear()
-        await self._generate(conversation_id)
-
-    @asyncSlot(int)
-    async def regenerate(self, message_id: int) -> None:
-        w = self.window
-        if w.loaded is None:
-            w.banner.show_message(NOT_LOADED, "warning", [("Use the starter model", w.use_starter)])
-            return
-        m = w.store.message(message_id)
-        if m is None or m.role != "assistant":
-            return
-        if self.busy_in(m.conversation_id):
-            w.banner.show_message(STILL_ANSWERING, "info")
-            return
-        w.store.delete_from(message_id)
-        if w.chats.showing(m.conversation_id):
-            w.chat_view.remove_from(message_id)
-        await self._generate(m.conversation_id)
-
-    async def _generate(self, conversation_id: int) -> None:
-        w = self.window
-        store = w.store
-        conv = store.conversation(conversation_id)
-        messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
-        messages += [{"role": m.role, "content": m.content} for m in store.messages(conversation_id) if m.content]
-        s = w.settings
-        placeholder = store.add_message(
-            conversation_id,
-            "assistant",
-            "",
-            partial=True,
-            stats={"finish_reason": "interrupted", "model": w.loaded.name},
-        )
-        reply = Reply(conversation_id, placeholder.id, model=w.loaded.name, position=placeholder.position)
-        self._running.append(reply)
-        if w.chats.showing(conversation_id):
-            # Only the new reply's widget is built; earlier ones stay as they are. In the next event-loop turn:
-            # the user's message widget was just built in this one, and each costs a frame's worth of time.
-            QTimer.singleShot(0, lambda: self._show_reply(reply))
-        w.gauges.start_reply()
-        w.sampler.set_fast(True)
-        w.update_controls()
+    # -- asking -------------------------------------------------------------------------------------------------
+    def reply_config(self) -> ReplyConfig:
+        """How the next reply is asked for, from the settings and the model loaded."""
+        s, loaded = self.settings.value, self.models.loaded
         sampling = SamplingSettings(
             max_new_tokens=s.max_new_tokens,
             temperature=s.temperature,
@@ -246,193 +201,212 @@ class ReplyController(QObject):
             repetition_penalty=s.repetition_penalty,
             seed=s.seed,
         )
-        options = DecodeOptions(strategy=w.models.strategy(), num_draft_tokens=s.num_draft_tokens)
-        result, error = None, None
-        if options.strategy == "speculative" and (w.loaded is None or not w.loaded.draft_name):
-            error = (
-                "Speculative decoding needs a draft model, and none is loaded. Choose a draft model in Settings "
-                "(a small model of the same family), or pick another strategy such as prompt-lookup."
-            )
-        else:
-            request = GenerationRequest(
-                messages=messages, sampling=sampling, options=options, context=s.context_length, client="chat"
-            )
-            reply.future = w.client.generate(request, lambda events: self._on_events(reply, events))
-            try:
-                result = await reply.future
-            except TaskFailed as exc:
-                error = str(exc)
-        if w.has_shut_down:
-            return
-        self._finish(reply, result, error)
+        options = DecodeOptions(strategy=self.models.strategy(), num_draft_tokens=s.num_draft_tokens)
+        refusal = NO_DRAFT if options.strategy == "speculative" and not loaded.draft_name else None
+        return ReplyConfig(
+            loaded.name, sampling, options, s.context_length, loaded.precision, loaded.device, refusal=refusal
+        )
 
-    # -- while it is written --------------------------------------------------------------
-    def _on_events(self, reply: Reply, events: list) -> None:
-        if reply.finished:
-            return
-        w = self.window
-        latencies = []
-        for ev in events:
-            if isinstance(ev, Queued):
-                reply.waiting = ev.reason
-                self._show_waiting(reply)
-            elif isinstance(ev, Started):
-                reply.waiting = ""
-                self._show_waiting(reply)
-            elif isinstance(ev, Notice):  # e.g. part of a long message was left out: said before the reply
-                w.banner.show_message(ev.text, "warning")
-            elif isinstance(ev, PrefillProgress):
-                reply.waiting = f"reading the prompt: {ev.done:,} of {ev.total:,} tokens"
-                self._show_waiting(reply)
-            elif isinstance(ev, TokenEvent):
-                if reply.waiting:
-                    reply.waiting = ""
-                    self._show_waiting(reply)
-                reply.append(ev.text, ev.from_draft)
-                if ev.token_id != -1:  # -1: the final text delta, not a token (a server's tokens are -2)
-                    if reply.last_token_time is not None and ev.index > 0 and ev.time_s > reply.last_token_time:
-                        latencies.append((ev.time_s - reply.last_token_time) * 1000)
-                    reply.last_token_time = ev.time_s
-            elif isinstance(ev, StatsEvent):
-                reply.tokens_per_s = ev.tokens_per_s_1s
-                reply.new_tokens, reply.ttft_ms = ev.new_tokens, ev.ttft_ms
-                if reply.conversation_id == w.conversation_id:  # the gauges show the chat on screen
-                    w.gauges.live(ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens, self.total_tokens_per_s())
-        w.gauges.add_latencies(latencies)
-        widget = self._stream_widget(reply)
-        if widget is not None:
-            widget.text = reply.text
-            widget.draft_spans = reply.draft_spans
-            widget._dirty = True
-        now = time.monotonic()
-        if now - reply.last_save >= SAVE_INTERVAL_S:
-            reply.last_save = now
-            w.store.update_message(reply.message_id, reply.text, partial=True)
+    def _refused(self) -> bool:
+        """Said in the banner (the text staying in the box) when nothing can be sent now."""
+        if self.models.unloading:
+            self.banner.show_message(UNLOADING, "warning")
+            return True
+        if self.models.loaded is None:
+            if self.models.loading:
+                self.banner.show_message(STILL_LOADING, "info")
+            else:
+                self.banner.show_message(
+                    NOT_LOADED,
+                    "warning",
+                    [("Use the starter model", self.models.use_starter), ("Open settings", self.show_settings)],
+                )
+            return True
+        return False
 
-    def total_tokens_per_s(self) -> float:
-        """What the engine writes in all, over every reply running."""
-        return sum(r.tokens_per_s for r in self._running)
+    @asyncSlot()
+    async def send(self) -> None:
+        text = self.composer.input.message_text().strip()
+        if not text:
+            return
+        if self.busy_in(self.chats.conversation_id):
+            self.banner.show_message(STILL_ANSWERING, "info")
+            return
+        if self._refused():
+            return
+        if self.banner.label.text() in HELD_BACK:
+            self.banner.hide()  # the message it held back is going out now: the notice is stale
+        replace_from = self.editing_message_id
+        self.end_edit()
+        conversation_id = self.chats.ensure_open(text)
+        self.composer.input.clear()
+        self.session(conversation_id).send(text, self.reply_config(), replace_from)
+
+    @asyncSlot(int)
+    async def regenerate(self, message_id: int) -> None:
+        m = self.store.message(message_id)
+        if m is None or m.role != "assistant":
+            return
+        s = self.session(m.conversation_id)
+        if s.busy:
+            if s.stopping:  # queued: it runs once the stop has ended that reply (the latest click wins)
+                s.after_reply(lambda: self.regenerate(message_id))
+                return
+            self.banner.show_message(REGENERATE_WHILE_ANSWERING, "info")
+            return
+        if self.models.loaded is None or self.models.unloading:
+            self._refused()
+            return
+        s.regenerate(message_id, self.reply_config())
+
+    # -- what the sessions say -----------------------------------------------------------------------------------
+    def _show_message(self, conversation_id: int, m) -> None:
+        if self.chats.showing(conversation_id):
+            self.view.add_message(m.id, m.role, m.content, m.stats, m.partial, position=m.position)
+
+    def _removed(self, conversation_id: int, message_id: int) -> None:
+        if self.chats.showing(conversation_id):
+            self.view.remove_from(message_id)
+
+    def _started(self, reply: Reply) -> None:
+        if self.chats.showing(reply.conversation_id):
+            # Only the new reply's widget is built; earlier ones stay as they are. In the next event-loop turn:
+            # the user's message widget was just built in this one, and each costs a frame's worth of time.
+            QTimer.singleShot(0, lambda: self._show_reply(reply))
+            self.gauges.start_reply()
+        self.sampler.set_fast(True)
 
     def _show_waiting(self, reply: Reply) -> None:
         """A reply the engine has not started yet says so in its bubble (and why) instead of "generating…"."""
-        widget = self._stream_widget(reply)
-        if widget is not None and hasattr(widget, "set_waiting"):
+        widget = self._widget(reply)
+        if widget is not None:
             widget.set_waiting(reply.waiting)
 
-    # -- the widget showing a reply -------------------------------------------------------
-    def _attach_stream(self, reply: Reply, widget: MessageWidget) -> None:
+    def _grew(self, reply: Reply) -> None:
+        widget = self._widget(reply)
+        if widget is not None:
+            widget.text = reply.text
+            widget.draft_spans = reply.draft_spans
+            widget.mark_dirty()
+
+    def _live(self, reply: Reply) -> None:
+        if self.chats.showing(reply.conversation_id):  # the gauges show the chat on screen
+            self.gauges.live(reply.tokens_per_s, reply.ttft_ms, reply.new_tokens, self.total_tokens_per_s(), source="")
+
+    def _latencies(self, conversation_id: int, ms: list) -> None:
+        if self.chats.showing(conversation_id):
+            self.gauges.add_latencies(ms)
+
+    def _finished(self, reply: Reply) -> None:
+        if not self._running():
+            self.sampler.set_fast(False)
+        result, on_screen = reply.result, self.chats.showing(reply.conversation_id)
+        if result is not None and on_screen:
+            self.gauges.finish_reply(
+                result.tokens_per_s, result.ttft_ms, result.new_tokens, result.p50_ms, result.p95_ms, source=""
+            )
+        shown = self._widget(reply)
+        self._widgets.pop(reply.message_id, None)
+        if (
+            shown is None
+            and on_screen
+            and self.view.showing_latest()
+            and self.view.widget_for(reply.message_id) is None
+        ):
+            # It ended before its widget was due to be built.
+            shown = self.view.add_message(
+                reply.message_id, "assistant", reply.text, reply.stats, reply.partial, reply.position
+            )
+        if shown is not None:
+            shown.streaming = False
+            shown.set_content(reply.text, reply.stats, reply.partial)
+            shown.render()
+        if on_screen and self.banner.label.text() in HELD_BACK:
+            self.banner.hide()  # "still being written": it is not any more
+        if reply.error:
+            self.banner.show_message(
+                f"The reply failed: {reply.error} Your conversation is kept.",
+                "error",
+                [("Open settings", self.show_settings)],
+            )
+        self.chats.touch(reply.conversation_id)
+        self.last_result = result
+        self.update_controls()
+        emit(self.reply_finished, result)
+
+    # -- the widget showing a reply ---------------------------------------------------------------------------
+    def _attach(self, reply: Reply, widget: MessageWidget) -> None:
         widget.streaming = True
         widget.stats = {}  # the stored placeholder's "interrupted" is for a reply that did not end; this one runs
         widget.waiting = reply.waiting
         widget.text = reply.text
         widget.draft_spans = reply.draft_spans
         widget.render()
-        reply.widget = widget
+        self._widgets[reply.message_id] = widget
 
     def _show_reply(self, reply: Reply) -> None:
-        view = self.window.chat_view
         if (
             not reply.finished
-            and self.window.chats.showing(reply.conversation_id)
-            and view.widget_for(reply.message_id) is None
+            and self.chats.showing(reply.conversation_id)
+            and self.view.widget_for(reply.message_id) is None
         ):
-            self._attach_stream(reply, view.add_message(reply.message_id, "assistant", "", None, True, reply.position))
+            self._attach(reply, self.view.add_message(reply.message_id, "assistant", "", None, True, reply.position))
 
-    def _stream_widget(self, reply: Reply) -> Optional[MessageWidget]:
+    def _widget(self, reply: Reply) -> Optional[MessageWidget]:
         """The widget showing the growing reply, if it is built: scrolling far up drops it from the view's
         window, and scrolling back down builds it again from the store, so look it up when it is gone."""
-        view = self.window.chat_view
-        if reply.widget is not None and reply.widget in view.widgets:
-            return reply.widget
-        reply.widget = None
-        if self.window.chats.showing(reply.conversation_id):
-            widget = view.widget_for(reply.message_id)
+        widget = self._widgets.get(reply.message_id)
+        if widget is not None and widget in self.view.widgets:
+            return widget
+        self._widgets.pop(reply.message_id, None)
+        if self.chats.showing(reply.conversation_id) and not reply.finished:
+            widget = self.view.widget_for(reply.message_id)
             if widget is not None:
-                self._attach_stream(reply, widget)
+                self._attach(reply, widget)
                 return widget
         return None
 
-    def detach_widgets(self) -> None:
-        """The view is about to show another page or conversation: its widgets go."""
-        for reply in self._running:
-            reply.widget = None
+    def _leaving(self) -> None:
+        """The view is about to show another page or conversation: its widgets go, and so does edit mode."""
+        self._widgets.clear()
+        self.end_edit()
 
-    def reattach(self, conversation_id: int) -> None:
-        """The view now shows ``conversation_id``: a reply being written there streams into its widget."""
-        for reply in self._running:
-            if reply.conversation_id == conversation_id:
-                widget = self.window.chat_view.widget_for(reply.message_id)
-                if widget is not None:
-                    self._attach_stream(reply, widget)
+    def _opened(self, conversation_id: Optional[int]) -> None:
+        """The view now shows ``conversation_id``: a reply being written there streams into its widget, and
+        the gauges follow it."""
+        s = self.sessions.get(conversation_id) if conversation_id is not None else None
+        if s is not None and s.reply is not None:
+            self.gauges.start_reply()
+            widget = self.view.widget_for(s.reply.message_id)
+            if widget is not None:
+                self._attach(s.reply, widget)
+        self.update_controls()  # Send and Stop follow the chat on screen
 
-    # -- when it ends -----------------------------------------------------------------------
-    def _finish(self, reply: Reply, result, error: Optional[str]) -> None:
-        w = self.window
-        self._running.remove(reply)
-        reply.finished = True
-        w.sampler.set_fast(False)
-        if result is not None:
-            reply.text = result.text
-            stats = stats_from_result(result, reply.model, reply.draft_spans)
-            partial = result.finish_reason in ("cancelled", "error")
-            if result.finish_reason == "error":
-                error = result.error
-            w.gauges.finish_reply(result.tokens_per_s, result.ttft_ms, result.new_tokens, result.p50_ms, result.p95_ms)
-        else:
-            stats = {"finish_reason": "error", "error": error, "model": reply.model, "draft_spans": reply.draft_spans}
-            partial = True
-        shown = self._stream_widget(reply)
-        view = w.chat_view
-        if reply.text:
-            w.store.update_message(reply.message_id, reply.text, partial, stats)
-            if (
-                shown is None
-                and w.chats.showing(reply.conversation_id)
-                and view.showing_latest()
-                and view.widget_for(reply.message_id) is None
-            ):
-                # It ended before its widget was due to be built.
-                shown = view.add_message(reply.message_id, "assistant", reply.text, stats, partial, reply.position)
-            if shown is not None:
-                shown.streaming = False
-                shown.set_content(reply.text, stats, partial)
-                shown.render()
-        else:  # nothing came out: an empty message would only be clutter
-            w.store.delete_from(reply.message_id)
-            if shown is not None:
-                view.remove_from(reply.message_id)
-        reply.widget = None
-        if error:
-            w.banner.show_message(
-                f"The reply failed: {error} Your conversation is kept.",
-                "error",
-                [("Open settings", w.show_settings)],
-            )
-        w.conversations.touch(reply.conversation_id)
-        self.last_result = result
-        w.update_controls()
-        w.reply_finished.emit(result)
-        for then in reply.after_finish:
-            then()
+    # -- closing --------------------------------------------------------------------------------------------------
+    def stop_for_load(self) -> None:
+        """A load takes the engine: every reply stops, each saying so (the engine stops them too)."""
+        self.stop_all(LOAD_NOTE)
 
     def shutdown(self) -> None:
-        """The window closes: each reply still running stops, and is saved as it stands (partial, with the
-        figures it had so far); one that had not written a word yet is removed rather than left empty."""
-        w = self.window
-        for reply in self.running():
-            w.client.cancel(reply.future)
-            if not reply.text:
-                w.store.delete_from(reply.message_id)
-            else:
-                stats = {
-                    "finish_reason": "cancelled",
-                    "model": reply.model,
-                    "draft_spans": reply.draft_spans,
-                    "new_tokens": reply.new_tokens or None,
-                    "tokens_per_s": reply.tokens_per_s or None,
-                    "ttft_ms": reply.ttft_ms,
-                    "notes": ["Stopped because Redline was closed."],
-                }
-                w.store.update_message(reply.message_id, reply.text, True, stats)
-            reply.finished = True
-        self._running.clear()
+        """The window closes: every reply still running is stopped (the engine is stopped next)."""
+        from redline.ui.chat_session import CLOSED_NOTE
+
+        for s in self.sessions.values():
+            s.after_reply(None)
+            s.stop(CLOSED_NOTE)
+
+    def close_sessions(self) -> None:
+        """After the engine stopped: each reply still running is saved with what the engine sent."""
+        for s in list(self.sessions.values()):
+            s.close()
+
+
+__all__ = [
+    "EDIT_WHILE_ANSWERING",
+    "NOT_LOADED",
+    "REGENERATE_WHILE_ANSWERING",
+    "ReplyController",
+    "STILL_ANSWERING",
+    "STILL_LOADING",
+    "UNLOADING",
+]

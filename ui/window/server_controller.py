@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 from qasync import asyncSlot
 
 from redline.inference import ApiServer, RedlineError, ServerConfig, is_loopback
-from redline.ui.worker import yield_to_the_ui
+from redline.ui.bridge import yield_to_the_ui
 
 STATUS_MS = 1000
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="redline-server-control")
@@ -42,34 +42,36 @@ def off_ui_thread(fn, *args):
 
 
 class ServerController(QObject):
-    def __init__(self, window):
-        super().__init__(window)
-        self.window = window
+    """``service``: the chat's engine service; ``settings``: the SettingsHolder (address, port, origins);
+    ``server_keys``: the API keys; ``banner`` / ``notices``: where it says what went wrong or what is exposed;
+    ``status_bar``: where its switch sits; ``dialog_parent``: the settings dialog's parent."""
+
+    def __init__(self, service, settings, server_keys, banner, notices, status_bar, dialog_parent=None, parent=None):
+        super().__init__(parent)
+        self.service, self._settings, self.server_keys = service, settings, server_keys
+        self.banner, self.notices, self.dialog_parent = banner, notices, dialog_parent
+        self.serve_action = None  # the Server menu's checkable action, once the menus exist
         self.server: Optional[ApiServer] = None
         self.busy = False  # starting or stopping
         self.last_error: Optional[str] = None
         self.timer = QTimer(self)
         self.timer.setInterval(STATUS_MS)
         self.timer.timeout.connect(self.show_status)
-
-    # -- widgets (built by layout and menus) --------------------------------------------------------------
-    def build_status_widgets(self) -> None:
-        w = self.window
-        w.server_button = QToolButton()
-        w.server_button.setObjectName("serverSwitch")
-        w.server_button.setText("Server: off")
-        w.server_button.setCheckable(True)
-        w.server_button.setToolTip("Serve the model over an OpenAI-compatible API (Server menu)")
-        w.server_button.clicked.connect(lambda checked: self.set_serving(checked))
-        w.statusBar().addPermanentWidget(w.server_button)
+        self.button = QToolButton()  # the status bar's switch
+        self.button.setObjectName("serverSwitch")
+        self.button.setText("Server: off")
+        self.button.setCheckable(True)
+        self.button.setToolTip("Serve the model over an OpenAI-compatible API (Server menu)")
+        self.button.clicked.connect(lambda checked: self.set_serving(checked))
+        status_bar.addPermanentWidget(self.button)
 
     @property
     def running(self) -> bool:
         return self.server is not None and self.server.running
 
     def config(self) -> ServerConfig:
-        s = self.window.settings
-        keys = self.window.server_keys
+        s = self._settings.value
+        keys = self.server_keys
         key = keys.own_key() if keys is not None else None
         return ServerConfig(
             host=s.server_host,
@@ -83,7 +85,6 @@ class ServerController(QObject):
     @asyncSlot(bool)
     async def set_serving(self, on: bool) -> Optional[str]:
         """Start (True) or stop (False) the server; the address once it listens, or None."""
-        w = self.window
         if self.busy:
             self._sync_switch()
             return None
@@ -91,21 +92,21 @@ class ServerController(QObject):
         self.last_error = None
         try:
             if on and not self.running:
-                w.server_button.setText("Server: starting…")
+                self.button.setText("Server: starting…")
                 config = self.config()
-                server = ApiServer(w.engine.service, config, on_thread_start=yield_to_the_ui)
+                server = ApiServer(self.service, config, on_thread_start=yield_to_the_ui)
                 try:
                     await off_ui_thread(server.start)
                 except RedlineError as exc:
                     self.last_error = str(exc)
-                    w.banner.show_message(
+                    self.banner.show_message(
                         f"The server did not start: {exc}", "error", [("Server settings…", self.edit_settings)]
                     )
                     return None
                 self.server = server
                 self.timer.start()
                 if config.exposed:
-                    w.notices.add(
+                    self.notices.add(
                         f"The model is reachable from the network at {server.address}: anyone who can reach this "
                         "machine and has the API key can use it. Server → Stop serving ends that.",
                         "warning",
@@ -114,7 +115,7 @@ class ServerController(QObject):
             if not on and self.server is not None:
                 server, self.server = self.server, None
                 self.timer.stop()
-                w.server_button.setText("Server: stopping…")
+                self.button.setText("Server: stopping…")
                 await off_ui_thread(server.stop, 5.0)
             return None
         finally:
@@ -123,23 +124,19 @@ class ServerController(QObject):
             self.show_status()
 
     def _sync_switch(self) -> None:
-        w = self.window
-        w.server_button.setChecked(self.running)
-        if hasattr(w, "serve_action"):
-            w.serve_action.setChecked(self.running)
+        self.button.setChecked(self.running)
+        if self.serve_action is not None:
+            self.serve_action.setChecked(self.running)
 
     def show_status(self) -> None:
-        w = self.window
         if not self.running:
-            w.server_button.setText("Server: off")
-            w.server_button.setProperty("exposed", False)
+            self.button.setText("Server: off")
+            self.button.setProperty("exposed", False)
             return
         st = self.server.status()
         reach = " · reachable from the network" if st["exposed"] else ""
-        w.server_button.setText(
-            f"Server: {st['address']} · {st['active']} active · {st['tokens_per_s']:.1f} tok/s{reach}"
-        )
-        w.server_button.setProperty("exposed", bool(st["exposed"]))
+        self.button.setText(f"Server: {st['address']} · {st['active']} active · {st['tokens_per_s']:.1f} tok/s{reach}")
+        self.button.setProperty("exposed", bool(st["exposed"]))
 
     def copy_address(self) -> None:
         from PySide6.QtGui import QGuiApplication
@@ -149,17 +146,18 @@ class ServerController(QObject):
 
     # -- settings -----------------------------------------------------------------------------------------
     def edit_settings(self) -> Optional[QDialog]:
-        dialog = ServerSettingsDialog(self.window)
+        dialog = ServerSettingsDialog(self._settings.value, self.server_keys, self.dialog_parent)
         dialog.accepted.connect(lambda: self._apply(dialog))
         dialog.open()
         return dialog
 
     def _apply(self, dialog: "ServerSettingsDialog") -> None:
-        w = self.window
         host, port, key, cors = dialog.values()
-        if w.server_keys is not None:
-            w.server_keys.set_own_key(key or None)
-        w.set_settings(dataclasses.replace(w.settings, server_host=host, server_port=port, server_cors=tuple(cors)))
+        if self.server_keys is not None:
+            self.server_keys.set_own_key(key or None)
+        self._settings.set(
+            dataclasses.replace(self._settings.value, server_host=host, server_port=port, server_cors=tuple(cors))
+        )
         if self.running:  # the new address or key takes effect now
             self._restart()
 
@@ -178,11 +176,11 @@ class ServerController(QObject):
 class ServerSettingsDialog(QDialog):
     """Where the window's server listens, its API key and the browser origins it allows."""
 
-    def __init__(self, window):
-        super().__init__(window)
+    def __init__(self, settings, server_keys, parent=None):
+        super().__init__(parent)
         self.setWindowTitle("Server settings")
-        s = window.settings
-        keys = window.server_keys
+        s = settings
+        keys = server_keys
         layout = QVBoxLayout(self)
         note = QLabel(
             "127.0.0.1 serves this machine only. Any other address (e.g. 0.0.0.0) makes the model reachable from "

@@ -34,6 +34,7 @@ from redline.inference import (
     parse_precision,
     suggest,
 )
+from redline.ui.signals import emit
 from redline.ui.wizard.labels import BAD, CLOSE, OK, PALE, colored, wrap_label
 from redline.ui.wizard.tips import TIPS, with_tip
 
@@ -116,7 +117,7 @@ class ConfigPage(QWizardPage):
         self.choice = None  # redline.inference.AutoChoice for the priority, when the speed is known
         self.speeds: dict = {}  # precision → the fastest strategy's SpeedPrediction
         self.estimates = []
-        self._fix_context: Optional[int] = None
+        self.fix_context: Optional[int] = None
         self._user_row: Optional[str] = None  # a precision the user picked over the suggestion
         self._filling = False
         self.slider.valueChanged.connect(self._slider_moved)
@@ -232,9 +233,9 @@ class ConfigPage(QWizardPage):
             self.why.setText(s.text)
             suggested = s.precision
         self.why.setStyleSheet("" if fits_now else f"color: {BAD if s.precision is None else CLOSE};")
-        self._fix_context = s.context if (s.change == "context" and s.context) else None
-        if self._fix_context:
-            self.fix_button.setText(f"Use a context of {self._fix_context} tokens")
+        self.fix_context = s.context if (s.change == "context" and s.context) else None
+        if self.fix_context:
+            self.fix_button.setText(f"Use a context of {self.fix_context} tokens")
             self.fix_button.show()
         else:
             self.fix_button.hide()
@@ -258,9 +259,9 @@ class ConfigPage(QWizardPage):
         self._describe_choice()
 
     def _apply_fix(self) -> None:
-        if self._fix_context:
+        if self.fix_context:
             self._user_row = None
-            self.context.setValue(self._fix_context)
+            self.context.setValue(self.fix_context)
 
     def selected_row(self) -> Optional[int]:
         rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
@@ -291,7 +292,7 @@ class ConfigPage(QWizardPage):
                     "out of memory.",
                     CLOSE,
                 )
-        self.completeChanged.emit()
+        emit(self.completeChanged)
 
     def isComplete(self):  # noqa: N802
         return self.selected_row() is not None

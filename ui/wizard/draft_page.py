@@ -19,7 +19,8 @@ from PySide6.QtWidgets import (
 from qasync import asyncSlot
 
 from redline.inference import Planner, advise, format_bytes, parse_precision
-from redline.ui.engine_client import TaskFailed
+from redline.ui.bridge import TaskFailed
+from redline.ui.signals import emit
 from redline.ui.wizard.config_page import SHOWN
 from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
 from redline.ui.wizard.model_picker import CheckedPicker, ModelPicker
@@ -115,14 +116,14 @@ class DraftPage(QWizardPage, CheckedPicker):
         self.draft_box.setEnabled(self.speculative.isChecked())
         if self.speculative.isChecked() and self.draft_desc is None and self.wiz.model is not None:
             self._schedule()
-        self.completeChanged.emit()
+        emit(self.completeChanged)
 
     def _on_invalidated(self) -> None:
         self.draft_desc = self.pair = self.advice = None
         self.memory.setText("")
         self.speed.setText("")
         self.measure_button.setEnabled(False)
-        self.completeChanged.emit()
+        emit(self.completeChanged)
 
     @asyncSlot()
     async def check(self) -> None:
@@ -152,7 +153,7 @@ class DraftPage(QWizardPage, CheckedPicker):
             )
             colored(self.status, f"✓ {verb}: {pair.reason}", OK)
         self._show_memory()
-        self.completeChanged.emit()
+        emit(self.completeChanged)
 
     def _show_speed(self, acceptance_rate=None) -> None:
         """The speed-up predicted from the draft's cost per token (the speed model) and the acceptance measured

@@ -9,7 +9,8 @@ from PySide6.QtWidgets import QButtonGroup, QComboBox, QHBoxLayout, QRadioButton
 from qasync import asyncSlot
 
 from redline.inference import CONSUMER_GPUS, GB, Target, detect_target, format_bytes
-from redline.ui.engine_client import TaskFailed
+from redline.ui.bridge import TaskFailed
+from redline.ui.signals import emit
 from redline.ui.wizard.labels import BAD, colored, wrap_label
 from redline.ui.wizard.tips import with_tip
 
@@ -91,7 +92,7 @@ class HardwarePage(QWizardPage):
             )
         else:
             self.note.setText("")
-        self.completeChanged.emit()
+        emit(self.completeChanged)
 
     def chosen_target(self) -> Optional[Target]:
         if self.other.isChecked():

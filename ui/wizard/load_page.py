@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
 from qasync import asyncSlot
 
 from redline.inference import accuracy_margin, format_bytes
+from redline.ui.signals import emit
 from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
 from redline.ui.wizard.tips import with_tip
 
@@ -114,7 +115,7 @@ class LoadPage(QWizardPage):
         self.note.setText("")
         self.bar.setValue(0)
         self.phase.setText("Starting…")
-        self.completeChanged.emit()
+        emit(self.completeChanged)
         self.wiz.set_busy(True)
         try:
             info, error = await self.wiz.load()
@@ -126,7 +127,7 @@ class LoadPage(QWizardPage):
             self.phase.setText("Not loaded")
             colored(self.result, error or "The model was not loaded.", BAD)
             self.retry_button.show()
-            self.completeChanged.emit()
+            emit(self.completeChanged)
             return
         self.info = info
         self.bar.setValue(1000)
@@ -136,10 +137,10 @@ class LoadPage(QWizardPage):
         if info.draft_error:
             text += f" The draft was not loaded: {info.draft_error}"
         colored(self.result, text, OK if not info.draft_error else CLOSE)
-        self._show_figures(info)
-        self.completeChanged.emit()
+        self.show_figures(info)
+        emit(self.completeChanged)
 
-    def _show_figures(self, info) -> None:
+    def show_figures(self, info) -> None:
         self.predicted.setText(format_bytes(info.predicted_bytes))
         self.measured.setText(format_bytes(info.measured_bytes))
         notes = []

@@ -5,7 +5,8 @@ from __future__ import annotations
 from PySide6.QtWidgets import QVBoxLayout, QWizardPage
 from qasync import asyncSlot
 
-from redline.ui.engine_client import TaskFailed
+from redline.ui.bridge import TaskFailed
+from redline.ui.signals import emit
 from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
 from redline.ui.wizard.model_picker import CheckedPicker, ModelPicker
 
@@ -35,7 +36,7 @@ class ModelPage(QWizardPage, CheckedPicker):
     def _on_invalidated(self) -> None:
         self.desc = None
         self.availability.setText("")
-        self.completeChanged.emit()
+        emit(self.completeChanged)
 
     @asyncSlot()
     async def check(self) -> None:
@@ -55,7 +56,7 @@ class ModelPage(QWizardPage, CheckedPicker):
         self.desc = desc
         colored(self.status, "✓ " + desc.summary(), OK)
         colored(self.availability, desc.availability(), None if desc.loadable else CLOSE)
-        self.completeChanged.emit()
+        emit(self.completeChanged)
 
     def isComplete(self):  # noqa: N802
         return self.desc is not None

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from redline.ui.signals import emit
 from redline.ui.wizard.tips import with_tip
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -71,7 +72,7 @@ class ModelPicker(QWidget):
         grid.setColumnStretch(1, 1)
         self.radios["starter"].setChecked(True)
 
-        self.group.idToggled.connect(lambda _id, on: on and self.changed.emit())
+        self.group.idToggled.connect(lambda _id, on: on and emit(self.changed))
         self.recent.currentTextChanged.connect(lambda _t: self._edited("recent"))
         for key, edit in (("folder", self.folder), ("gguf", self.gguf), ("hub", self.hub)):
             edit.textEdited.connect(lambda _t, k=key: self._edited(k))
@@ -80,7 +81,7 @@ class ModelPicker(QWidget):
 
     def _edited(self, key: str) -> None:
         if self.radios[key].isChecked():
-            self.changed.emit()
+            emit(self.changed)
         elif self.radios[key].isEnabled():
             self.radios[key].setChecked(True)  # emits changed
 

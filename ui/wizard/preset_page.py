@@ -6,6 +6,7 @@ import dataclasses
 
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QLineEdit, QVBoxLayout, QWizardPage
 
+from redline.ui.signals import emit
 from redline.ui.wizard.labels import BAD, CLOSE, colored, wrap_label
 from redline.ui.wizard.tips import with_tip
 
@@ -84,5 +85,5 @@ class PresetPage(QWizardPage):
         except ValueError as exc:  # PresetError: a name that cannot be used
             colored(self.note, str(exc), BAD)
             return False
-        self.wiz.preset_saved.emit(self.saved.name)
+        emit(self.wiz.preset_saved, self.saved.name)
         return True

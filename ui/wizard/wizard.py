@@ -5,9 +5,9 @@ optional speculative decoding (with the predicted speed-up) → load (through th
 the chat ends up with the model) with predicted vs measured memory → save as a preset.
 
 The wizard is opened with ``open()`` (window-modal, never a nested event loop) and talks to the
-engine only through the window's ``EngineClient``. Its host (the main window) provides:
-``settings``, ``settings_values()``, ``configure(values) -> awaitable ModelInfo | None``,
-``last_load_error``, ``cancel_load()`` and the ``load_progress(float, str)`` signal.
+engine only through the window's ``EngineBridge`` (its questions are ``redline.inference`` jobs). Its host (the
+window's model controller) provides: ``settings``, ``settings_values()``, ``configure(values) -> awaitable
+LoadReport | None``, ``last_load_error``, ``cancel_load()`` and the ``load_progress(float, str)`` signal.
 """
 
 from __future__ import annotations
@@ -18,10 +18,20 @@ from typing import Any, Optional
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QWizard
 
-from redline.inference import DEFAULT_PRIORITY, SpeedCalibration, SpeedModel, card_machine, parse_precision
-from redline.ui.engine_client import EngineClient, describe_task, hardware_task, pair_task
+from redline.inference import (
+    DEFAULT_PRIORITY,
+    SpeedCalibration,
+    SpeedModel,
+    acceptance_job,
+    card_machine,
+    describe_job,
+    hardware_job,
+    machine_job,
+    pair_job,
+    parse_precision,
+)
+from redline.ui.bridge import EngineBridge
 from redline.ui.protocols import PresetStoreLike
-from redline.inference import acceptance_task, machine_task
 from redline.ui.wizard.config_page import ConfigPage
 from redline.ui.wizard.draft_page import DraftPage
 from redline.ui.wizard.hardware_page import HardwarePage
@@ -35,9 +45,9 @@ MODEL_PAGE, HARDWARE_PAGE, CONFIG_PAGE, DRAFT_PAGE, LOAD_PAGE, PRESET_PAGE = ran
 class ConfigWizard(QWizard):
     preset_saved = Signal(str)
 
-    def __init__(self, client: EngineClient, host: Any, presets: Optional[PresetStoreLike], parent=None):
+    def __init__(self, bridge: EngineBridge, host: Any, presets: Optional[PresetStoreLike], parent=None):
         super().__init__(parent)
-        self.client, self.host, self.presets = client, host, presets
+        self.bridge, self.host, self.presets = bridge, host, presets
         self.setObjectName("configWizard")
         self.setWindowTitle("Configure model")
         self.setWizardStyle(QWizard.ClassicStyle)  # the same look on every platform (and offscreen)
@@ -46,7 +56,7 @@ class ConfigWizard(QWizard):
         self.resize(960, 620)
         # What the pages decide, in order.
         self.model = None  # inference.sources.describe.ModelDescription
-        self.machine = None  # engine_client.MachineInfo
+        self.machine = None  # redline.inference.MachineInfo
         self.target = None  # inference.memory.fit.Target planned for
         self.correction = 0
         self.speed_machine = None  # redline.inference.Machine: this machine's measured bandwidth and FLOP/s
@@ -76,19 +86,19 @@ class ConfigWizard(QWizard):
 
     # -- engine-thread questions ------------------------------------------------
     def describe(self, spec: str):
-        return self.client.run(describe_task(spec))
+        return self.bridge.run(describe_job(spec))
 
     def probe_hardware(self):
-        return self.client.run(hardware_task())
+        return self.bridge.run(hardware_job())
 
     def check_pair(self, target_spec: str, draft_spec: str):
-        return self.client.run(pair_task(target_spec, draft_spec))
+        return self.bridge.run(pair_job(target_spec, draft_spec))
 
     def measure_machine(self):
-        return self.client.run(machine_task())
+        return self.bridge.run(machine_job())
 
     def measure_acceptance(self, draft_spec: str, draft_precision: str, k: int):
-        return self.client.run(acceptance_task(self.model.spec, self.precision, draft_spec, draft_precision, k))
+        return self.bridge.run(acceptance_job(self.model.spec, self.precision, draft_spec, draft_precision, k))
 
     def speed_model(self) -> Optional[SpeedModel]:
         """Predictions for where the wizard plans: this machine (its measured figures and what it learned), or a
@@ -142,7 +152,7 @@ class ConfigWizard(QWizard):
         return planner.estimate(parse_precision(self.precision), self.context).total_bytes
 
     async def load(self):
-        """Load through the window; returns (ModelInfo, None) or (None, the reason)."""
+        """Load through the window; returns (LoadReport, None) or (None, the reason)."""
         info = await self.host.configure(self.settings_values())
         return info, (None if info is not None else self.host.last_load_error)
 
