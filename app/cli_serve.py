@@ -149,7 +149,7 @@ def run(args) -> int:
         return 130
     finally:
         if server is not None:
-            server.stop()
+            server.stop(reason="Redline is closing (redline serve was asked to stop)")
         if service is not None:
             service.shutdown()
     print("Server stopped.", file=sys.stderr)

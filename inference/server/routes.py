@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import threading
 import time
 import uuid
 from typing import Any, Optional
@@ -41,14 +42,53 @@ from redline.inference.server.stats import ServerStats
 RETRY_AFTER_S = 1
 
 
+STOPPED = "Redline's server was stopped"
+
+
 class Api:
-    """What the endpoints share: the service, the limits, the stats, the request preparation."""
+    """What the endpoints share: the service, the limits, the stats, the request preparation, and the replies in
+    flight (told when the server stops, so each ends with an error event instead of a cut connection)."""
 
     def __init__(self, service, config: ServerConfig, stats: Optional[ServerStats] = None):
         self.service = service
         self.config = config
         self.stats = stats or ServerStats()
         self.preparation = Preparation(service, config)
+        self._lock = threading.Lock()
+        self._live: dict[int, tuple[Any, asyncio.Queue]] = {}  # handle id → (its loop, its event queue)
+        self.closing: Optional[str] = None  # why the server stops, once it does
+
+    # -- stopping -----------------------------------------------------------------------------------------
+    def close(self, reason: str = STOPPED) -> None:
+        """Any thread: every reply in flight ends now with a 503 saying ``reason`` (its generation cancelled); a
+        request arriving from now on gets the same 503."""
+        with self._lock:
+            self.closing = reason
+            live = list(self._live.values())
+        for loop, queue in live:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, streaming.Closing(reason))
+            except RuntimeError:  # its loop is closed already
+                pass
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def track(self, handle, loop, queue) -> None:
+        with self._lock:
+            if self.closing is None:
+                self._live[handle.id] = (loop, queue)
+                return
+        loop.call_soon_threadsafe(queue.put_nowait, streaming.Closing(self.closing))
+
+    def untrack(self, handle) -> None:
+        with self._lock:
+            self._live.pop(handle.id, None)
+
+    def check_open(self) -> None:
+        if self.closing is not None:
+            raise ApiError(503, streaming.closing_message(self.closing), code="server_stopped")
 
     def check_key(self, request) -> None:
         key = self.config.api_key
@@ -95,15 +135,16 @@ class Api:
             raise ApiError(503, str(exc)) from None
 
 
-def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None):
-    """The ASGI application (FastAPI) serving ``service`` under ``config``."""
+def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None, api: Optional[Api] = None):
+    """The ASGI application (FastAPI) serving ``service`` under ``config`` (through ``api``, when given, so its
+    owner can ``close`` it)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from sse_starlette.sse import EventSourceResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    api = Api(service, config, stats)
+    api = api or Api(service, config, stats)
     app = FastAPI(title="Redline", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.api = api
 
@@ -147,6 +188,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
 
     async def complete(request: Request, chat: bool):
         api.check_key(request)
+        api.check_open()
         body = await api.preparation.read(request, ChatCompletionRequest if chat else CompletionRequest)
         target, gen = await api.preparation.prepare(body, chat)
         loop = asyncio.get_running_loop()
@@ -163,18 +205,19 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
         handle.subscribe(forward)
+        api.track(handle, loop, queue)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         name = target.name
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return EventSourceResponse(
-                streaming.stream(api.stats, handle, queue, ident, created, name, chat, include_usage),
+                streaming.stream(api, handle, queue, ident, created, name, chat, include_usage),
                 sep="\n",
                 ping=15,
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await streaming.whole(api.stats, handle, queue, request, ident, created, name, chat)
+        return await streaming.whole(api, handle, queue, request, ident, created, name, chat)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -16,6 +16,8 @@ from typing import Optional
 
 from redline.inference.server.config import ServerConfig, ServerConfigError
 
+DRAIN_S = 1.0  # at most this long for the replies in flight to send their last event when the server stops
+
 
 class ApiServer:
     def __init__(self, service, config: Optional[ServerConfig] = None, on_thread_start=None):
@@ -29,6 +31,7 @@ class ApiServer:
         self.stats = ServerStats()
         self.port: Optional[int] = None
         self._server = None
+        self._api = None  # the endpoints' shared state (routes.Api): told first when the server stops
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
 
@@ -79,20 +82,23 @@ class ApiServer:
         """Listen and serve; returns the address (``http://HOST:PORT/v1``). Raises ServerConfigError."""
         import uvicorn
 
-        from redline.inference.server.routes import build_app
+        from redline.inference.server.routes import Api, build_app
 
         if self.running:
             return self.address
         self.config.validate()
         sock = self._bind()
         self.port = sock.getsockname()[1]
-        app = build_app(self.service, self.config, self.stats)
+        self._api = Api(self.service, self.config, self.stats)
+        app = build_app(self.service, self.config, self.stats, self._api)
         uv_config = uvicorn.Config(
             app,
             log_level="warning",
             access_log=False,  # a request line is enough to leak a prompt in a query; none is logged
             lifespan="off",
-            timeout_graceful_shutdown=3,
+            # A backstop only: the replies in flight have ended (stop() tells them first) before uvicorn is asked to
+            # exit, so its graceful shutdown finds nothing left to wait for.
+            timeout_graceful_shutdown=1,
             timeout_keep_alive=5,
             server_header=False,
         )
@@ -119,16 +125,26 @@ class ApiServer:
             time.sleep(0.02)
         return self.address
 
-    def stop(self, timeout: float = 5.0) -> bool:
-        """Stop listening; requests in flight are cancelled. True if it stopped within ``timeout``."""
-        if self._server is None or self._thread is None:
+    def stop(self, timeout: float = 5.0, reason: Optional[str] = None) -> bool:
+        """Stop listening. Every reply in flight ends first, with a 503 error saying ``reason`` (by default, that the
+        server was stopped) and, when streamed, ``[DONE]``, and its generation is cancelled; then uvicorn exits.
+        True if it stopped within ``timeout``."""
+        from redline.inference.server.routes import STOPPED
+
+        server, thread, api = self._server, self._thread, self._api  # stop() may run on two threads at once
+        if server is None or thread is None:
             return True
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self._server.force_exit = True
-            self._thread.join(1.0)
-        stopped = not self._thread.is_alive()
-        if stopped:
+        if api is not None:
+            api.close(reason or STOPPED)
+            deadline = time.monotonic() + min(DRAIN_S, timeout)
+            while api.in_flight() and time.monotonic() < deadline:  # their last events go out
+                time.sleep(0.01)
+        server.should_exit = True
+        thread.join(timeout)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(1.0)
+        stopped = not thread.is_alive()
+        if stopped and self._thread is thread:
             self._thread = None
         return stopped

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Optional
 
 from redline.inference.events import Failed, FinishedEvent, GenerationResult, TokenEvent
 from redline.inference.server.protocol import error_body
-from redline.inference.server.stats import ServerStats
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "error"}
+
+
+@dataclass
+class Closing:
+    """Put in a reply's event queue when the server stops: the reply ends now, with a 503 saying ``reason``."""
+
+    reason: str
+
+
+def closing_message(reason: str) -> str:
+    return f"The reply was stopped before its end: {reason}. Send the request again once the server is back."
 
 
 def timings(result: GenerationResult) -> dict:
@@ -78,7 +89,8 @@ def _data(obj: dict) -> dict:
     return {"data": json.dumps(obj, ensure_ascii=False)}
 
 
-async def stream(stats: ServerStats, handle, queue, ident, created, name, chat, include_usage):
+async def stream(api, handle, queue, ident, created, name, chat, include_usage):
+    stats = api.stats
     result: Optional[GenerationResult] = None
     try:
         if chat:
@@ -95,6 +107,11 @@ async def stream(stats: ServerStats, handle, queue, ident, created, name, chat, 
                 break
             elif isinstance(event, Failed):
                 yield _data(error_body(500, f"The generation failed: {event.message}"))
+                yield {"data": "[DONE]"}
+                return
+            elif isinstance(event, Closing):
+                handle.cancel()
+                yield _data(error_body(503, closing_message(event.reason), code="server_stopped"))
                 yield {"data": "[DONE]"}
                 return
         if result.finish_reason in ("error", "cancelled"):
@@ -121,11 +138,13 @@ async def stream(stats: ServerStats, handle, queue, ident, created, name, chat, 
         # The client went away (this task is cancelled) or the stream ended: this request alone stops, at the
         # engine's next decode step (a no-op once it has finished).
         handle.cancel()
+        api.untrack(handle)
 
 
-async def whole(stats: ServerStats, handle, queue, request, ident, created, name, chat):
+async def whole(api, handle, queue, request, ident, created, name, chat):
     from fastapi.responses import JSONResponse
 
+    stats = api.stats
     async def gone():
         while True:
             message = await request.receive()
@@ -133,7 +152,7 @@ async def whole(stats: ServerStats, handle, queue, request, ident, created, name
                 return
 
     watcher = asyncio.ensure_future(gone())
-    result, failed = None, None
+    result, failed, closing = None, None, None
     try:
         while True:
             getter = asyncio.ensure_future(queue.get())
@@ -151,10 +170,16 @@ async def whole(stats: ServerStats, handle, queue, request, ident, created, name
             elif isinstance(event, Failed):
                 failed = event.message
                 break
+            elif isinstance(event, Closing):
+                closing = event.reason
+                break
     finally:
         watcher.cancel()
         if result is None:
             handle.cancel()
+        api.untrack(handle)
+    if closing is not None:
+        return JSONResponse(error_body(503, closing_message(closing), code="server_stopped"), 503)
     if failed is not None:
         return JSONResponse(error_body(500, f"The generation failed: {failed}"), 500)
     if result.finish_reason in ("error", "cancelled"):
