@@ -206,9 +206,9 @@ def test_server_failures_keep_the_partial_reply(fault_server, client_service, mo
 
 
 # -- a server Redline did not write: transformers serve ---------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.starter
-def test_against_transformers_serve(starter_dir, client_service):
+@pytest.fixture(scope="module")
+def transformers_serve(starter_dir):
+    """``transformers serve`` on the starter (fp32, CPU), on a free loopback port; its base URL."""
     port = free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "transformers")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
@@ -229,17 +229,7 @@ def test_against_transformers_serve(starter_dir, client_service):
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)
-        target = connect(client_service, base)
-        assert target.model_id == str(starter_dir) and target.kind == "remote"
-        handle = client_service.submit(chat("What is the capital of France? Answer in one word.", 12))
-        result = handle.result(TIMEOUT)
-        assert result.error is None and result.finish_reason in ("eos", "length", "stop")
-        assert "Paris" in result.text
-        assert result.prompt_tokens > 10  # the server's usage
-        assert result.new_tokens == result.server_timings["completion_tokens"]
-        assert result.ttft_ms > 0
-        tokens = [e.text for e in handle.history() if isinstance(e, TokenEvent)]
-        assert "".join(tokens) == result.text
+        yield base
     finally:
         proc.terminate()
         try:
@@ -247,6 +237,58 @@ def test_against_transformers_serve(starter_dir, client_service):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def redline_chat_default(base: str):
+    """``redline chat "Hi" --model BASE``: the README's command, with every other argument at its default."""
+    return subprocess.run(
+        [sys.executable, "-m", "redline", "chat", "Hi", "--model", base],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, REDLINE_REMOTE_API_KEY=""),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.starter
+def test_the_cli_default_arguments_against_transformers_serve(transformers_serve):
+    run = redline_chat_default(transformers_serve)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip(), run.stderr  # the reply
+    assert "error" not in run.stderr.lower() and "Traceback" not in run.stderr
+    assert "Unknown strategy" not in run.stderr
+
+
+@pytest.mark.slow
+def test_the_cli_default_arguments_against_redline_serve(redline_server):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("REDLINE_REMOTE_API_KEY", "remote-test-key")
+        run = subprocess.run(
+            [sys.executable, "-m", "redline", "chat", "Hi", "--model", redline_server.address],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() and "Traceback" not in run.stderr and "error" not in run.stderr.lower()
+
+
+@pytest.mark.slow
+@pytest.mark.starter
+def test_against_transformers_serve(starter_dir, transformers_serve, client_service):
+    base = transformers_serve
+    target = connect(client_service, base)
+    assert target.model_id == str(starter_dir) and target.kind == "remote"
+    handle = client_service.submit(chat("What is the capital of France? Answer in one word.", 12))
+    result = handle.result(TIMEOUT)
+    assert result.error is None and result.finish_reason in ("eos", "length", "stop")
+    assert "Paris" in result.text
+    assert result.prompt_tokens > 10  # the server's usage
+    assert result.new_tokens == result.server_timings["completion_tokens"]
+    assert result.ttft_ms > 0
+    tokens = [e.text for e in handle.history() if isinstance(e, TokenEvent)]
+    assert "".join(tokens) == result.text
 
 
 # -- the speed lab with a remote row ------------------------------------------------------------------------
