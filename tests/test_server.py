@@ -165,6 +165,38 @@ def test_malformed_json_is_a_400_error_object(tiny_server):
     assert_error(post(tiny_server, "/chat/completions", None, raw=b"\xff\xfe"), 400, "JSON")
 
 
+def test_a_lone_surrogate_is_a_400_naming_the_field_without_a_traceback(tiny_server, capfd, caplog):
+    # "a\ud800b" is valid JSON, but its \ud800 is half of a UTF-16 pair: no character, and no tokenizer reads it.
+    raw = b'{"model": "tiny-llama", "max_tokens": 2, "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    error = assert_error(post(tiny_server, "/chat/completions", None, raw=raw), 400, "lone UTF-16 surrogate", "\\ud800")
+    assert error["param"] == "messages[0].content"
+    parts = b'{"model": "tiny-llama", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}'
+    assert assert_error(post(tiny_server, "/chat/completions", None, raw=parts), 400)["param"] == (
+        "messages[0].content[0].text"
+    )
+    prompt = b'{"model": "tiny-llama", "prompt": "x\\ud83d", "max_tokens": 2}'
+    assert assert_error(post(tiny_server, "/completions", None, raw=prompt), 400)["param"] == "prompt"
+    pair = b'{"model": "tiny-llama", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    assert post(tiny_server, "/chat/completions", None, raw=pair).status_code == 200  # a whole pair is a character
+    assert "Traceback" not in capfd.readouterr().err and "Traceback" not in caplog.text
+
+
+def test_a_bug_of_the_servers_is_one_sentence_and_one_log_line_never_a_traceback(tiny_server, capfd, caplog):
+    def broken(body, chat):
+        raise TypeError("a bug")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tiny_server._api.preparation, "prepare", broken)
+        response = post(
+            tiny_server, "/chat/completions", {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+        )
+    assert_error(response, 500, "Redline's server failed on this request (TypeError).")
+    assert "Traceback" not in capfd.readouterr().err and "Traceback" not in caplog.text
+    assert [r.getMessage() for r in caplog.records if r.name == "redline.server"] == [
+        "Redline's server failed on a request (TypeError: a bug)."
+    ]
+
+
 def test_unsupported_fields_are_refused_not_ignored(client):
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         ask(client, n=2)

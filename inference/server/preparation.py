@@ -14,7 +14,7 @@ from redline.inference.errors import ContextExceeded, RedlineError
 from redline.inference.generation.request import GenerationRequest
 from redline.inference.server.config import ServerConfig
 from redline.inference.server.middleware import BodyTooLarge
-from redline.inference.server.protocol import ApiError, describe_validation
+from redline.inference.server.protocol import ApiError, describe_validation, lone_surrogate
 from redline.inference.server.structured import GrammarProcessor, GrammarTokenizers, SchemaError, grammar_for
 from redline.inference.server.tokenizers import ServerTokenizers
 
@@ -93,6 +93,15 @@ class Preparation:
             raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
         if not isinstance(data, dict):
             raise ApiError(400, "The request body must be a JSON object.")
+        bad = lone_surrogate(data)
+        if bad is not None:
+            field, code = bad
+            raise ApiError(
+                400,
+                f"'{field or 'a key'}' holds a lone UTF-16 surrogate ({code}), which is not a character; "
+                "send valid Unicode text.",
+                field or None,
+            )
         from pydantic import ValidationError
 
         try:

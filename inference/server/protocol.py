@@ -185,6 +185,29 @@ def error_body(status: int, message: str, param: Optional[str] = None, code: Opt
     }
 
 
+def lone_surrogate(data: Any, loc: tuple = ()) -> Optional[tuple[str, str]]:
+    """(the field, the code point) of the first string in a decoded JSON body holding a lone UTF-16 surrogate
+    (``"\\ud800"`` is valid JSON but no character: no tokenizer can read it), or None."""
+    if isinstance(data, str):
+        if not data.isascii():
+            try:
+                data.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return _where(loc), f"\\u{ord(data[exc.start]):04x}"
+        return None
+    if isinstance(data, dict):
+        for key, value in data.items():
+            found = lone_surrogate(key, loc) or lone_surrogate(value, loc + (key,))
+            if found is not None:
+                return found
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found = lone_surrogate(value, loc + (i,))
+            if found is not None:
+                return found
+    return None
+
+
 def _where(loc) -> str:
     parts = [str(p) for p in loc if p not in ("body",)]
     # pydantic's union branches add the type's name to the location ("str", "list[TextPart]"): not a field
