@@ -134,7 +134,10 @@ def add_parser(sub) -> None:
         "--batch-mode",
         default="auto",
         choices=SWEEP_MODES,
-        help="transformers = transformers' continuous batching (generate_batch); padded = batched generate(); auto tries transformers first",
+        help=(
+            "transformers = transformers' continuous batching (generate_batch); padded = batched generate(); "
+            "auto tries transformers first"
+        ),
     )
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON: machine, settings, results, sweep")

@@ -70,7 +70,8 @@ def test_a_reply_stopped_while_it_waits_ends_at_once_and_leaves_a_line(qtbot, br
             session.stop()
         line = store.message(reply.message_id)
         assert line.content == "" and line.partial and line.stats["finish_reason"] == "cancelled"
-        assert line.stats["notes"] == ["Stopped before it started: you stopped it while it was waiting for the speed lab."]
+        why = "Stopped before it started: you stopped it while it was waiting for the speed lab."
+        assert line.stats["notes"] == [why]
         assert line.stats["prompt_tokens"] is None  # never read: unknown, not zero
         session.send("second", config())
         roles = [(m.role, m.content) for m in store.messages(conv.id)]

@@ -372,9 +372,9 @@ def test_cli_chat_and_the_window_resolve_auto_alike(tiny_model_dir, tmp_path, mo
     from redline.app import cli
     from redline.app.cli_chat import resolve_auto_args
     from redline.inference.engine import Engine
+    from redline.inference.jobs import auto_job
     from redline.inference.memory.model_shapes import read_shape
     from redline.inference.speed.arithmetic import this_machine
-    from redline.inference.jobs import auto_job
 
     monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
     engine = Engine("cpu")

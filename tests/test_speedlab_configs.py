@@ -11,9 +11,9 @@ import pytest
 from PySide6.QtWidgets import QSplitter
 
 from redline.inference import BenchConfig, every_precision, ladder, parse_configs
+from redline.ui.bridge import EngineBridge
 from redline.ui.speedlab import SpeedLabPanel
 from redline.ui.speedlab.configs import COMPILE, DRAFT, DRAFT_PRECISION, MEASURED, PRECISION, PREDICTED, STRATEGY, K
-from redline.ui.bridge import EngineBridge
 
 
 def runs(configs):

@@ -6,8 +6,8 @@ import json
 import pytest
 from PySide6.QtGui import QImage
 
-from redline.ui.speedlab import SpeedLabPanel
 from redline.ui.bridge import EngineBridge
+from redline.ui.speedlab import SpeedLabPanel
 
 
 @pytest.fixture

@@ -245,8 +245,7 @@ def test_config_table_lists_every_engine_precision(qtbot, tiny_model_dir):
 
 def test_load_page_judges_the_prediction_with_the_estimators_margin(qtbot):
     """Within 10 % or 300 MB, whichever is larger: the estimator's own accuracy target, not a copy of it."""
-    from redline.inference import MB, accuracy_margin
-    from redline.inference import LoadReport
+    from redline.inference import MB, LoadReport, accuracy_margin
 
     window = open_window(qtbot)
     page = window.open_wizard().load_page
