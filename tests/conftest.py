@@ -98,8 +98,9 @@ def build_tiny_model(
 
 @pytest.fixture
 def native_kernels():
-    """Redline's native kernels (``torch.ops.redline``). Skipped where they cannot be built (another CPU, no
-    compiler or ninja); on a machine that can build them, a failed build fails the test instead of hiding it."""
+    """Redline's native kernels (``native.Kernels``; also ``torch.ops.redline``). Skipped where they cannot load
+    (a CPU they are not built for, or a source checkout without a compiler); where they must load (a shipped library
+    or a compiler), a failure fails the test instead of hiding it."""
     from redline.inference.kernels import native
 
     ops = native.native()

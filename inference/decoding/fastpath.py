@@ -405,7 +405,7 @@ class FastDecoder:
         return self._logits(x)
 
     def _whole_step(self, x, pages, pos, k_pool, v_pool, cos, sin, logit_rows: int) -> torch.Tensor:
-        return torch.ops.redline.decode_step(
+        return ops.native().decode_step(  # straight through ctypes; torch.ops.redline.decode_step when compiling
             x, self.whole_step_id, self.vocab, cos, sin, k_pool, v_pool, pages, pos, self.scaling, logit_rows
         )
 

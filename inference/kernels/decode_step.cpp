@@ -11,25 +11,24 @@
 //
 // The arithmetic is the per-operator kernels' (the same inline row products, quantiser, norms and attention),
 // and every row's result is independent of the other rows, so a sequence decodes the same alone or in a batch.
-#include <ATen/ATen.h>
-#include <omp.h>
-#include <torch/library.h>
-
+//
+// A plain C ABI (abi.h), like cpu_kernels.cpp: redline_step_plan resolves a model's weights to pointers once,
+// redline_decode_step runs a step on them; native.py registers both as torch operators (redline::step_plan,
+// redline::decode_step, redline::drop_plan, redline::step_profile).
+#include "abi.h"
 #include "paged_attention.h"
 #include "simd.h"
 
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
+namespace redline_kernels {
 namespace {
-
-using namespace redline_kernels;
 
 // An opt-in profile of the step's stages (redline::step_profile, tools/step_profile.py): wall time between the
 // barriers, read on thread 0, so a stage's time includes waiting for the slowest thread.
@@ -53,46 +52,78 @@ struct Product {
   bool quantised() const { return kind == Kind::Q8 || kind == Kind::Q4 || kind == Kind::Q4_ASYM; }
 };
 
-Product product_of(const at::Tensor& w, const at::Tensor& s, const at::Tensor& m, const at::Tensor& b, int64_t K,
-                   const char* what) {
-  TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1, "redline::decode_step: ", what, " weight must be 2-D with rows");
+}  // namespace
+}  // namespace redline_kernels
+
+// A tensor as native.py describes it to redline_step_plan: its data, element type (abi.h's DType), shape and
+// strides (up to two dimensions: weights, scales, norms, biases) and whether it is contiguous.
+struct redline_tensor {
+  const void* data;
+  int64_t dtype, ndim, numel, contiguous;
+  int64_t sizes[2], strides[2];
+};
+
+namespace redline_kernels {
+namespace {
+
+int64_t element_size(int64_t dtype) {
+  switch (dtype) {
+    case F32: case I32: return 4;
+    case BF16: case F16: return 2;
+    case I8: case U8: return 1;
+    case I64: return 8;
+    default: return 0;
+  }
+}
+
+bool same_sizes(const redline_tensor& a, const redline_tensor& b) {
+  if (a.ndim != b.ndim) return false;
+  for (int64_t i = 0; i < a.ndim && i < 2; ++i)
+    if (a.sizes[i] != b.sizes[i]) return false;
+  return true;
+}
+
+Product product_of(const redline_tensor& w, const redline_tensor& s, const redline_tensor& m, const redline_tensor& b,
+                   int64_t K, const char* what) {
+  check(w.ndim == 2 && w.strides[1] == 1, "redline::decode_step: ", what, " weight must be 2-D with rows");
   Product p;
-  p.N = w.size(0);
-  p.w = static_cast<const uint8_t*>(w.data_ptr());
-  switch (w.scalar_type()) {
-    case at::kFloat:
-    case at::kBFloat16:
-      p.kind = w.scalar_type() == at::kFloat ? Kind::F32 : Kind::BF16;
-      p.K = w.size(1);
-      p.row_bytes = w.stride(0) * w.element_size();
-      TORCH_CHECK(p.K % 8 == 0, "redline::decode_step: ", what, " has ", p.K, " inputs, not a multiple of 8");
+  p.N = w.sizes[0];
+  p.w = static_cast<const uint8_t*>(w.data);
+  switch (w.dtype) {
+    case F32:
+    case BF16:
+      p.kind = w.dtype == F32 ? Kind::F32 : Kind::BF16;
+      p.K = w.sizes[1];
+      p.row_bytes = w.strides[0] * element_size(w.dtype);
+      check(p.K % 8 == 0, "redline::decode_step: ", what, " has ", p.K, " inputs, not a multiple of 8");
       break;
-    case at::kChar:
-    case at::kByte:
-      TORCH_CHECK(w.is_contiguous() && s.scalar_type() == at::kHalf && s.is_contiguous(),
-                  "redline::decode_step: ", what, " blocks must be contiguous with fp16 scales");
-      p.kind = w.scalar_type() == at::kChar ? Kind::Q8 : (m.numel() > 0 ? Kind::Q4_ASYM : Kind::Q4);
-      p.K = w.scalar_type() == at::kChar ? w.size(1) : 2 * w.size(1);
-      p.row_bytes = w.size(1);
-      TORCH_CHECK(s.size(0) == p.N && s.size(1) * BLOCK == p.K, "redline::decode_step: ", what, " scales do not match");
-      p.sc = reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>());
+    case I8:
+    case U8:
+      check(w.contiguous && s.dtype == F16 && s.contiguous, "redline::decode_step: ", what,
+            " blocks must be contiguous with fp16 scales");
+      p.kind = w.dtype == I8 ? Kind::Q8 : (m.numel > 0 ? Kind::Q4_ASYM : Kind::Q4);
+      p.K = w.dtype == I8 ? w.sizes[1] : 2 * w.sizes[1];
+      p.row_bytes = w.sizes[1];
+      check(s.ndim == 2 && s.sizes[0] == p.N && s.sizes[1] * BLOCK == p.K, "redline::decode_step: ", what,
+            " scales do not match");
+      p.sc = static_cast<const uint16_t*>(s.data);
       if (p.kind == Kind::Q4_ASYM) {
-        TORCH_CHECK(m.scalar_type() == at::kHalf && m.is_contiguous() && m.sizes() == s.sizes());
-        p.mn = reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>());
+        check(m.dtype == F16 && m.contiguous && same_sizes(m, s), "redline::decode_step: ", what,
+              " mins must be contiguous fp16 shaped as the scales");
+        p.mn = static_cast<const uint16_t*>(m.data);
       }
       break;
     default:
-      TORCH_CHECK(false, "redline::decode_step: ", what, " weight of type ", w.scalar_type(), " is not supported");
+      check(false, "redline::decode_step: ", what, " weight of type ", dtype_name(w.dtype), " is not supported");
   }
-  TORCH_CHECK(p.K == K, "redline::decode_step: ", what, " takes ", p.K, " inputs, the step gives it ", K);
-  if (b.numel() > 0) {
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.is_contiguous() && b.numel() == p.N,
-                "redline::decode_step: ", what, " bias must be fp32 [", p.N, "]");
-    p.bias = b.data_ptr<float>();
+  check(p.K == K, "redline::decode_step: ", what, " takes ", p.K, " inputs, the step gives it ", K);
+  if (b.numel > 0) {
+    check(b.dtype == F32 && b.contiguous && b.numel == p.N, "redline::decode_step: ", what, " bias must be fp32 [",
+          p.N, "]");
+    p.bias = static_cast<const float*>(b.data);
   }
   return p;
 }
-
 // The input rows of a product: fp32 [T, K] for dense weights, int8 blocks (q, d, s per block) for quantised ones.
 struct Acts {
   const float* x;
@@ -158,12 +189,12 @@ template <typename C>
 void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& layers, const float* final_norm,
              float final_eps, const Product& head, const float* cos, const float* sin, C* k_all, C* v_all,
              int64_t layer_elems, const int32_t* pages, int64_t max_pages, const int64_t* pos, int64_t H, int64_t Hkv,
-             int64_t D, int64_t page, float scale, int64_t logit_rows, float* logits) {
+             int64_t D, int64_t page, float scale, int64_t logit_rows, float* logits, int threads) {
   const int64_t QKV = (H + 2 * Hkv) * D, I = layers.empty() ? 0 : layers[0].down.K, group = H / Hkv;
   const int64_t kmax = std::max({Hd, H * D, I});
   int64_t longest = 1;
   for (int64_t t = 0; t < T; ++t) longest = std::max(longest, pos[t] + 1);
-  const int nthreads = std::max(1, at::get_num_threads());
+  const int nthreads = std::max(1, threads);
   std::vector<float> h(T * Hd), qkv(T * QKV), qr(T * H * D), attn(T * H * D), gu(T * 2 * I), act(T * I);
   std::vector<int8_t> qbuf(T * kmax);
   std::vector<float> dbuf(T * kmax / BLOCK + 1), sbuf(T * kmax / BLOCK + 1);
@@ -316,169 +347,159 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
   if (g_profiling.load(std::memory_order_relaxed)) ++g_profiled_steps;
 }
 
-// The weights of one model as the step reads them, checked and resolved to pointers once (redline::step_plan),
+// The weights of one model as the step reads them, checked and resolved to pointers once (redline_step_plan),
 // so a step does not convert and check some 600 tensors on every call (measured: 0.9 ms of a 8.6 ms q4 step).
+// The tensors themselves are kept alive by native.py for as long as the plan exists.
 struct Plan {
-  std::vector<at::Tensor> keep;  // what the pointers below point into
+  int64_t users = 0;     // steps running on it (under g_plans_mutex)
+  bool dropped = false;  // dropped while a step ran: the last one deletes it
   std::vector<LayerWeights> layers;
   const float* final_norm = nullptr;
   float final_eps = 0.f;
   Product head;
   int64_t H = 0, Hkv = 0, Hd = 0, D = 0;
 };
-std::mutex g_plans_mutex;
-std::unordered_map<int64_t, std::shared_ptr<const Plan>> g_plans;
+SpinLock g_plans_mutex;
+std::unordered_map<int64_t, Plan*> g_plans;
 int64_t g_next_plan = 1;
+
+}  // namespace
+}  // namespace redline_kernels
+
+using namespace redline_kernels;
 
 // `layers` 20 tensors per layer: ln1, ln2, q_norm, k_norm (empty if none), then for qkv, o, gate_up, down: weight,
 // scales, mins, bias (empty where absent); `head`: final norm, weight, scales, mins, bias; `eps`: eps1, eps2, q_eps,
-// k_eps per layer, then the final norm's. Returns the plan's id for decode_step; drop_plan forgets it.
-int64_t step_plan(at::TensorList layer_tensors, at::TensorList head_tensors, c10::ArrayRef<double> eps, int64_t H,
-                  int64_t Hkv, int64_t D) {
-  constexpr size_t PER_LAYER = 20;
-  TORCH_CHECK(layer_tensors.size() % PER_LAYER == 0 && head_tensors.size() == 5, "redline::step_plan: bad weight lists");
-  const size_t n_layers = layer_tensors.size() / PER_LAYER;
-  TORCH_CHECK(n_layers > 0, "redline::step_plan: no layers");
-  TORCH_CHECK(eps.size() == 4 * n_layers + 1, "redline::step_plan: ", eps.size(), " eps values for ", n_layers, " layers");
-  TORCH_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D % 8 == 0, "redline::step_plan: bad head counts or size");
-  auto plan = std::make_shared<Plan>();
-  const int64_t Hd = layer_tensors[0].numel();
-  TORCH_CHECK(Hd % 8 == 0, "redline::step_plan: hidden size ", Hd, " is not a multiple of 8");
-  const auto f32 = [&](const at::Tensor& t, int64_t n, const char* what) -> const float* {
-    if (t.numel() == 0) return nullptr;
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, "redline::step_plan: ", what,
-                " must be fp32 [", n, "]");
-    return t.data_ptr<float>();
-  };
-  plan->layers.resize(n_layers);
-  for (size_t l = 0; l < n_layers; ++l) {
-    const at::Tensor* w = layer_tensors.data() + l * PER_LAYER;
-    LayerWeights& L = plan->layers[l];
-    L.ln1 = f32(w[0], Hd, "ln1");
-    L.ln2 = f32(w[1], Hd, "ln2");
-    L.q_norm = f32(w[2], D, "q_norm");
-    L.k_norm = f32(w[3], D, "k_norm");
-    TORCH_CHECK(L.ln1 && L.ln2, "redline::step_plan: layer norms are required");
-    L.eps1 = static_cast<float>(eps[4 * l]);
-    L.eps2 = static_cast<float>(eps[4 * l + 1]);
-    L.q_eps = static_cast<float>(eps[4 * l + 2]);
-    L.k_eps = static_cast<float>(eps[4 * l + 3]);
-    L.qkv = product_of(w[4], w[5], w[6], w[7], Hd, "qkv");
-    TORCH_CHECK(L.qkv.N == (H + 2 * Hkv) * D, "redline::step_plan: qkv gives ", L.qkv.N, " outputs");
-    L.o = product_of(w[8], w[9], w[10], w[11], H * D, "o");
-    TORCH_CHECK(L.o.N == Hd, "redline::step_plan: o gives ", L.o.N, " outputs, hidden is ", Hd);
-    L.gate_up = product_of(w[12], w[13], w[14], w[15], Hd, "gate_up");
-    TORCH_CHECK(L.gate_up.N % 2 == 0, "redline::step_plan: gate_up has an odd number of outputs");
-    L.down = product_of(w[16], w[17], w[18], w[19], L.gate_up.N / 2, "down");
-    TORCH_CHECK(L.down.N == Hd, "redline::step_plan: down gives ", L.down.N, " outputs, hidden is ", Hd);
-    TORCH_CHECK(l == 0 || L.down.K == plan->layers[0].down.K, "redline::step_plan: layers differ in MLP width");
-  }
-  plan->final_norm = f32(head_tensors[0], Hd, "final norm");
-  TORCH_CHECK(plan->final_norm, "redline::step_plan: the final norm is required");
-  plan->head = product_of(head_tensors[1], head_tensors[2], head_tensors[3], head_tensors[4], Hd, "head");
-  plan->final_eps = static_cast<float>(eps.back());
-  plan->H = H, plan->Hkv = Hkv, plan->Hd = Hd, plan->D = D;
-  plan->keep.assign(layer_tensors.begin(), layer_tensors.end());
-  plan->keep.insert(plan->keep.end(), head_tensors.begin(), head_tensors.end());
-  std::lock_guard<std::mutex> lock(g_plans_mutex);
-  const int64_t id = g_next_plan++;
-  g_plans[id] = std::move(plan);
-  return id;
+// k_eps per layer, then the final norm's. Writes the plan's id for redline_decode_step; redline_drop_plan forgets it.
+REDLINE_API int redline_step_plan(const redline_tensor* layer_tensors, int64_t n_layer_tensors,
+                                  const redline_tensor* head_tensors, int64_t n_head_tensors, const double* eps,
+                                  int64_t n_eps, int64_t H, int64_t Hkv, int64_t D, int64_t* plan_id) {
+  return guarded([&] {
+    constexpr int64_t PER_LAYER = 20;
+    check(n_layer_tensors % PER_LAYER == 0 && n_head_tensors == 5, "redline::step_plan: bad weight lists");
+    const int64_t n_layers = n_layer_tensors / PER_LAYER;
+    check(n_layers > 0, "redline::step_plan: no layers");
+    check(n_eps == 4 * n_layers + 1, "redline::step_plan: ", n_eps, " eps values for ", n_layers, " layers");
+    check(H > 0 && Hkv > 0 && H % Hkv == 0 && D % 8 == 0, "redline::step_plan: bad head counts or size");
+    std::unique_ptr<Plan> plan(new Plan);
+    const int64_t Hd = layer_tensors[0].numel;
+    check(Hd % 8 == 0, "redline::step_plan: hidden size ", Hd, " is not a multiple of 8");
+    const auto f32 = [&](const redline_tensor& t, int64_t n, const char* what) -> const float* {
+      if (t.numel == 0) return nullptr;
+      check(t.dtype == F32 && t.contiguous && t.numel == n, "redline::step_plan: ", what, " must be fp32 [", n, "]");
+      return static_cast<const float*>(t.data);
+    };
+    plan->layers.resize(n_layers);
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const redline_tensor* w = layer_tensors + l * PER_LAYER;
+      LayerWeights& L = plan->layers[l];
+      L.ln1 = f32(w[0], Hd, "ln1");
+      L.ln2 = f32(w[1], Hd, "ln2");
+      L.q_norm = f32(w[2], D, "q_norm");
+      L.k_norm = f32(w[3], D, "k_norm");
+      check(L.ln1 && L.ln2, "redline::step_plan: layer norms are required");
+      L.eps1 = static_cast<float>(eps[4 * l]);
+      L.eps2 = static_cast<float>(eps[4 * l + 1]);
+      L.q_eps = static_cast<float>(eps[4 * l + 2]);
+      L.k_eps = static_cast<float>(eps[4 * l + 3]);
+      L.qkv = product_of(w[4], w[5], w[6], w[7], Hd, "qkv");
+      check(L.qkv.N == (H + 2 * Hkv) * D, "redline::step_plan: qkv gives ", L.qkv.N, " outputs");
+      L.o = product_of(w[8], w[9], w[10], w[11], H * D, "o");
+      check(L.o.N == Hd, "redline::step_plan: o gives ", L.o.N, " outputs, hidden is ", Hd);
+      L.gate_up = product_of(w[12], w[13], w[14], w[15], Hd, "gate_up");
+      check(L.gate_up.N % 2 == 0, "redline::step_plan: gate_up has an odd number of outputs");
+      L.down = product_of(w[16], w[17], w[18], w[19], L.gate_up.N / 2, "down");
+      check(L.down.N == Hd, "redline::step_plan: down gives ", L.down.N, " outputs, hidden is ", Hd);
+      check(l == 0 || L.down.K == plan->layers[0].down.K, "redline::step_plan: layers differ in MLP width");
+    }
+    plan->final_norm = f32(head_tensors[0], Hd, "final norm");
+    check(plan->final_norm != nullptr, "redline::step_plan: the final norm is required");
+    plan->head = product_of(head_tensors[1], head_tensors[2], head_tensors[3], head_tensors[4], Hd, "head");
+    plan->final_eps = static_cast<float>(eps[n_eps - 1]);
+    plan->H = H, plan->Hkv = Hkv, plan->Hd = Hd, plan->D = D;
+    Locked lock(g_plans_mutex);
+    const int64_t id = g_next_plan++;
+    g_plans[id] = plan.release();
+    *plan_id = id;
+  });
 }
 
-void drop_plan(int64_t id) {
-  std::lock_guard<std::mutex> lock(g_plans_mutex);
-  g_plans.erase(id);
+REDLINE_API int redline_drop_plan(int64_t id) {
+  Locked lock(g_plans_mutex);
+  const auto it = g_plans.find(id);
+  if (it == g_plans.end()) return 0;
+  Plan* plan = it->second;
+  g_plans.erase(it);
+  if (plan->users == 0) delete plan;
+  else plan->dropped = true;
+  return 0;
 }
 
-// x [T, hidden] fp32 (the embedded tokens; used as the residual stream and overwritten); `plan` from step_plan;
-// k_pool / v_pool [layers, pages, Hkv, page, D]; pages [T, max_pages] int32 (the page table of each row's
-// sequence); pos [T] int64. Returns the logits [logit_rows, vocab] of the last `logit_rows` rows.
-at::Tensor decode_step(const at::Tensor& x_in, int64_t plan_id, int64_t vocab, const at::Tensor& cos,
-                       const at::Tensor& sin, at::Tensor k_pool, at::Tensor v_pool, const at::Tensor& pages,
-                       const at::Tensor& pos, double scale, int64_t logit_rows) {
-  std::shared_ptr<const Plan> plan;
-  {
-    std::lock_guard<std::mutex> lock(g_plans_mutex);
-    const auto it = g_plans.find(plan_id);
-    TORCH_CHECK(it != g_plans.end(), "redline::decode_step: no step plan ", plan_id, " (dropped with its model?)");
-    plan = it->second;
-  }
-  const int64_t H = plan->H, Hkv = plan->Hkv, Hd = plan->Hd;
-  TORCH_CHECK(plan->head.N == vocab, "redline::decode_step: the plan's head gives ", plan->head.N, " logits, not ", vocab);
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && x_in.size(1) == Hd,
-              "redline::decode_step: x must be fp32 [T, ", Hd, "]");
-  TORCH_CHECK(k_pool.dim() == 5 && k_pool.is_contiguous() && v_pool.is_contiguous() &&
-                  k_pool.sizes() == v_pool.sizes() && k_pool.scalar_type() == v_pool.scalar_type() &&
-                  static_cast<size_t>(k_pool.size(0)) == plan->layers.size() && k_pool.size(2) == Hkv &&
-                  k_pool.size(4) == plan->D,
-              "redline::decode_step: KV pools must be contiguous [layers, pages, Hkv, page, D]");
-  TORCH_CHECK(pages.scalar_type() == at::kInt && pos.scalar_type() == at::kLong && cos.scalar_type() == at::kFloat &&
-                  sin.scalar_type() == at::kFloat, "redline::decode_step: pages int32, pos int64, cos/sin fp32");
-  const int64_t T = x_in.size(0), D = k_pool.size(4), page = k_pool.size(3);
-  TORCH_CHECK(pos.numel() == T && pages.dim() == 2 && pages.size(0) == T, "redline::decode_step: one page row per row");
-  TORCH_CHECK(logit_rows >= 1 && logit_rows <= T);
-  const auto ps = pos.contiguous(), pg = pages.contiguous(), c = cos.contiguous(), s = sin.contiguous();
-  const int64_t* pp = ps.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t)
-    TORCH_CHECK(pp[t] >= 0 && pp[t] < c.size(0) && pp[t] < pg.size(1) * page,
-                "redline::decode_step: position ", pp[t], " is outside the rotary table or the row's pages");
-  {
-    const int32_t* pt = pg.data_ptr<int32_t>();
-    for (int64_t i = 0; i < pg.numel(); ++i)
-      TORCH_CHECK(pt[i] >= 0 && pt[i] < k_pool.size(1), "redline::decode_step: page ", pt[i], " is not in the pool");
-  }
+// x [T, hidden] fp32 (the embedded tokens; copied, not changed); `plan` from redline_step_plan; k_pool / v_pool
+// [layers, pages, Hkv, page, D] of cache_dtype (F32 or BF16); pages [T, max_pages] int32 (the page table of each
+// row's sequence); pos [T] int64. Writes the logits [logit_rows, vocab] of the last `logit_rows` rows.
+// native.py checks the types and layouts it can see (passing x_cols = -1, pools_ok = 0 or types_ok = 0 when
+// they are wrong); the checks against the plan, the positions and the page table are here.
+REDLINE_API int redline_decode_step(const float* x_in, int64_t T, int64_t x_cols, int64_t plan_id, int64_t vocab,
+                                    const float* cos, const float* sin, int64_t table_rows, void* k_pool, void* v_pool,
+                                    int64_t cache_dtype, int64_t pools_ok, int64_t pool_layers, int64_t pool_pages,
+                                    int64_t pool_hkv, int64_t page, int64_t pool_d, int64_t types_ok,
+                                    const int32_t* pages, int64_t page_rows, int64_t max_pages, const int64_t* pos,
+                                    int64_t n_pos, double scale, int64_t logit_rows, float* logits, int threads) {
+  return guarded([&] {
+    Plan* plan = nullptr;
+    {
+      Locked lock(g_plans_mutex);
+      const auto it = g_plans.find(plan_id);
+      check(it != g_plans.end(), "redline::decode_step: no step plan ", plan_id, " (dropped with its model?)");
+      plan = it->second;
+      ++plan->users;
+    }
+    struct Release {  // a plan dropped during the step goes when the step ends
+      Plan* p;
+      ~Release() {
+        Locked lock(g_plans_mutex);
+        if (--p->users == 0 && p->dropped) delete p;
+      }
+    } release{plan};
+    const int64_t H = plan->H, Hkv = plan->Hkv, Hd = plan->Hd;
+    check(plan->head.N == vocab, "redline::decode_step: the plan's head gives ", plan->head.N, " logits, not ", vocab);
+    check(x_cols == Hd, "redline::decode_step: x must be fp32 [T, ", Hd, "]");
+    check(pools_ok && static_cast<size_t>(pool_layers) == plan->layers.size() && pool_hkv == Hkv && pool_d == plan->D,
+          "redline::decode_step: KV pools must be contiguous [layers, pages, Hkv, page, D]");
+    check(types_ok != 0, "redline::decode_step: pages int32, pos int64, cos/sin fp32");
+    const int64_t D = pool_d;
+    check(n_pos == T && page_rows == T, "redline::decode_step: one page row per row");
+    check(logit_rows >= 1 && logit_rows <= T, "redline::decode_step: logit_rows must be 1..", T);
+    for (int64_t t = 0; t < T; ++t)
+      check(pos[t] >= 0 && pos[t] < table_rows && pos[t] < max_pages * page, "redline::decode_step: position ", pos[t],
+            " is outside the rotary table or the row's pages");
+    for (int64_t i = 0; i < T * max_pages; ++i)
+      check(pages[i] >= 0 && pages[i] < pool_pages, "redline::decode_step: page ", pages[i], " is not in the pool");
+    check(cache_dtype == F32 || cache_dtype == BF16, "redline::decode_step: the KV cache must be fp32 or bf16");
 
-  auto x = x_in.contiguous().clone();  // the residual stream, overwritten layer by layer
-  auto logits = at::empty({logit_rows, plan->head.N}, x.options());
-  const int64_t layer_elems = k_pool.numel() / k_pool.size(0);
-  const auto run = [&](auto* k, auto* v) {
-    forward(x.data_ptr<float>(), T, Hd, plan->layers, plan->final_norm, plan->final_eps, plan->head, c.data_ptr<float>(),
-            s.data_ptr<float>(), k, v, layer_elems, pg.data_ptr<int32_t>(), pg.size(1), pp, H, Hkv, D, page,
-            static_cast<float>(scale), logit_rows, logits.data_ptr<float>());
-  };
-  if (k_pool.scalar_type() == at::kFloat)
-    run(k_pool.data_ptr<float>(), v_pool.data_ptr<float>());
-  else if (k_pool.scalar_type() == at::kBFloat16)
-    run(k_pool.data_ptr<at::BFloat16>(), v_pool.data_ptr<at::BFloat16>());
-  else
-    TORCH_CHECK(false, "redline::decode_step: the KV cache must be fp32 or bf16");
-  return logits;
+    std::vector<float> x(x_in, x_in + T * Hd);  // the residual stream, overwritten layer by layer
+    const int64_t layer_elems = pool_pages * Hkv * page * D;
+    const auto run = [&](auto* k, auto* v) {
+      forward(x.data(), T, Hd, plan->layers, plan->final_norm, plan->final_eps, plan->head, cos, sin, k, v, layer_elems,
+              pages, max_pages, pos, H, Hkv, D, page, static_cast<float>(scale), logit_rows, logits, threads);
+    };
+    if (cache_dtype == F32)
+      run(static_cast<float*>(k_pool), static_cast<float*>(v_pool));
+    else
+      run(static_cast<bf16*>(k_pool), static_cast<bf16*>(v_pool));
+  });
 }
 
-// Turn the stage profile on or off; returns the seconds per stage summed since the last call and, last, the
-// number of steps they cover (then starts again from zero).
-at::Tensor step_profile(bool enable) {
-  auto out = at::empty({STAGES + 1}, at::kDouble);
-  double* o = out.data_ptr<double>();
+// Turn the stage profile on or off; writes the seconds per stage summed since the last call and, last, the number
+// of steps they cover (out: 12 doubles), then starts again from zero.
+REDLINE_API int redline_step_profile(int enable, double* out) {
   for (int i = 0; i < STAGES; ++i) {
-    o[i] = g_stage_seconds[i];
+    out[i] = g_stage_seconds[i];
     g_stage_seconds[i] = 0.0;
   }
-  o[STAGES] = static_cast<double>(g_profiled_steps);
+  out[STAGES] = static_cast<double>(g_profiled_steps);
   g_profiled_steps = 0;
-  g_profiling.store(enable);
-  return out;
-}
-
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(redline, m) {
-  m.def("step_plan(Tensor[] layers, Tensor[] head, float[] eps, int H, int Hkv, int D) -> int");
-  m.def("drop_plan(int plan) -> ()");
-  m.def(
-      "decode_step(Tensor x, int plan, int vocab, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, "
-      "Tensor pages, Tensor pos, float scale, int logit_rows) -> Tensor");
-  m.def("step_profile(bool enable) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(redline, CPU, m) {
-  m.impl("decode_step", &decode_step);
-  m.impl("step_plan", &step_plan);
-}
-
-// No tensor arguments, so no dispatch key to pick an implementation by: registered for every backend.
-TORCH_LIBRARY_IMPL(redline, CompositeExplicitAutograd, m) {
-  m.impl("step_profile", &step_profile);
-  m.impl("drop_plan", &drop_plan);
+  g_profiling.store(enable != 0);
+  return 0;
 }

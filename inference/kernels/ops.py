@@ -73,13 +73,13 @@ def attend(qkv, cos, sin, k_pool, v_pool, pages, pos, heads: int, kv_heads: int,
 def bind_linear(w: torch.Tensor):
     """``x ↦ x @ w.T`` with the operator chosen now, for fp32 activations on this weight's device."""
     ops = native() if w.device.type == "cpu" else None
-    if ops is None or w.dtype != torch.bfloat16 or w.shape[1] % 8:
+    if ops is None or w.dtype != torch.bfloat16 or w.dim() != 2 or w.shape[1] % 8 or w.stride(1) != 1:
         return lambda x: linear(x, w)
-    gemv = torch.ops.redline.linear_bf16.default
+    gemv = ops.bind_bf16(w)
 
     def product(x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < GEMM_ROWS and x.dim() == 2:
-            return gemv(x, w)
+            return gemv(x)
         return linear(x, w)
 
     return product
@@ -91,11 +91,9 @@ def bind_blocks(blocks: BlockWeights):
     if ops is None:
         return lambda x: reference.linear_blocks(x, blocks)
     if blocks.bits == 8:
-        op, args = torch.ops.redline.linear_q8.default, (blocks.qweight, blocks.scales)
-    else:
-        mins = blocks.mins if blocks.mins is not None else blocks.scales.new_empty(0)
-        op, args = torch.ops.redline.linear_q4.default, (blocks.qweight, blocks.scales, mins)
-    return lambda x: op(x, *args)
+        return ops.bind_q8(blocks.qweight, blocks.scales)
+    mins = blocks.mins if blocks.mins is not None else blocks.scales.new_empty(0)
+    return ops.bind_q4(blocks.qweight, blocks.scales, mins)
 
 
 def quantize_blocks(w: torch.Tensor, bits: int, symmetric: bool = False) -> BlockWeights:

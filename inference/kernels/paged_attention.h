@@ -7,9 +7,9 @@
 
 namespace redline_kernels {
 
-template <typename C> inline __m256 load8(const C* p);
-template <> inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
-template <> inline __m256 load8<at::BFloat16>(const at::BFloat16* p) { return bf16x8(reinterpret_cast<const uint16_t*>(p)); }
+template <typename C> inline F8 load8(const C* p);
+template <> inline F8 load8<float>(const float* p) { return f8_load(p); }
+template <> inline F8 load8<bf16>(const bf16* p) { return f8_from_bf16(reinterpret_cast<const uint16_t*>(p)); }
 
 template <typename C>
 struct PagedPools {
@@ -36,23 +36,21 @@ inline void rotate_half(const float* x, const float* c, const float* s, int64_t 
 // s[i] = e^(s[i] − max s) for n scores, eight at a time (a scalar exp per score was most of a long context's
 // attention: 460,000 of them per token on the starter at 1,700 positions); returns their sum.
 inline float softmax_unnormalised(float* s, int64_t n, float* max_out = nullptr) {
-  __m256 mv = _mm256_set1_ps(-INFINITY);
+  F8 mv = f8_set1(-INFINITY);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + i));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  for (; i + 8 <= n; i += 8) mv = f8_max(mv, f8_load(s + i));
+  float mx = f8_hmax(mv);
   for (; i < n; ++i) mx = std::max(mx, s[i]);
-  const __m256 mxv = _mm256_set1_ps(mx);
-  __m256 sv = _mm256_setzero_ps();
+  const F8 mxv = f8_set1(mx);
+  F8 sv = f8_zero();
   for (i = 0; i + 8 <= n; i += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mxv));
-    _mm256_storeu_ps(s + i, e);
-    sv = _mm256_add_ps(sv, e);
+    const F8 e = exp8(f8_sub(f8_load(s + i), mxv));
+    f8_store(s + i, e);
+    sv = f8_add(sv, e);
   }
-  float sum = hsum(sv);
+  float sum = f8_hsum(sv);
   for (; i < n; ++i) {
-    s[i] = std::exp(s[i] - mx);
+    s[i] = exp1(s[i] - mx);
     sum += s[i];
   }
   if (max_out) *max_out = mx;
@@ -73,42 +71,41 @@ inline void attend_head_impl(const float* q, const PagedPools<C>& kv, int64_t ro
     const C* k1 = kv.at(kv.k, row, kvh, t + 1);
     const C* k2 = kv.at(kv.k, row, kvh, t + 2);
     const C* k3 = kv.at(kv.k, row, kvh, t + 3);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    F8 a0 = f8_zero(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t d = 0; d < D; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      a0 = _mm256_fmadd_ps(qv, load8(k0 + d), a0);
-      a1 = _mm256_fmadd_ps(qv, load8(k1 + d), a1);
-      a2 = _mm256_fmadd_ps(qv, load8(k2 + d), a2);
-      a3 = _mm256_fmadd_ps(qv, load8(k3 + d), a3);
+      const F8 qv = f8_load(q + d);
+      a0 = f8_madd(qv, load8(k0 + d), a0);
+      a1 = f8_madd(qv, load8(k1 + d), a1);
+      a2 = f8_madd(qv, load8(k2 + d), a2);
+      a3 = f8_madd(qv, load8(k3 + d), a3);
     }
-    sc[t] = hsum(a0) * scale;
-    sc[t + 1] = hsum(a1) * scale;
-    sc[t + 2] = hsum(a2) * scale;
-    sc[t + 3] = hsum(a3) * scale;
+    sc[t] = f8_hsum(a0) * scale;
+    sc[t + 1] = f8_hsum(a1) * scale;
+    sc[t + 2] = f8_hsum(a2) * scale;
+    sc[t + 3] = f8_hsum(a3) * scale;
   }
   for (; t < n; ++t) {
     const C* kr = kv.at(kv.k, row, kvh, t);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kr + d), acc);
-    sc[t] = hsum(acc) * scale;
+    F8 acc = f8_zero();
+    for (int64_t d = 0; d < D; d += 8) acc = f8_madd(f8_load(q + d), load8(kr + d), acc);
+    sc[t] = f8_hsum(acc) * scale;
   }
   const float sum = softmax_unnormalised(sc, n);
   if constexpr (ND > 0) {
-    __m256 o[ND];
-    for (int i = 0; i < ND; ++i) o[i] = _mm256_setzero_ps();
+    F8 o[ND];
+    for (int i = 0; i < ND; ++i) o[i] = f8_zero();
     for (int64_t i = 0; i < n; ++i) {
       const C* vr = kv.at(kv.v, row, kvh, i);
-      const __m256 wgt = _mm256_set1_ps(sc[i] / sum);
-      for (int j = 0; j < ND; ++j) o[j] = _mm256_fmadd_ps(wgt, load8(vr + 8 * j), o[j]);
+      const F8 wgt = f8_set1(sc[i] / sum);
+      for (int j = 0; j < ND; ++j) o[j] = f8_madd(wgt, load8(vr + 8 * j), o[j]);
     }
-    for (int j = 0; j < ND; ++j) _mm256_storeu_ps(out + 8 * j, o[j]);
+    for (int j = 0; j < ND; ++j) f8_store(out + 8 * j, o[j]);
   } else {
-    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_setzero_ps());
+    for (int64_t d = 0; d < D; d += 8) f8_store(out + d, f8_zero());
     for (int64_t i = 0; i < n; ++i) {
       const C* vr = kv.at(kv.v, row, kvh, i);
-      const __m256 wgt = _mm256_set1_ps(sc[i] / sum);
-      for (int64_t d = 0; d < D; d += 8)
-        _mm256_storeu_ps(out + d, _mm256_fmadd_ps(wgt, load8(vr + d), _mm256_loadu_ps(out + d)));
+      const F8 wgt = f8_set1(sc[i] / sum);
+      for (int64_t d = 0; d < D; d += 8) f8_store(out + d, f8_madd(wgt, load8(vr + d), f8_load(out + d)));
     }
   }
 }
@@ -137,27 +134,27 @@ inline void attend_group_impl(const float* q, const PagedPools<C>& kv, int64_t r
   for (; t + 2 <= n; t += 2) {
     const C* k0 = kv.at(kv.k, row, kvh, lo + t);
     const C* k1 = kv.at(kv.k, row, kvh, lo + t + 1);
-    __m256 a0[G], a1[G];
-    for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
+    F8 a0[G], a1[G];
+    for (int g = 0; g < G; ++g) a0[g] = a1[g] = f8_zero();
     for (int64_t d = 0; d < D; d += 8) {
-      const __m256 x0 = load8(k0 + d), x1 = load8(k1 + d);
+      const F8 x0 = load8(k0 + d), x1 = load8(k1 + d);
       for (int g = 0; g < G; ++g) {
-        const __m256 qv = _mm256_loadu_ps(q + g * D + d);
-        a0[g] = _mm256_fmadd_ps(qv, x0, a0[g]);
-        a1[g] = _mm256_fmadd_ps(qv, x1, a1[g]);
+        const F8 qv = f8_load(q + g * D + d);
+        a0[g] = f8_madd(qv, x0, a0[g]);
+        a1[g] = f8_madd(qv, x1, a1[g]);
       }
     }
     for (int g = 0; g < G; ++g) {
-      sc[g * n + t] = hsum(a0[g]) * scale;
-      sc[g * n + t + 1] = hsum(a1[g]) * scale;
+      sc[g * n + t] = f8_hsum(a0[g]) * scale;
+      sc[g * n + t + 1] = f8_hsum(a1[g]) * scale;
     }
   }
   for (; t < n; ++t) {
     const C* kr = kv.at(kv.k, row, kvh, lo + t);
     for (int g = 0; g < G; ++g) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), load8(kr + d), acc);
-      sc[g * n + t] = hsum(acc) * scale;
+      F8 acc = f8_zero();
+      for (int64_t d = 0; d < D; d += 8) acc = f8_madd(f8_load(q + g * D + d), load8(kr + d), acc);
+      sc[g * n + t] = f8_hsum(acc) * scale;
     }
   }
   float inv[G];
@@ -168,21 +165,21 @@ inline void attend_group_impl(const float* q, const PagedPools<C>& kv, int64_t r
     if (part) part[g * (D + 2)] = mx, part[g * (D + 2) + 1] = sum;
   }
   for (int64_t d0 = 0; d0 < D; d0 += 8 * PASS) {
-    __m256 o[G][PASS];
+    F8 o[G][PASS];
     for (int g = 0; g < G; ++g)
-      for (int j = 0; j < PASS; ++j) o[g][j] = _mm256_setzero_ps();
+      for (int j = 0; j < PASS; ++j) o[g][j] = f8_zero();
     for (int64_t i = 0; i < n; ++i) {
       const C* vr = kv.at(kv.v, row, kvh, lo + i) + d0;
-      __m256 wgt[G];
-      for (int g = 0; g < G; ++g) wgt[g] = _mm256_set1_ps(sc[g * n + i] / inv[g]);
+      F8 wgt[G];
+      for (int g = 0; g < G; ++g) wgt[g] = f8_set1(sc[g * n + i] / inv[g]);
       for (int j = 0; j < PASS; ++j) {
-        const __m256 vv = load8(vr + 8 * j);
-        for (int g = 0; g < G; ++g) o[g][j] = _mm256_fmadd_ps(wgt[g], vv, o[g][j]);
+        const F8 vv = load8(vr + 8 * j);
+        for (int g = 0; g < G; ++g) o[g][j] = f8_madd(wgt[g], vv, o[g][j]);
       }
     }
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < PASS; ++j)
-        _mm256_storeu_ps(part ? part + g * (D + 2) + 2 + d0 + 8 * j : out + g * D + d0 + 8 * j, o[g][j]);
+        f8_store(part ? part + g * (D + 2) + 2 + d0 + 8 * j : out + g * D + d0 + 8 * j, o[g][j]);
   }
 }
 
@@ -227,17 +224,16 @@ inline void merge_parts(const float* parts, int64_t S, int64_t stride, int64_t D
   float M = -INFINITY;
   for (int64_t s = 0; s < S; ++s) M = std::max(M, parts[s * stride]);
   float L = 0.f;
-  for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_setzero_ps());
+  for (int64_t d = 0; d < D; d += 8) f8_store(out + d, f8_zero());
   for (int64_t s = 0; s < S; ++s) {
     const float* p = parts + s * stride;
-    const float w = std::exp(p[0] - M);
+    const float w = exp1(p[0] - M);
     L += w * p[1];
-    const __m256 wv = _mm256_set1_ps(w);
-    for (int64_t d = 0; d < D; d += 8)
-      _mm256_storeu_ps(out + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 2 + d), _mm256_loadu_ps(out + d)));
+    const F8 wv = f8_set1(w);
+    for (int64_t d = 0; d < D; d += 8) f8_store(out + d, f8_madd(wv, f8_load(p + 2 + d), f8_load(out + d)));
   }
-  const __m256 inv = _mm256_set1_ps(1.f / L);
-  for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
+  const F8 inv = f8_set1(1.f / L);
+  for (int64_t d = 0; d < D; d += 8) f8_store(out + d, f8_mul(f8_load(out + d), inv));
 }
 
 }  // namespace redline_kernels

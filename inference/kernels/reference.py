@@ -1,5 +1,5 @@
 """The kernels' computations written with torch operators: what runs where the native kernels do not
-(another CPU, no compiler, CUDA), and what tests compare the native kernels against."""
+(a CPU without a kernel build, CUDA), and what tests compare the native kernels against."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 // Building blocks shared by Redline's CPU kernels (cpu_kernels.cpp: one operator per call; decode_step.cpp: a whole
-// decode step in one call): AVX2 loads and reductions, the int8 activation quantiser, the block-quantised and
-// bf16 row products. Header-only and inline, so each translation unit inlines them into its own loops.
+// decode step in one call): threads, the int8 activation quantiser, the norms, the vectorised exp, and the
+// block-quantised and bf16 row products. Header-only and inline, so each translation unit inlines them into its own
+// loops; written in vec.h's operations, so the same code serves AVX2, NEON and the portable build.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
+#include "vec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,53 +16,29 @@ namespace redline_kernels {
 
 constexpr int64_t BLOCK = 32;
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  lo = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, lo);
-  return _mm_cvtss_f32(_mm_add_ss(lo, sh));
+// f(begin, end) over [begin, end) split into one contiguous chunk per thread, as ATen's OpenMP parallel_for splits
+// it (the kernels were written against that): at most `threads` threads and at least `grain` items each; inline
+// when the range is small, one thread is asked for, or this already runs inside a parallel region.
+template <typename F>
+inline void parallel_for(int64_t begin, int64_t end, int64_t grain, int threads, const F& f) {
+  if (begin >= end) return;
+  const int64_t n = end - begin;
+  if (n <= grain || n <= 1 || threads <= 1 || omp_in_parallel()) {
+    f(begin, end);
+    return;
+  }
+  const int64_t nt = std::min<int64_t>(threads, grain > 0 ? (n + grain - 1) / grain : n);
+  const int64_t chunk = (n + nt - 1) / nt;
+#pragma omp parallel num_threads(static_cast<int>(nt))
+  {
+    const int64_t b = begin + omp_get_thread_num() * chunk;
+    if (b < end) f(b, std::min(end, b + chunk));
+  }
 }
 
-inline __m256 bf16x8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline float f16(uint16_t h) { return _cvtsh_ss(h); }
-
-// -- activations quantised per block of 32: q int8, d = max|x| / 127, s = d * sum(q) -------------------
-inline void quantize_block(const float* v, int8_t* q, float* dx, float* sx) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
-               v3 = _mm256_loadu_ps(v + 24);
-  __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
-  m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-  __m128 mm = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-  mm = _mm_max_ps(mm, _mm_movehl_ps(mm, mm));
-  mm = _mm_max_ss(mm, _mm_movehdup_ps(mm));
-  const float d = _mm_cvtss_f32(mm) / 127.f;
-  const __m256 mul = _mm256_set1_ps(d > 0 ? 1.f / d : 0.f);
-  __m256i i0v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  __m256i i1v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  __m256i i2v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  __m256i i3v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0v, i1v), _mm256_add_epi32(i2v, i3v));
-  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-  s4 = _mm_hadd_epi32(s4, s4);
-  s4 = _mm_hadd_epi32(s4, s4);
-  *dx = d;
-  *sx = d * static_cast<float>(_mm_cvtsi128_si32(s4));
-  i0v = _mm256_packs_epi32(i0v, i1v);
-  i2v = _mm256_packs_epi32(i2v, i3v);
-  i0v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i0v, i2v), perm);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), i0v);
-}
-
-inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* qx, float* dx, float* sx) {
-  at::parallel_for(0, T * (K / BLOCK), 64, [&](int64_t i0, int64_t i1) {
+// -- activations quantised per block of 32: q int8, d = max|x| / 127, s = d * sum(q) (quantize_block, vec.h) ------
+inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* qx, float* dx, float* sx, int threads) {
+  parallel_for(0, T * (K / BLOCK), 64, threads, [&](int64_t i0, int64_t i1) {
     // rows are contiguous, so block i of the whole matrix
     for (int64_t i = i0; i < i1; ++i) quantize_block(x + i * BLOCK, qx + i * BLOCK, dx + i, sx + i);
   });
@@ -71,45 +46,55 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* qx, floa
 
 // -- between the products: one row at a time --------------------------------------------------------
 inline void rms_norm_row(const float* x, const float* w, float eps, int64_t H, float* y) {
-  __m256 acc = _mm256_setzero_ps();
+  F8 acc = f8_zero();
   for (int64_t i = 0; i < H; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_fmadd_ps(v, v, acc);
+    const F8 v = f8_load(x + i);
+    acc = f8_madd(v, v, acc);
   }
-  const __m256 r = _mm256_set1_ps(1.f / std::sqrt(hsum(acc) / H + eps));
-  for (int64_t i = 0; i < H; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+  const F8 r = f8_set1(1.f / std::sqrt(f8_hsum(acc) / H + eps));
+  for (int64_t i = 0; i < H; i += 8) f8_store(y + i, f8_mul(f8_load(w + i), f8_mul(f8_load(x + i), r)));
 }
 
 // e^x for eight floats (Cephes' expf: x = k·ln 2 + r with |r| <= ln 2 / 2, e^r by a degree-6 polynomial, 2^k
 // through the exponent bits), within about two units in the last place; inputs clamped to the normal range.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+inline F8 exp8(F8 x) {
+  x = f8_min(f8_max(x, f8_set1(-87.3f)), f8_set1(88.3f));
+  const F8 k = f8_round(f8_mul(x, f8_set1(1.44269504088896341f)));
+  F8 r = f8_nmadd(k, f8_set1(0.693359375f), x);
+  r = f8_nmadd(k, f8_set1(-2.12194440e-4f), r);
+  F8 p = f8_set1(1.9875691500e-4f);
+  p = f8_madd(p, r, f8_set1(1.3981999507e-3f));
+  p = f8_madd(p, r, f8_set1(8.3334519073e-3f));
+  p = f8_madd(p, r, f8_set1(4.1665795894e-2f));
+  p = f8_madd(p, r, f8_set1(1.6666665459e-1f));
+  p = f8_madd(p, r, f8_set1(5.0000001201e-1f));
+  const F8 y = f8_madd(p, f8_mul(r, r), f8_add(r, f8_set1(1.f)));
+  return f8_mul(y, f8_pow2i(k));
+}
+
+// e^x for one float, computed as exp8 computes each lane (not the C library's expf, whose last bit depends on the
+// library and even on the CPU it picks a version for), so a remainder of fewer than eight values, and every build,
+// gets the same numbers.
+inline float exp1(float x) {
+#ifdef REDLINE_LIBM_EXP  // the torch-extension build's expf (before December 2026), to compare the two bit for bit
+  return std::exp(x);
+#else
+  float lanes[8];
+  f8_store(lanes, exp8(f8_set1(x)));
+  return lanes[0];
+#endif
 }
 
 // y = silu(gate) * up = gate / (1 + e^-gate) * up; eight at a time (a scalar exp per element was 4 % of a q4 step).
 inline void silu_mul_span(const float* gate, const float* up, int64_t n, float* y) {
   int64_t i = 0;
-  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+  const F8 one = f8_set1(1.f);
   for (; i + 8 <= n; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, sign))));
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    const F8 g = f8_load(gate + i);
+    const F8 s = f8_div(g, f8_add(one, exp8(f8_neg(g))));
+    f8_store(y + i, f8_mul(s, f8_load(up + i)));
   }
-  for (; i < n; ++i) y[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+  for (; i < n; ++i) y[i] = gate[i] / (1.f + exp1(-gate[i])) * up[i];
 }
 
 // Software prefetch of the weight rows AHEAD rows on (the next group a thread will read): on the 2-core Zen 3
@@ -124,22 +109,7 @@ inline bool prefetching() {
 }
 inline void prefetch_lines(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
-}
-
-inline __m256 dot_i8(__m256i x, __m256i y) {  // 32 int8 × int8 products, summed in pairs, as 8 floats
-  const __m256i dot = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)));
-}
-
-inline __m256 dot_u8_i8(__m256i u, __m256i s) {  // uint8 (0..15) × int8
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-
-inline __m256i nibbles(const uint8_t* p) {  // 16 bytes → 32 values 0..15: low nibbles, then high nibbles
-  const __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_and_si256(_mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1),
-                          _mm256_set1_epi8(0x0F));
+  for (int64_t o = 0; o < bytes; o += 64) prefetch(c + o);
 }
 
 // R rows of Q8_0 weights (int8 [R, K], fp16 scales) against one activation row. Scales are converted eight
@@ -147,10 +117,10 @@ inline __m256i nibbles(const uint8_t* p) {  // 16 bytes → 32 values 0..15: low
 template <int R>
 inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_t nb, const int8_t* qx, const float* dx,
                     float* y, bool prefetch = true) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const auto row_dot = [&](int r, int64_t b, __m256i q) -> __m256 {
-    return dot_i8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * wstride + b * BLOCK)), q);
+  F8 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = f8_zero();
+  const auto row_dot = [&](int r, int64_t b, const I8x32& q) -> F8 {
+    return f8_dot_i8(i8_load(w + r * wstride + b * BLOCK), q);
   };
   int64_t b = 0;
   const bool pf = prefetch && prefetching();
@@ -158,23 +128,21 @@ inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
     if (pf)
       for (int r = 0; r < R; ++r) {
         prefetch_lines(w + (AHEAD + r) * wstride + b * BLOCK, 8 * BLOCK);
-        _mm_prefetch(reinterpret_cast<const char*>(sc + (AHEAD + r) * nb + b), _MM_HINT_T0);
+        redline_kernels::prefetch(sc + (AHEAD + r) * nb + b);
       }
-    const __m256 dxv = _mm256_loadu_ps(dx + b);
-    __m256 d[R];
-    for (int r = 0; r < R; ++r)
-      d[r] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + r * nb + b))), dxv);
+    const F8 dxv = f8_load(dx + b);
+    F8 d[R];
+    for (int r = 0; r < R; ++r) d[r] = f8_mul(f8_from_f16(sc + r * nb + b), dxv);
     for (int j = 0; j < 8; ++j) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + (b + j) * BLOCK));
-      const __m256i idx = _mm256_set1_epi32(j);
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(d[r], idx), row_dot(r, b + j, q), acc[r]);
+      const I8x32 q = i8_load(qx + (b + j) * BLOCK);
+      for (int r = 0; r < R; ++r) acc[r] = f8_madd(f8_lane(d[r], j), row_dot(r, b + j, q), acc[r]);
     }
   }
   for (; b < nb; ++b) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + b * BLOCK));
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f16(sc[r * nb + b]) * dx[b]), row_dot(r, b, q), acc[r]);
+    const I8x32 q = i8_load(qx + b * BLOCK);
+    for (int r = 0; r < R; ++r) acc[r] = f8_madd(f8_set1(f16(sc[r * nb + b]) * dx[b]), row_dot(r, b, q), acc[r]);
   }
-  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) y[r] = f8_hsum(acc[r]);
 }
 
 // 4-bit weights (GGUF nibble order) against tt <= TT activation rows, R weight rows at a time; out[t][r].
@@ -185,55 +153,53 @@ inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
 template <bool ASYM, int R, int TT>
 inline void q4_tile(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int tt,
                     const int8_t* qx, const float* dx, const float* sx, int64_t K, float (*out)[R]) {
-  __m256 acc[TT][R], macc[TT][R];
+  F8 acc[TT][R], macc[TT][R];
   float tail[TT][R];
   for (int t = 0; t < TT; ++t)
     for (int r = 0; r < R; ++r) {
-      acc[t][r] = macc[t][r] = _mm256_setzero_ps();
+      acc[t][r] = macc[t][r] = f8_zero();
       tail[t][r] = 0.f;
     }
-  const __m256 minus8 = _mm256_set1_ps(-8.f);
-  __m256i U[TT > 1 ? 8 : 1][R];
+  const F8 minus8 = f8_set1(-8.f);
+  I8x32 U[TT > 1 ? 8 : 1][R];
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
-    __m256 scv[R], cv[R];
+    F8 scv[R], cv[R];
     for (int r = 0; r < R; ++r) {
-      scv[r] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + r * nb + b)));
-      cv[r] = ASYM ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + r * nb + b)))
-                   : _mm256_mul_ps(scv[r], minus8);
+      scv[r] = f8_from_f16(sc + r * nb + b);
+      cv[r] = ASYM ? f8_from_f16(mn + r * nb + b) : f8_mul(scv[r], minus8);
     }
     if constexpr (TT > 1)
       for (int j = 0; j < 8; ++j)
-        for (int r = 0; r < R; ++r) U[j][r] = nibbles(w + r * row_bytes + (b + j) * (BLOCK / 2));
+        for (int r = 0; r < R; ++r) U[j][r] = i8_nibbles(w + r * row_bytes + (b + j) * (BLOCK / 2));
     for (int t = 0; t < tt; ++t) {
-      const __m256 dxv = _mm256_loadu_ps(dx + t * nb + b), sxv = _mm256_loadu_ps(sx + t * nb + b);
-      __m256 d[R];
+      const F8 dxv = f8_load(dx + t * nb + b), sxv = f8_load(sx + t * nb + b);
+      F8 d[R];
       for (int r = 0; r < R; ++r) {
-        d[r] = _mm256_mul_ps(scv[r], dxv);
-        macc[t][r] = _mm256_fmadd_ps(cv[r], sxv, macc[t][r]);
+        d[r] = f8_mul(scv[r], dxv);
+        macc[t][r] = f8_madd(cv[r], sxv, macc[t][r]);
       }
       for (int j = 0; j < 8; ++j) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + t * K + (b + j) * BLOCK));
-        const __m256i idx = _mm256_set1_epi32(j);
+        const I8x32 q = i8_load(qx + t * K + (b + j) * BLOCK);
         for (int r = 0; r < R; ++r) {
-          const __m256i u = TT > 1 ? U[TT > 1 ? j : 0][r] : nibbles(w + r * row_bytes + (b + j) * (BLOCK / 2));
-          acc[t][r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(d[r], idx), dot_u8_i8(u, q), acc[t][r]);
+          const I8x32 u = TT > 1 ? U[TT > 1 ? j : 0][r] : i8_nibbles(w + r * row_bytes + (b + j) * (BLOCK / 2));
+          acc[t][r] = f8_madd(f8_lane(d[r], j), f8_dot_u8_i8(u, q), acc[t][r]);
         }
       }
     }
   }
   for (; b < nb; ++b)
     for (int t = 0; t < tt; ++t) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + t * K + b * BLOCK));
+      const I8x32 q = i8_load(qx + t * K + b * BLOCK);
       for (int r = 0; r < R; ++r) {
         const float s = f16(sc[r * nb + b]);
-        const __m256i u = nibbles(w + r * row_bytes + b * (BLOCK / 2));
-        acc[t][r] = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[t * nb + b]), dot_u8_i8(u, q), acc[t][r]);
+        const I8x32 u = i8_nibbles(w + r * row_bytes + b * (BLOCK / 2));
+        acc[t][r] = f8_madd(f8_set1(s * dx[t * nb + b]), f8_dot_u8_i8(u, q), acc[t][r]);
         tail[t][r] += (ASYM ? f16(mn[r * nb + b]) : -8.f * s) * sx[t * nb + b];
       }
     }
   for (int t = 0; t < tt; ++t)
-    for (int r = 0; r < R; ++r) out[t][r] = hsum(acc[t][r]) + hsum(macc[t][r]) + tail[t][r];
+    for (int r = 0; r < R; ++r) out[t][r] = f8_hsum(acc[t][r]) + f8_hsum(macc[t][r]) + tail[t][r];
 }
 
 // y[t·ys + n0 + r] = f(t, r, value) for 4-bit weight rows n0..n0+R over all T activation rows: one activation row
@@ -288,8 +254,8 @@ inline void q4_rows(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
   }
 }
 
-inline __m256 wload(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 wload(const uint16_t* p) { return bf16x8(p); }
+inline F8 wload(const float* p) { return f8_load(p); }
+inline F8 wload(const uint16_t* p) { return f8_from_bf16(p); }
 
 // R dense weight rows (fp32 or bf16, `stride` elements apart) against TT activation rows (`K` apart): each
 // loaded and converted weight vector serves every activation row, and R rows keep more loads in flight (four rows
@@ -303,52 +269,47 @@ inline __m256 wload(const uint16_t* p) { return bf16x8(p); }
 // starter, 3 rounds alternating with bf16x8, load 1.4-1.8): four sequences 20.3 -> 18.1 ms; one to three and a
 // 44-row prompt's products unchanged (they wait on memory, or on the multiply-adds).
 inline void permute16(const float* x, int64_t T, int64_t K, float* out) {
-  for (int64_t i = 0; i < T * K; i += 16) {
-    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
-    _mm256_storeu_ps(out + i, _mm256_permute2f128_ps(a, b, 0x20));
-    _mm256_storeu_ps(out + i + 8, _mm256_permute2f128_ps(a, b, 0x31));
-  }
+  for (int64_t i = 0; i < T * K; i += 16) permute16_block(x + i, out + i);
 }
 
 template <typename W, int R, int TT, bool P16 = false>
 inline void dense_tile(const W* w, int64_t stride, const float* x, int64_t K, float out[TT][R], bool prefetch) {
-  __m256 a[TT][R];
+  F8 a[TT][R];
   for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < R; ++r) a[t][r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) a[t][r] = f8_zero();
   const bool pf = prefetch && prefetching();
   if constexpr (P16) {
-    const __m256i zero = _mm256_setzero_si256();
     for (int64_t k = 0; k < K; k += 16) {
       if (pf && (k * 2) % 64 == 0)
-        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (AHEAD + r) * stride + k), _MM_HINT_T0);
-      __m256i v[R];
-      for (int r = 0; r < R; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * stride + k));
-      __m256 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v[r]));
+        for (int r = 0; r < R; ++r) redline_kernels::prefetch(w + (AHEAD + r) * stride + k);
+      W16 v[R];
+      for (int r = 0; r < R; ++r) v[r] = w16_load(w + r * stride + k);
+      F8 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = w16_lo(v[r]);
       for (int t = 0; t < TT; ++t) {
-        const __m256 xv = _mm256_loadu_ps(x + t * K + k);
-        for (int r = 0; r < R; ++r) a[t][r] = _mm256_fmadd_ps(wv[r], xv, a[t][r]);
+        const F8 xv = f8_load(x + t * K + k);
+        for (int r = 0; r < R; ++r) a[t][r] = f8_madd(wv[r], xv, a[t][r]);
       }
-      for (int r = 0; r < R; ++r) wv[r] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v[r]));
+      for (int r = 0; r < R; ++r) wv[r] = w16_hi(v[r]);
       for (int t = 0; t < TT; ++t) {
-        const __m256 xv = _mm256_loadu_ps(x + t * K + k + 8);
-        for (int r = 0; r < R; ++r) a[t][r] = _mm256_fmadd_ps(wv[r], xv, a[t][r]);
+        const F8 xv = f8_load(x + t * K + k + 8);
+        for (int r = 0; r < R; ++r) a[t][r] = f8_madd(wv[r], xv, a[t][r]);
       }
     }
   } else {
     for (int64_t k = 0; k < K; k += 8) {
       if (pf && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
-        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (AHEAD + r) * stride + k), _MM_HINT_T0);
-      __m256 wv[R];
+        for (int r = 0; r < R; ++r) redline_kernels::prefetch(w + (AHEAD + r) * stride + k);
+      F8 wv[R];
       for (int r = 0; r < R; ++r) wv[r] = wload(w + r * stride + k);
       for (int t = 0; t < TT; ++t) {
-        const __m256 xv = _mm256_loadu_ps(x + t * K + k);
-        for (int r = 0; r < R; ++r) a[t][r] = _mm256_fmadd_ps(wv[r], xv, a[t][r]);
+        const F8 xv = f8_load(x + t * K + k);
+        for (int r = 0; r < R; ++r) a[t][r] = f8_madd(wv[r], xv, a[t][r]);
       }
     }
   }
   for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < R; ++r) out[t][r] = hsum(a[t][r]);
+    for (int r = 0; r < R; ++r) out[t][r] = f8_hsum(a[t][r]);
 }
 
 template <typename W, int R, int TT, bool P16, typename Emit>

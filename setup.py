@@ -1,0 +1,106 @@
+"""Builds Redline's native CPU kernels into the wheel (everything else about the package is in pyproject.toml).
+
+``python -m build --wheel`` compiles inference/kernels/ once per CPU variant of this machine's architecture
+(``inference/kernels/build.py``: avx2 and generic on x86-64, neon-dotprod and neon on ARM64) into
+``redline/inference/kernels/prebuilt/``, so an installed Redline never compiles anything. The wheel is then tagged
+for the platform (``py3-none-<platform>``: the library uses no Python API, so one wheel serves every Python 3.11+);
+``auditwheel repair`` (``make wheel``) bundles the OpenMP runtime and gives it its manylinux tag.
+
+An editable install (``pip install -e .``, what ``make`` does) builds nothing: a source checkout builds its
+kernels on first use instead (inference/kernels/native.py).
+
+Environment:
+  REDLINE_KERNEL_VARIANTS   variants to build (comma-separated; default: this machine's, all of them; "none" for
+                            a wheel without kernels)
+  REDLINE_REQUIRE_KERNELS   1: a failed compile fails the build (``make wheel`` and the packaging test set it);
+                            otherwise the wheel is built without kernels, with a warning, and falls back to a
+                            first-use build or torch's operators
+  CXX                       the compiler (default: c++, g++ or clang++; MSVC's cl on Windows, see build.py)
+"""
+
+import importlib.util
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+ROOT = Path(__file__).resolve().parent
+KERNELS = ROOT / "inference" / "kernels"
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("redline_kernel_build", KERNELS / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildWithKernels(build_py):
+    """build_py, then the kernel libraries into the build tree's redline/inference/kernels/prebuilt/."""
+
+    def find_package_modules(self, package, package_dir):
+        # The repository root is the package `redline`, so this script sits in it: not a module of the package.
+        modules = super().find_package_modules(package, package_dir)
+        return [m for m in modules if not (package == "redline" and m[1] == "setup")]
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        recipe = _recipe()
+        wanted = os.environ.get("REDLINE_KERNEL_VARIANTS", ",".join(recipe.VARIANTS.get(recipe.machine(), ())))
+        variants = [v for v in wanted.split(",") if v and v != "none"]
+        out = Path(self.build_lib) / "redline" / "inference" / "kernels" / "prebuilt"
+        strict = os.environ.get("REDLINE_REQUIRE_KERNELS", "").strip() in ("1", "true", "yes")
+
+        def one(variant):
+            return recipe.compile_library(variant, out / recipe.library_name(variant), source_dir=KERNELS)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(variants), os.cpu_count() or 1))) as pool:
+            futures = {variant: pool.submit(one, variant) for variant in variants}
+        built = []
+        for variant, future in futures.items():
+            try:
+                built.append(future.result())
+                print(f"redline: built the {variant} kernels: {built[-1]}")
+            except Exception as exc:
+                if strict:
+                    raise SystemExit(f"redline: building the {variant} kernels failed: {exc}") from exc
+                print(
+                    f"redline: WARNING: the {variant} kernels were not built ({exc}); this wheel will build them "
+                    "on first use where a compiler is, else use torch's operators",
+                    file=sys.stderr,
+                )
+        if built:
+            runtime = recipe.bundle_openmp_runtime(out)
+            if runtime is not None:
+                print(f"redline: bundled the OpenMP runtime: {runtime}")
+
+
+class PlatformDistribution(Distribution):
+    """A wheel with a compiled library is platform-specific (root_is_pure false)."""
+
+    def has_ext_modules(self):
+        return True
+
+
+cmdclass = {"build_py": BuildWithKernels}
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+
+    class PlatformWheel(bdist_wheel):
+        """Tagged py3-none-<platform>: the library is plain C, tied to the CPU and OS, not to a Python version."""
+
+        def get_tag(self):
+            _, _, plat = super().get_tag()
+            return "py3", "none", plat
+
+    cmdclass["bdist_wheel"] = PlatformWheel
+except ImportError:  # setuptools < 70.1 (pyproject.toml requires newer)
+    pass
+
+setup(cmdclass=cmdclass, distclass=PlatformDistribution)

@@ -1,0 +1,183 @@
+"""The kernel library's builds for other CPUs, its C ABI, and how a build is chosen (inference/kernels/native.py,
+build.py). tests/test_kernels.py and test_whole_step.py test the build this CPU loads; here every build this CPU can
+run is held to the same references, side by side."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from redline.inference.kernels import build, native, reference
+from redline.inference.loading import block_quant
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_native = pytest.mark.usefixtures("native_kernels")
+
+
+def rel_error(a, b) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+@pytest.fixture(scope="module")
+def builds():
+    """Every variant this CPU runs, loaded side by side (the portable one built here if need be)."""
+    if native.why_not_here() is not None or not native.buildable_here():
+        pytest.skip(f"no kernels here: {native.will_run()}")
+    out = {}
+    for variant in native.variants_here():
+        try:
+            out[variant] = native.library_for(variant)
+        except RuntimeError as exc:  # no shipped library for it and no compiler
+            pytest.skip(f"cannot load the {variant} build: {exc}")
+    return out
+
+
+def test_the_variant_follows_the_cpu_flags(monkeypatch):
+    monkeypatch.delenv("REDLINE_KERNELS_VARIANT", raising=False)
+    monkeypatch.setattr(build, "machine", lambda: "x86_64")
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx", "avx2", "fma", "f16c"})
+    assert native.variants_here() == ["avx2", "generic"]
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx", "f16c"})  # Ivy Bridge: AVX, no AVX2
+    assert native.variants_here() == ["generic"]
+    monkeypatch.setattr(build, "machine", lambda: "aarch64")
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"fp", "asimd", "asimddp"})
+    assert native.variants_here() == ["neon-dotprod", "neon"]
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"fp", "asimd"})  # Cortex-A72 (Raspberry Pi 4)
+    assert native.variants_here() == ["neon"]
+    monkeypatch.setattr(build, "machine", lambda: "riscv64")
+    assert native.variants_here() == [] and "riscv64" in native.cpu_supports_kernels()
+    monkeypatch.setattr(build, "machine", lambda: "x86_64")
+    monkeypatch.setenv("REDLINE_KERNELS_VARIANT", "neon")
+    assert native.variants_here() == [] and "REDLINE_KERNELS_VARIANT=neon" in native.cpu_supports_kernels()
+
+
+@needs_native
+def test_the_library_is_plain_c_without_torch():
+    """No libtorch, libc10 or Python symbol: the binary outlives a torch upgrade."""
+    path = native.status()["path"]
+    if sys.platform != "linux" or shutil.which("readelf") is None:
+        pytest.skip("readelf on Linux only")
+    dynamic = subprocess.run(["readelf", "-d", "--dyn-syms", "-W", path], capture_output=True, text=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert not [n for n in needed if "torch" in n or "c10" in n or "python" in n], needed
+    undefined = [line.split()[-1] for line in dynamic.splitlines() if " UND " in line and line.split()[-1] != "UND"]
+    assert not [u for u in undefined if "torch" in u or "c10" in u or u.startswith("Py")], undefined
+    exported = {line.split()[-1] for line in dynamic.splitlines() if " GLOBAL " in line and " UND " not in line}
+    assert {"redline_decode_step", "redline_step_plan", "redline_linear_q4", "redline_abi_version"} <= exported
+    assert not [e for e in exported if not e.startswith(("redline_", "_ZSt", "_init", "_fini"))], exported
+
+
+def test_every_build_gives_the_reference_results(builds):
+    """Each variant this CPU runs, held to torch: products within their tolerance, the quantisers bit for bit,
+    a row the same alone and in a batch, attention as torch's."""
+    torch.manual_seed(0)
+    w = (torch.randn(962, 576) * 0.05).bfloat16()
+    x = torch.randn(9, 576)
+    wq = torch.randn(98, 576) * 0.05
+    for variant, k in builds.items():
+        assert rel_error(k.linear_bf16(x, w), x @ w.float().T) < 1e-5, variant
+        bf16 = k.bind_bf16(w)
+        alone = torch.cat([bf16(x[i : i + 1]) for i in range(9)])
+        assert torch.equal(bf16(x), alone), variant
+        for kind in ("q8", "q4", "q4-symmetric"):
+            blocks = (
+                block_quant.quantize_q8(wq) if kind == "q8" else block_quant.quantize_q4(wq, kind == "q4-symmetric")
+            )
+            if kind == "q8":
+                product = k.bind_q8(blocks.qweight, blocks.scales)
+                q, s = k.quantize_q8(wq)
+                assert torch.equal(q, blocks.qweight) and torch.equal(s, blocks.scales), variant
+            else:
+                mins = blocks.mins if blocks.mins is not None else blocks.scales.new_empty(0)
+                product = k.bind_q4(blocks.qweight, blocks.scales, mins)
+                p, s, m = k.quantize_q4(wq, kind == "q4-symmetric")
+                assert torch.equal(p, blocks.qweight) and torch.equal(s, blocks.scales), (variant, kind)
+            y = product(x)
+            assert rel_error(y, x @ block_quant.dequantize(blocks).T) < 0.02, (variant, kind)
+            assert torch.equal(y, torch.cat([product(x[i : i + 1]) for i in range(9)])), (variant, kind)
+        h, g = torch.randn(3, 576), torch.rand(576)
+        assert rel_error(k.rms_norm(h, g, 1e-5), reference.rms_norm(h, g, 1e-5)) < 1e-6, variant
+        gate_up = torch.randn(2, 2 * 1540)  # 1540: a remainder past the vectors of eight
+        assert rel_error(k.silu_mul(gate_up), reference.silu_mul(gate_up)) < 1e-6, variant
+        heads, kv_heads, dim, page = 9, 3, 64, 16
+        kp, kr = torch.zeros(40, kv_heads, page, dim), torch.zeros(40, kv_heads, page, dim)
+        vp, vr = torch.zeros_like(kp), torch.zeros_like(kp)
+        cos, sin = torch.randn(256, dim), torch.randn(256, dim)
+        pages = torch.randperm(40)[:32].int().view(2, 16)
+        for t in range(21):
+            qkv = torch.randn(2, (heads + 2 * kv_heads) * dim)
+            pos = torch.tensor([t, t + 3])
+            got = k.attend(qkv, cos, sin, kp, vp, pages, pos, heads, kv_heads, dim**-0.5)
+            want = reference.attend(qkv, cos, sin, kr, vr, pages, pos, heads, kv_heads, dim**-0.5)
+        assert rel_error(got, want) < 1e-5 and torch.equal(kp, kr), variant
+
+
+@pytest.mark.slow
+def test_the_portable_build_with_fused_multiply_adds_is_avx2_bit_for_bit(builds):
+    """vec.h's portable operations do lane by lane what AVX2 does; built with REDLINE_EXACT_FMA (std::fma for the
+    fused multiply-adds a CPU without FMA lacks) the portable build must give the AVX2 build's bits. This is what
+    makes the ARM64 build, whose multiply-adds are fused, give the same bits too (test_kernels_arm64.py)."""
+    if "avx2" not in builds:
+        pytest.skip("this CPU has no AVX2")
+    avx2, exact = builds["avx2"], native.library_for("generic", ("-DREDLINE_EXACT_FMA",))
+    torch.manual_seed(1)
+    for shape in ((98, 576), (17, 40), (33, 96)):
+        w = (torch.randn(*shape) * 0.05).bfloat16()
+        for rows in (1, 2, 3, 5, 9):
+            x = torch.randn(rows, shape[1])
+            assert torch.equal(avx2.linear_bf16(x, w), exact.linear_bf16(x, w)), (shape, rows)
+    wq = torch.randn(98, 576) * 0.05
+    for rows in (1, 3, 9, 20):
+        x = torch.randn(rows, 576)
+        b8, b4 = block_quant.quantize_q8(wq), block_quant.quantize_q4(wq)
+        assert torch.equal(avx2.linear_q8(x, b8.qweight, b8.scales), exact.linear_q8(x, b8.qweight, b8.scales))
+        assert torch.equal(
+            avx2.linear_q4(x, b4.qweight, b4.scales, b4.mins), exact.linear_q4(x, b4.qweight, b4.scales, b4.mins)
+        )
+    g = torch.randn(3, 2 * 1540) * 4
+    assert torch.equal(avx2.silu_mul(g), exact.silu_mul(g))
+    h, n = torch.randn(3, 576), torch.rand(576)
+    assert torch.equal(avx2.rms_norm(h, n, 1e-5), exact.rms_norm(h, n, 1e-5))
+    for cache in (torch.float32, torch.bfloat16):
+        pools = [torch.zeros(40, 2, 16, 64, dtype=cache) for _ in range(4)]
+        cos, sin = torch.randn(256, 64), torch.randn(256, 64)
+        pages = torch.randperm(40)[:32].int().view(2, 16)
+        for t in range(37):
+            qkv = torch.randn(2, (8 + 4) * 64)
+            pos = torch.tensor([t, t + 5])
+            a = avx2.attend(qkv, cos, sin, pools[0], pools[1], pages, pos, 8, 2, 0.125)
+            b = exact.attend(qkv, cos, sin, pools[2], pools[3], pages, pos, 8, 2, 0.125)
+            assert torch.equal(a, b), (cache, t)
+        assert torch.equal(pools[0], pools[2]) and torch.equal(pools[1], pools[3])
+
+
+@pytest.mark.slow
+def test_the_portable_build_passes_the_kernel_and_whole_step_tests():
+    """tests/test_kernels.py and test_whole_step.py again, on the portable x86-64 build (REDLINE_KERNELS_VARIANT=
+    generic): what a CPU without AVX2 runs."""
+    if native.why_not_here() is not None or "generic" not in native.variants_here() or not native.buildable_here():
+        pytest.skip("no portable x86-64 build here")
+    env = dict(os.environ, REDLINE_KERNELS_VARIANT="generic", QT_QPA_PLATFORM="offscreen")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_kernels.py",
+            "tests/test_whole_step.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-500:]
