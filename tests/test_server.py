@@ -113,6 +113,35 @@ def test_streamed_without_include_usage_puts_timings_on_the_final_chunk(client):
     assert chunks[-1].choices[0].finish_reason and "timings" in chunks[-1].model_extra
 
 
+def test_cached_prompt_tokens_are_reported_as_the_engine_counted_them(tiny_server, client):
+    """usage.prompt_tokens_details.cached_tokens (OpenAI) and timings.cache_n (llama.cpp) in every answer, streamed
+    and not, chat and completions: the result's cached_tokens."""
+    service = tiny_server.service
+    handles = []
+    submit = service.submit
+
+    def spy(request):
+        handles.append(submit(request))
+        return handles[-1]
+
+    messages = [{"role": "user", "content": "The same question twice, the same question twice"}]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "submit", spy)
+        answers = [ask(client, messages=messages, temperature=0) for _ in range(2)]
+        streamed = list(
+            ask(client, messages=messages, temperature=0, stream=True, stream_options={"include_usage": True})
+        )
+        plain = list(ask(client, messages=messages, temperature=0, stream=True))
+        completion = client.completions.create(model="tiny-llama", prompt="Paris is", max_tokens=3)
+    results = [h.result(TIMEOUT) for h in handles]
+    for answer, result in zip(answers + [streamed[-1]], results):
+        assert answer.usage.prompt_tokens_details.cached_tokens == result.cached_tokens
+        assert answer.model_extra["timings"]["cache_n"] == result.cached_tokens
+    assert plain[-1].model_extra["timings"]["cache_n"] == results[3].cached_tokens
+    assert completion.usage.prompt_tokens_details.cached_tokens == results[4].cached_tokens
+    assert completion.model_extra["timings"]["cache_n"] == results[4].cached_tokens
+
+
 def test_seeded_sampling_repeats(client):
     a = ask(client, temperature=0.9, top_p=0.95, seed=1234, max_tokens=16)
     b = ask(client, temperature=0.9, top_p=0.95, seed=1234, max_tokens=16)

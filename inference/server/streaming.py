@@ -50,6 +50,7 @@ def timings(result: GenerationResult) -> dict:
         "queued_ms": round(queued, 3),
         "draft_n": result.draft_proposed or 0,
         "draft_n_accepted": result.draft_accepted or 0,
+        "cache_n": result.cached_tokens or 0,  # of the prompt's tokens, those taken from the prefix cache
     }
 
 
@@ -58,6 +59,7 @@ def usage(result: GenerationResult) -> dict:
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.new_tokens,
         "total_tokens": result.prompt_tokens + result.new_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens or 0},
     }
 
 
@@ -145,6 +147,7 @@ async def whole(api, handle, queue, request, ident, created, name, chat):
     from fastapi.responses import JSONResponse
 
     stats = api.stats
+
     async def gone():
         while True:
             message = await request.receive()
