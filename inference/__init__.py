@@ -38,6 +38,14 @@ from redline.inference.bench.runner import SEED_PRESET, BenchSpec, run_bench
 from redline.inference.bench.saving import list_reports, load_report, save_report
 from redline.inference.bench.sets import READY_SETS, configs_text, every_precision, from_presets, ladder
 from redline.inference.bench.sweep import MODES as SWEEP_MODES
+from redline.inference.browse.fetch import Fetched
+from redline.inference.browse.fetch import fetch as fetch_variant
+from redline.inference.browse.library import LocalModel, age_text, delete_text, local_library, reclaimable_bytes
+from redline.inference.browse.library import delete as delete_local_model
+from redline.inference.browse.predict import FITS, NO_FIT, TIGHT, VariantPrediction, machine_target, predict_repo
+from redline.inference.browse.search import HubModel
+from redline.inference.browse.search import search as search_hub
+from redline.inference.browse.variants import RepoVariants, Variant, repo_variants
 from redline.inference.decoding.draft_check import check_pair
 from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine, LoadReport, LoadRequest
@@ -120,6 +128,25 @@ from redline.inference.speed.speculative import AcceptanceMeasurement, DraftAdvi
 from redline.inference.units import GB, MB, format_bytes
 
 __all__ = [
+    "age_text",
+    "delete_local_model",
+    "delete_text",
+    "Fetched",
+    "fetch_variant",
+    "FITS",
+    "HubModel",
+    "local_library",
+    "LocalModel",
+    "machine_target",
+    "NO_FIT",
+    "predict_repo",
+    "reclaimable_bytes",
+    "repo_variants",
+    "RepoVariants",
+    "search_hub",
+    "TIGHT",
+    "Variant",
+    "VariantPrediction",
     "acceptance_job",
     "auto_job",
     "describe_job",
