@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_CONSTRAINTS ?=
 MODEL ?= starter
 
-.PHONY: run test test-fast lint lint-imports gpu-check gpu-wheels clean-venv screenshots install-desktop dist bench-app
+.PHONY: run test test-fast lint lint-imports gpu-check gpu-wheels clean-venv screenshots install-desktop dist wheel bench-app
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,9 +59,19 @@ $(VENV)/.installed-dist: pyproject.toml $(VENV)/.installed
 	$(BIN)/python -m pip install $(PIP_CONSTRAINTS) -e '.[test,dist]'
 	touch $@
 
+# The wheel, with Redline's CPU kernels built for every variant of this machine's architecture and the OpenMP
+# runtime beside them (setup.py): dist/redline-<version>-py3-none-manylinux_2_N_<arch>.whl. A failed kernel build
+# fails it. `auditwheel show` (where installed) prints the platform tag the libraries allow; see
+# docs/install-and-packaging.md.
+wheel: $(VENV)/.installed
+	REDLINE_REQUIRE_KERNELS=1 $(BIN)/python -m build --wheel --no-isolation --outdir dist .
+	@if [ -x $(BIN)/auditwheel ]; then $(BIN)/auditwheel show $$(ls -t dist/redline-*.whl | head -1); fi
+
+# The bundle carries the kernels too (packaging/redline.spec builds them into it; a failed build fails it).
 dist: $(VENV)/.installed-dist
 	$(BIN)/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/redline.spec
 	dist/redline/redline --version
+	@ls dist/redline/_internal/redline/inference/kernels/prebuilt/
 	@du -sh dist/redline
 
 # Linux desktop integration for the current user: launcher, icons, AppStream metadata.

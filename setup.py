@@ -2,9 +2,12 @@
 
 ``python -m build --wheel`` compiles inference/kernels/ once per CPU variant of this machine's architecture
 (``inference/kernels/build.py``: avx2 and generic on x86-64, neon-dotprod and neon on ARM64) into
-``redline/inference/kernels/prebuilt/``, so an installed Redline never compiles anything. The wheel is then tagged
-for the platform (``py3-none-<platform>``: the library uses no Python API, so one wheel serves every Python 3.11+);
-``auditwheel repair`` (``make wheel``) bundles the OpenMP runtime and gives it its manylinux tag.
+``redline/inference/kernels/prebuilt/``, with the OpenMP runtime they link (GCC's libgomp.so.1) beside them, so an
+installed Redline never compiles anything. The wheel is tagged ``py3-none-<platform>`` (the library uses no Python
+API, so one wheel serves every Python 3.11+); on Linux the platform is ``manylinux_2_N_<arch>``, N the newest glibc
+symbol version the carried libraries ask for (what ``auditwheel show`` reports: ``make wheel`` runs it where it is
+installed). Not ``auditwheel repair``: it would rename libgomp, and torch's copy and ours would then be two OpenMP
+thread pools (build.py's ``bundle_openmp_runtime`` says why that is slower).
 
 An editable install (``pip install -e .``, what ``make`` does) builds nothing: a source checkout builds its
 kernels on first use instead (inference/kernels/native.py).
@@ -30,6 +33,7 @@ from setuptools.dist import Distribution
 
 ROOT = Path(__file__).resolve().parent
 KERNELS = ROOT / "inference" / "kernels"
+_built = {}  # "folder": where build_py put the libraries (the wheel's tag reads them)
 
 
 def _recipe():
@@ -76,6 +80,7 @@ class BuildWithKernels(build_py):
                     file=sys.stderr,
                 )
         if built:
+            _built["folder"] = out
             runtime = recipe.bundle_openmp_runtime(out)
             if runtime is not None:
                 print(f"redline: bundled the OpenMP runtime: {runtime}")
@@ -97,6 +102,11 @@ try:
 
         def get_tag(self):
             _, _, plat = super().get_tag()
+            folder = _built.get("folder")
+            if plat.startswith("linux_") and folder is not None:
+                glibc = _recipe().glibc_needed(folder)
+                if glibc is not None:  # PEP 600: runs on any Linux with this glibc or newer
+                    plat = f"manylinux_{glibc[0]}_{glibc[1]}_{plat[len('linux_') :]}"
             return "py3", "none", plat
 
     cmdclass["bdist_wheel"] = PlatformWheel

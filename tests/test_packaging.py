@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from redline.inference.kernels import build as kernel_build
+
 ROOT = Path(__file__).resolve().parent.parent
 LINUX = ROOT / "packaging" / "linux"
 APP_ID = "io.github.redline_app.Redline"
@@ -25,10 +27,16 @@ def _build(tmp: Path) -> tuple[Path, Path]:
     No build isolation: setuptools comes from this environment, so the test needs no network.
     """
     out = tmp / "dist"
+    # The kernels must build into the wheel wherever they can (a compiler and a CPU they are built for): a failed
+    # compile fails the build rather than leaving a wheel without them.
+    env = dict(os.environ)
+    if kernel_build.find_compiler() is not None and kernel_build.VARIANTS.get(kernel_build.machine()):
+        env["REDLINE_REQUIRE_KERNELS"] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
         capture_output=True,
         text=True,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return next(out.glob("redline-*.whl")), next(out.glob("redline-*.tar.gz"))
@@ -119,6 +127,96 @@ def test_wheel_contains_package_data(installed_wheel):
         "tests/test_packaging.py",
     ):
         assert f"{top}/{needed}" in in_sdist, needed
+
+
+def _bare_path(env_dir: Path, tmp: Path) -> str:
+    """A PATH with the venv's scripts and the basic tools, and no compiler, no ninja: what a plain desktop has."""
+    tools = tmp / "bare-bin"
+    tools.mkdir(exist_ok=True)
+    for name in ("sh", "ls", "cat", "uname"):
+        found = shutil.which(name)
+        if found and not (tools / name).exists():
+            (tools / name).symlink_to(found)
+    return os.pathsep.join([str(env_dir / "bin"), str(tools)])
+
+
+LOAD_KERNELS = """
+import json, shutil, time
+import torch
+t0 = time.perf_counter()
+from redline.inference.kernels import native, reference
+t1 = time.perf_counter()
+ops = native.native()
+first_ms, import_ms = (time.perf_counter() - t1) * 1e3, (t1 - t0) * 1e3
+status = native.status()
+torch.manual_seed(0)
+x, w = torch.randn(3, 256), (torch.randn(96, 256) * 0.05).bfloat16()
+err = ((ops.linear_bf16(x, w) - reference.linear(x, w.float())).abs().max()).item() if ops else None
+print(json.dumps({"status": status, "first_ms": first_ms, "import_ms": import_ms, "err": err, "module": native.__file__,
+                  "tools": {t: shutil.which(t) for t in ("c++", "g++", "gcc", "clang++", "cc", "ninja")}}))
+"""
+
+
+def test_wheel_carries_the_kernels_built(installed_wheel):
+    """The wheel holds every variant of this machine's architecture and the OpenMP runtime they link, and is tagged
+    for the platform (manylinux on Linux), not py3-none-any."""
+    import zipfile
+
+    _, wheel, _ = installed_wheel
+    variants = kernel_build.VARIANTS.get(kernel_build.machine())
+    if not variants or kernel_build.find_compiler() is None:
+        pytest.skip("no kernels for this CPU or no compiler: the wheel is built without them")
+    names = zipfile.ZipFile(wheel).namelist()
+    prebuilt = "redline/inference/kernels/prebuilt/"
+    for variant in variants:
+        assert prebuilt + kernel_build.library_name(variant) in names, (variant, [n for n in names if prebuilt in n])
+    tag = wheel.name[: -len(".whl")].split("-", 2)[2]
+    assert tag.startswith("py3-none-") and not tag.endswith("-any"), wheel.name
+    if sys.platform.startswith("linux"):
+        assert prebuilt + "libgomp.so.1" in names
+        assert tag.split("-")[2].startswith("manylinux_2_"), wheel.name
+
+
+def test_installed_kernels_load_shipped_without_a_compiler(installed_wheel, tmp_path):
+    """The installed wheel, on a PATH with no compiler and no ninja and an empty cache: the kernels load from the
+    wheel's prebuilt/ (nothing compiled), compute, and load in under 100 ms (the first start's: measured here about
+    1 ms for the library, 15-25 ms with the registration of its torch operators)."""
+    env_dir = installed_wheel[0]
+    if native_variant_expected() is None:
+        pytest.skip("no kernels for this CPU or no compiler: the wheel is built without them")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CXX", "CC", "REDLINE_KERNELS_VARIANT")}
+    env.update(PATH=_bare_path(env_dir, tmp_path), REDLINE_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-c", LOAD_KERNELS],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not any(out["tools"].values()), out["tools"]  # really no compiler or ninja on this PATH
+    assert str(ROOT) not in out["module"]  # the installed copy
+    status = out["status"]
+    assert status["loaded"] and status["source"] == "shipped", status
+    assert "/prebuilt/" in status["path"].replace(os.sep, "/") and status["build_seconds"] is None, status
+    assert status["variant"] == native_variant_expected(), status
+    assert out["err"] is not None and out["err"] < 1e-3, out
+    assert status["load_ms"] < 100, status
+    print(
+        f"kernels from the wheel: library {status['load_ms']} ms, native() with registration {out['first_ms']:.1f} ms"
+    )
+    assert not (tmp_path / "cache" / "kernels").exists()  # nothing built on the user's machine
+
+
+def native_variant_expected():
+    """The variant this CPU should load from a wheel with kernels, or None where the wheel has none."""
+    from redline.inference.kernels import native
+
+    if kernel_build.find_compiler() is None or native.why_not_here() is not None:
+        return None
+    return (native.variants_here() or [None])[0]
 
 
 def test_installed_version_runs_outside_the_source_tree(installed_wheel, tmp_path):

@@ -196,6 +196,20 @@ def bundle_openmp_runtime(folder: Path, compiler: Optional[str] = None) -> Optio
     return out
 
 
+def glibc_needed(folder: Path) -> Optional[tuple[int, int]]:
+    """The newest glibc symbol version (2, N) any library in ``folder`` asks for: what its manylinux tag
+    (PEP 600, ``manylinux_2_N``) must say. Read from the version names in the files' dynamic string tables, as
+    ``auditwheel show`` reads them (the two agree on this project's wheel); None where no file names one."""
+    import re
+
+    newest = None
+    for path in sorted(Path(folder).glob("*.so*")):
+        for major, minor in re.findall(rb"GLIBC_(\d+)\.(\d+)", path.read_bytes()):
+            version = (int(major), int(minor))
+            newest = version if newest is None or version > newest else newest
+    return newest
+
+
 def main(argv=None) -> int:
     """``python inference/kernels/build.py --out DIR [--variants avx2,generic]``: the libraries into DIR."""
     import argparse
