@@ -42,9 +42,21 @@ from redline.inference import (
 )
 from redline.ui.signals import emit
 
-COLUMNS = ("strategy", "precision", "draft", "draft precision", "draft tokens", "compile", "predicted", "measured")
+COLUMNS = (
+    "strategy",
+    "precision",
+    "draft / server",
+    "draft precision",
+    "draft tokens",
+    "compile",
+    "predicted",
+    "measured",
+)
 (STRATEGY, PRECISION, DRAFT, DRAFT_PRECISION, K, COMPILE, PREDICTED, MEASURED) = range(len(COLUMNS))
 PRECISION_CHOICES = ("auto", *PRECISIONS)
+REMOTE = "remote"  # a model on another OpenAI-compatible server: its address in the draft / server column
+STRATEGY_CHOICES = (*STRATEGIES, REMOTE)
+SERVER_HINT = "http://HOST:PORT/v1#MODEL"
 COMPILE_CHOICES = (("default", None), ("on", True), ("off", False))
 SETS = {
     "ladder": "The ladder: naive → kv → quantised → speculative → static",
@@ -53,9 +65,12 @@ SETS = {
 }
 TIPS = {
     STRATEGY: "How it decodes: naive (no KV cache), kv, static (a cache for the whole context, compiled on CUDA), "
-    "speculative (a draft model proposes tokens), prompt-lookup (copied from the context), fast (Redline's loop)",
-    PRECISION: "The weights' precision; auto is the device's default (bf16 where supported)",
-    DRAFT: "speculative only: the draft model (starter, a folder, a .gguf file or a hub id)",
+    "speculative (a draft model proposes tokens), prompt-lookup (copied from the context), fast (Redline's loop), "
+    "remote (a model on another OpenAI-compatible server: its address in the next column but one)",
+    PRECISION: "The weights' precision; auto is the device's default (bf16 where supported); a remote row's is the "
+    "server's",
+    DRAFT: "speculative: the draft model (starter, a folder, a .gguf file or a hub id); remote: the server's "
+    f"address, {SERVER_HINT}",
     DRAFT_PRECISION: "speculative only: the draft's precision",
     K: "speculative only: tokens the draft proposes per step",
     COMPILE: "static only: compile the forward pass (default: on for CUDA, off for a CPU, where it takes minutes)",
@@ -209,11 +224,13 @@ class ConfigEditor(QWidget):
         self.table.setRowCount(len(self._rows))
         for r, c in enumerate(self._rows):
             strategy = QComboBox()
-            strategy.addItems(list(STRATEGIES))
+            strategy.addItems(list(STRATEGY_CHOICES))
             strategy.setCurrentText(c.strategy)
-            precision = _combo(PRECISION_CHOICES, c.precision)
-            draft = QLineEdit(c.draft or "")
-            draft.setPlaceholderText("draft model" if c.strategy == "speculative" else "")
+            remote = c.strategy == REMOTE
+            precision = _combo(("server",) if remote else PRECISION_CHOICES, c.precision)
+            precision.setEnabled(not remote)
+            draft = QLineEdit((c.server if remote else c.draft) or "")
+            draft.setPlaceholderText("draft model" if c.strategy == "speculative" else (SERVER_HINT if remote else ""))
             dprec = _combo(PRECISION_CHOICES, c.draft_precision)
             k = QSpinBox()
             k.setRange(1, 32)
@@ -223,8 +240,9 @@ class ConfigEditor(QWidget):
                 comp.addItem(label, value)
             comp.setCurrentIndex([v for _l, v in COMPILE_CHOICES].index(c.compile))
             speculative = c.strategy == "speculative"
-            for w in (draft, dprec, k):
+            for w in (dprec, k):
                 w.setEnabled(speculative)
+            draft.setEnabled(speculative or remote)
             comp.setEnabled(c.strategy == "static")
             for col, w in (
                 (STRATEGY, strategy),
@@ -255,6 +273,10 @@ class ConfigEditor(QWidget):
         w = self.table.cellWidget
         strategy = w(r, STRATEGY).currentText()
         draft = w(r, DRAFT).text().strip() or None
+        if strategy == REMOTE:  # the server decodes as it does: its address is all there is to set
+            return BenchConfig(strategy=REMOTE, precision="server", server=draft or "")
+        if w(r, PRECISION).currentText().strip() == "server":  # was a remote row: the device's default now
+            w(r, PRECISION).setCurrentText("auto")
         return BenchConfig(
             strategy=strategy,
             precision=w(r, PRECISION).currentText().strip() or "auto",

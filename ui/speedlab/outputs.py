@@ -40,6 +40,11 @@ class OutputColumn(QWidget):
         self.text.moveCursor(QTextCursor.MoveOperation.End)
         self.text.insertPlainText(text)
 
+    def running(self, phase: str) -> None:
+        """The row runs (a server's reply streams no live speed of ours): say what it is doing, not "waiting"."""
+        if self.live_tokens_per_s is None:
+            self.speed.setText(f"running · {phase}" if phase else "running")
+
     def live(self, tokens_per_s: float, phase: str = "") -> None:
         self.live_tokens_per_s = tokens_per_s
         self.speed.setText(f"{tokens_per_s:.1f} tok/s live" + (f" · {phase}" if phase else ""))

@@ -61,6 +61,7 @@ from redline.inference import (
     Failed,
     Queued,
     RedlineError,
+    SpeedPrediction,
     builtin_prompt_sets,
     list_reports,
     load_prompt_set,
@@ -77,7 +78,10 @@ from redline.ui.signals import emit
 from redline.ui.speedlab.configs import ConfigEditor
 from redline.ui.speedlab.outputs import OutputColumns
 
-DEFAULT_CONFIGS = "naive:fp32,kv:fp32,static:fp32,prompt-lookup:fp32"
+# The default rows: transformers' KV-cache loop beside Redline's fast path at 8 and 4 bits. On the starter and a
+# 2-core CPU the speed model predicts about a minute for them with the default counts (13 generations a row);
+# the ladder (naive:fp32 first, at a few tokens/s) takes many minutes and is a ready-made set instead.
+DEFAULT_CONFIGS = "kv:fp32,fast:q8,fast:q4"
 PREDICT_DELAY_MS = 400  # predictions are asked this long after the last edit
 # The raw value behind each column, for sorting numerically rather than by text.
 _SORT_KEYS = {
@@ -115,6 +119,14 @@ class _SortItem(QTableWidgetItem):
                 return True
             return a < b
         return self.text() < other.text()
+
+
+def _duration(seconds: float) -> str:
+    """A predicted duration as a person says it: "40 s", "about 1 min", "12 min"."""
+    if seconds < 55:
+        return f"{max(1, round(seconds / 5) * 5):.0f} s"
+    minutes = seconds / 60
+    return f"{minutes:.0f} min" if minutes >= 1.5 else "1 min"
 
 
 def _short(label: str, width: int = 22) -> str:
@@ -239,6 +251,13 @@ class SpeedLabPanel(QWidget):
         controls.addWidget(self.run_button)
         controls.addWidget(self.cancel_button)
         controls.addWidget(self.progress_bar, 1)
+        self.duration_label = QLabel("")  # how long Run is predicted to take, said before it is clicked
+        self.duration_label.setObjectName("labDuration")
+        self.duration_label.setWordWrap(True)
+        for spin in (self.warmup_spin, self.samples_spin):
+            spin.valueChanged.connect(lambda _v: self.show_duration())
+        self.prompts_combo.currentTextChanged.connect(lambda _t: self.show_duration())
+        self.configs_editor.changed.connect(self.show_duration)
 
         # Outputs side by side, one column per configuration, in a splitter the user can resize.
         self.outputs = OutputColumns()
@@ -301,6 +320,7 @@ class SpeedLabPanel(QWidget):
         sv.setContentsMargins(0, 0, 0, 0)
         sv.addLayout(form)
         sv.addLayout(controls)
+        sv.addWidget(self.duration_label)
         sv.addWidget(self.status_label)
         self.splitter = QSplitter(Qt.Vertical)
         self.splitter.setObjectName("labSplitter")
@@ -455,6 +475,47 @@ class SpeedLabPanel(QWidget):
     def column_texts(self) -> list[str]:
         return self.outputs.texts()
 
+    # -- how long a run takes, predicted ------------------------------------------------------
+    def generations_per_row(self) -> int:
+        """What one row runs: its warm-up runs, then each sample of each prompt (as ``run_bench`` does)."""
+        try:
+            prompts = len(load_prompt_set(self.prompts_combo.currentText().strip() or "short").prompts)
+        except RedlineError:
+            prompts = 1
+        return self.warmup_spin.value() + self.samples_spin.value() * max(1, prompts)
+
+    def predicted_seconds(self) -> tuple[Optional[float], int]:
+        """The run's predicted seconds over the rows the speed model predicts (TTFT plus the new tokens at the
+        predicted tokens/s, per generation), without loading; and how many rows it cannot predict."""
+        n = self.generations_per_row()
+        new_tokens = self.new_tokens_spin.value()
+        total, unknown = 0.0, 0
+        rows = self.configs_editor.configs()
+        for r in range(len(rows)):
+            p = self.configs_editor.prediction(r)
+            if isinstance(p, SpeedPrediction) and p.tokens_per_s > 0:
+                total += n * (p.ttft_ms / 1000 + new_tokens / p.tokens_per_s)
+            else:
+                unknown += 1
+        return (total if unknown < len(rows) else None), unknown
+
+    def show_duration(self) -> None:
+        """Say before Run how long it is predicted to take."""
+        seconds, unknown = self.predicted_seconds()
+        rows = len(self.configs_editor.configs())
+        if not rows:
+            self.duration_label.setText("")
+            return
+        n = self.generations_per_row()
+        what = f"{rows} configuration{'s' if rows != 1 else ''} × {n} generations"
+        if seconds is None:
+            self.duration_label.setText(f"Run: {what}; its duration cannot be predicted here.")
+            return
+        text = f"Run is predicted to take about {_duration(seconds)} ({what}, plus loading each precision)"
+        if unknown:
+            text += f"; {unknown} of them cannot be predicted and add to it"
+        self.duration_label.setText(text + ".")
+
     # -- predictions (asked on the engine thread between runs) ---------------------------
     def request_predictions(self):
         """Ask the speed model for each row's tokens/s here; answered in ``_on_predictions``."""
@@ -502,6 +563,7 @@ class SpeedLabPanel(QWidget):
     def _on_predictions(self, predictions) -> None:
         if self._asked_for_now():
             self.configs_editor.set_predictions(list(predictions))
+            self.show_duration()
         else:  # the rows changed while the engine thread answered: ask again for what is shown
             self._predict_again = True
         if self._predict_again:
@@ -535,6 +597,9 @@ class SpeedLabPanel(QWidget):
         elif isinstance(ev, BenchPhase):
             self.progress_bar.setValue(int(ev.fraction * 1000))
             self.status_label.setText(ev.phase)
+            col = self.outputs.column(ev.index) if ev.index is not None else None
+            if col is not None:
+                col.running(ev.phase.rpartition(": ")[2] if ": " in ev.phase else ev.phase)
             if ev.index is not None and ev.index != self._live_index:
                 self._live_index = ev.index
                 emit(self.row_started, ev.phase.split(": ")[0])

@@ -1,0 +1,98 @@
+"""The speed lab beside remote engines and a new user's time (issue 28, items 10, 11 and 14): a remote row made in
+the configuration table, named "remote" (never "naive") and "running" while it runs; the default rows and the
+duration predicted before Run; a run cancelled while it waits reads as cancelled, never as failed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from gui_helpers import aloop  # noqa: F401 - fixture
+from slow_engine import SlowEngine
+
+from redline.inference import BenchPhase
+from redline.ui.bridge import EngineBridge
+from redline.ui.speedlab import SpeedLabPanel
+from redline.ui.speedlab.configs import DRAFT, PRECISION, STRATEGY
+from redline.ui.speedlab.panel import DEFAULT_CONFIGS
+
+SERVER = "http://127.0.0.1:9/v1#served"
+
+
+@pytest.fixture
+def slow_panel(qtbot, tmp_path):
+    bridge = EngineBridge(lambda: SlowEngine(interval_s=0.01))
+    p = SpeedLabPanel(bridge, runs_dir=tmp_path / "runs")
+    qtbot.addWidget(p)
+    p.resize(1300, 900)
+    p.show()
+    yield p
+    bridge.shutdown(5000)
+
+
+def test_a_remote_row_is_made_in_the_table_and_named_remote(slow_panel):
+    ed = slow_panel.configs_editor
+    table = ed.table
+    ed.add_row()
+    r = len(ed.configs()) - 1
+    table.cellWidget(r, STRATEGY).setCurrentText("remote")
+    draft = table.cellWidget(r, DRAFT)
+    assert draft.isEnabled() and draft.placeholderText().startswith("http://")
+    draft.setText(SERVER)
+    draft.textEdited.emit(SERVER)
+    assert ed.configs()[r].strategy == "remote" and ed.configs()[r].server == SERVER
+    assert slow_panel.configs_edit.text().endswith(f",remote:{SERVER}")
+    assert table.cellWidget(r, PRECISION).currentText() == "server"
+    assert not table.cellWidget(r, PRECISION).isEnabled()
+    assert ed.validated()[r].label == f"remote:{SERVER}"
+    # Typed in the text form, the row reads "remote" in the table too (it read "naive").
+    slow_panel.configs_edit.setText(f"kv:fp32,remote:{SERVER}")
+    assert table.cellWidget(1, STRATEGY).currentText() == "remote"
+    assert table.cellWidget(1, DRAFT).text() == SERVER
+    # Back to a local strategy: a precision of ours again.
+    table.cellWidget(1, STRATEGY).setCurrentText("kv")
+    assert ed.configs()[1].strategy == "kv" and ed.configs()[1].precision == "auto"
+
+
+def test_a_running_row_says_running_not_waiting(slow_panel):
+    slow_panel.configs_edit.setText(f"remote:{SERVER}")
+    slow_panel._reset_outputs(slow_panel.build_spec())
+    col = slow_panel.outputs.column(0)
+    assert col.speed.text() == "waiting"
+    slow_panel._on_progress(BenchPhase(0.1, 0, f"remote:{SERVER}: sample 1/3, prompt 1/4"))
+    assert col.speed.text() == "running · sample 1/3, prompt 1/4"
+
+
+def test_a_run_cancelled_while_it_waits_reads_as_cancelled(qtbot, slow_panel):
+    hold = threading.Event()
+    job = slow_panel.bridge.run(lambda engine, report: hold.wait(30), label="a chat reply")
+    try:
+        run = slow_panel.start()
+        qtbot.waitUntil(lambda: "Waiting to start" in slow_panel.status_label.text(), timeout=5_000)
+        slow_panel.cancel()
+        qtbot.waitUntil(lambda: run.done, timeout=2_000)
+        assert slow_panel.status_label.text() == "Cancelled before it started: nothing ran."
+        assert "failed" not in slow_panel.status_label.text()
+    finally:
+        hold.set()
+        qtbot.waitUntil(lambda: job.done, timeout=10_000)
+
+
+def test_the_default_rows_are_predicted_to_take_about_a_minute_and_say_so_before_run(qtbot, tmp_path):
+    """The predictions are the speed model's for the starter on this machine (its shape is read from the
+    packaged config, nothing is downloaded or loaded)."""
+    bridge = EngineBridge()
+    panel = SpeedLabPanel(bridge, runs_dir=tmp_path / "runs")
+    qtbot.addWidget(panel)
+    try:
+        assert panel.configs_edit.text() == DEFAULT_CONFIGS
+        assert not DEFAULT_CONFIGS.startswith("naive")
+        qtbot.waitUntil(lambda: "predicted to take about" in panel.duration_label.text(), timeout=60_000)
+        seconds, unknown = panel.predicted_seconds()
+        assert unknown == 0 and 20 < seconds < 120, seconds
+        assert f"{len(panel.configs_editor.configs())} configurations × 13 generations" in panel.duration_label.text()
+        panel.samples_spin.setValue(50)  # the textbook protocol's samples: said at once, before Run
+        longer, _ = panel.predicted_seconds()
+        assert longer > 10 * seconds and "min" in panel.duration_label.text()
+    finally:
+        bridge.shutdown(10_000)
