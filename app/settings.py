@@ -41,6 +41,9 @@ class Settings:
     # The engine service (read at start): replies decoded together at most, and requests that may wait.
     max_active_replies: int = 4
     max_queued_requests: int = 32
+    # What the prefix cache may keep of a conversation's earlier turns (bytes of KV cache no reply uses, within the
+    # KV budget), so the next turn reads only its new message; 0 turns it off. Applied at once, and at each load.
+    prefix_cache_bytes: int = 256_000_000
     # The window's server (Server → Serve the model): where it listens and which browser origins may call it.
     # Its API key is kept apart, in a private file (app/server_keys.py), never here.
     server_host: str = "127.0.0.1"
@@ -98,6 +101,9 @@ class Settings:
         num("max_new_tokens", int, False)
         num("max_active_replies", int, False)
         num("max_queued_requests", int, False)
+        num("prefix_cache_bytes", int, False)
+        if self.prefix_cache_bytes < 0:
+            raise ValueError("prefix_cache_bytes must be 0 (off) or more")
         num("context_length", int)
         num("top_k", int)
         num("seed", int)

@@ -82,15 +82,18 @@ from redline.inference.hardware.probe import default_device, torch_cuda_build
 from redline.inference.hardware.probe import probe as probe_machine
 from redline.inference.jobs import (
     KernelsReport,
+    KvCacheHeld,
     MachineInfo,
     acceptance_job,
     auto_job,
     describe_job,
     hardware_job,
     kernels_job,
+    kv_cache_held,
     machine_job,
     pair_job,
     predictions_job,
+    prefix_cache_job,
 )
 from redline.inference.loading.precision import PRECISIONS, PrecisionSpec, parse_precision, resolve_precision
 from redline.inference.memory.calibration import correction_bytes, measured_peak_bytes, predict_loaded
@@ -152,6 +155,9 @@ __all__ = [
     "describe_job",
     "hardware_job",
     "kernels_job",
+    "KvCacheHeld",
+    "kv_cache_held",
+    "prefix_cache_job",
     "KernelsReport",
     "machine_job",
     "MachineInfo",

@@ -46,6 +46,7 @@ UNLOAD_NOTE = "Stopped so that the model to unload could start."
 STATS_KEYS = (
     "new_tokens",
     "prompt_tokens",
+    "cached_tokens",
     "tokens_per_s",
     "ttft_ms",
     "p50_ms",

@@ -55,6 +55,8 @@ def format_stats(stats: dict) -> str:
         bits.append(f"{stats['tokens_per_s']:.1f} tok/s")
     if stats.get("ttft_ms") is not None:
         bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
+    if stats.get("cached_tokens") and stats.get("prompt_tokens"):  # the prompt's start was not read again
+        bits.append(f"{stats['cached_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens from the cache")
     for key in ("strategy", "precision", "device"):
         if stats.get(key):
             bits.append(str(stats[key]))

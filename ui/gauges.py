@@ -204,6 +204,12 @@ class GaugesPanel(QFrame):
         self.torch_label.setWordWrap(True)
         self.torch_label.setTextFormat(Qt.RichText)
         layout.addWidget(self.torch_label)
+        self.kv_label = QLabel("")  # the prefix cache: KV kept of earlier turns for the next one
+        self.kv_label.setObjectName("kvCacheLabel")
+        self.kv_label.setWordWrap(True)
+        self.kv_label.hide()
+        layout.addWidget(self.kv_label)
+        self.kv_cache = None
         layout.addStretch(1)
         self._latencies: deque[float] = deque(maxlen=SPARK_POINTS)
         self.last_snapshot = None
@@ -282,6 +288,29 @@ class GaugesPanel(QFrame):
             self.latency_label.setText("—")  # never the previous reply's figures under this one's
 
     # -- memory ---------------------------------------------------------------------
+    def set_kv_cache(self, held) -> None:
+        """The prefix cache now (``redline.inference.KvCacheHeld``), or None where there is none to show (no model,
+        a server's model, no fast-path reply yet): the KV cache kept of earlier turns, within its size."""
+        self.kv_cache = held
+        if held is None:
+            self.kv_label.hide()
+            self.kv_label.setText("")
+            return
+        if held.limit_bytes <= 0:
+            self.kv_label.setText("Prefix cache: off (Settings → Prefix cache)")
+            self.kv_label.setToolTip("Each turn reads the whole conversation again.")
+        else:
+            self.kv_label.setText(
+                f"KV cache kept for later turns: {format_bytes(held.cached_bytes)} "
+                f"({held.cached_tokens:,} tokens) of {format_bytes(held.limit_bytes)}"
+            )
+            self.kv_label.setToolTip(
+                "Computed KV pages no reply uses now, kept so that a prompt starting the same way (the next turn, "
+                "Regenerate, a shared system prompt) is not read again; the least recently used go first. Its size "
+                "is Settings → Prefix cache, within the memory the KV cache may use."
+            )
+        self.kv_label.show()
+
     def set_device(self, text: str) -> None:
         self.device_label.setText(text)
 

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.inference import PRECISIONS, PRIORITIES, PRIORITY_LABELS, STRATEGIES
+from redline.inference import MB, PRECISIONS, PRIORITIES, PRIORITY_LABELS, STRATEGIES
 from redline.ui.signals import emit
 
 MIXED_EXAMPLE = "nf4+keep=lm_head"  # a mixed precision: nf4, with the output layer left unquantised
@@ -139,6 +139,16 @@ class SettingsPanel(QWidget):
         form.addRow("Repetition penalty", self.repetition_penalty)
         self.seed = _optional_int(0, 2_147_483_646, "random")
         form.addRow("Seed", self.seed)
+        self.prefix_cache = QSpinBox()
+        self.prefix_cache.setRange(0, 1_000_000)
+        self.prefix_cache.setSingleStep(64)
+        self.prefix_cache.setSuffix(" MB")
+        self.prefix_cache.setSpecialValueText("off")
+        self.prefix_cache.setToolTip(
+            "KV cache kept of earlier turns and shared prompts, so the next turn reads only the new message "
+            "(within the memory the KV cache may use); off reads the whole conversation at every turn"
+        )
+        form.addRow("Prefix cache", self.prefix_cache)
 
         self.reload_note = QLabel()
         self.reload_note.setObjectName("reloadNote")
@@ -168,6 +178,7 @@ class SettingsPanel(QWidget):
             self.top_k,
             self.repetition_penalty,
             self.seed,
+            self.prefix_cache,
         ):
             w.valueChanged.connect(lambda _v: self._update_note())
 
@@ -233,6 +244,7 @@ class SettingsPanel(QWidget):
         self._set_opt(self.top_k, settings.top_k)
         self._set_opt(self.repetition_penalty, settings.repetition_penalty)
         self._set_opt(self.seed, settings.seed)
+        self.prefix_cache.setValue(round(getattr(settings, "prefix_cache_bytes", 256_000_000) / MB))
         self._update_note()
 
     @staticmethod
@@ -259,7 +271,13 @@ class SettingsPanel(QWidget):
             "top_k": self._get_opt(self.top_k),
             "repetition_penalty": self._get_opt(self.repetition_penalty),
             "seed": self._get_opt(self.seed),
+            "prefix_cache_bytes": self._cache_bytes(),
         }
+
+    def _cache_bytes(self) -> int:
+        """The spin box's MB (decimal), or the exact bytes in use when the box still shows them."""
+        current = getattr(self.current, "prefix_cache_bytes", 256_000_000)
+        return current if self.prefix_cache.value() == round(current / MB) else self.prefix_cache.value() * MB
 
     def candidate(self) -> Any:
         return dataclasses.replace(self.current, **self.values())

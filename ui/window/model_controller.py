@@ -20,7 +20,16 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QMessageBox
 from qasync import asyncSlot
 
-from redline.inference import Cancelled, LoadReport, NeedsOptIn, Progress, auto_job, is_server_url, kernels_job
+from redline.inference import (
+    Cancelled,
+    LoadReport,
+    NeedsOptIn,
+    Progress,
+    auto_job,
+    is_server_url,
+    kernels_job,
+    prefix_cache_job,
+)
 from redline.ui.bridge import TaskFailed
 from redline.ui.chat_session import LOAD_NOTE, UNLOAD_NOTE
 from redline.ui.signals import emit
@@ -175,6 +184,8 @@ class ModelController(QObject):
         reload = force_reload or self.loaded is None or old.needs_reload(new)
         self._settings.set(new)
         self.show_status()
+        if self._cache_size(old) != self._cache_size(new) and not (reload and new.model):
+            self.apply_prefix_cache()  # at once, for the model loaded (a load applies it anyway)
         if reload and new.model:
             self.load_model()
         elif new.strategy == AUTO and (old.strategy != AUTO or old.priority != new.priority):
@@ -192,6 +203,15 @@ class ModelController(QObject):
             precision = chosen or self.loaded.precision
         await self._resolve_auto(s, precision=precision)
         self.show_status()
+
+    @staticmethod
+    def _cache_size(settings) -> int:
+        return int(getattr(settings, "prefix_cache_bytes", 256_000_000))
+
+    def apply_prefix_cache(self):
+        """Hand the prefix cache's size (Settings → Prefix cache) to the engine: the limits the next load gives the
+        model, and the model loaded now. Its channel (a job, in order with the rest)."""
+        return self.bridge.run(prefix_cache_job(self._cache_size(self.settings)), label="the prefix cache's size")
 
     def configure(self, values: dict):
         """Apply settings chosen elsewhere (the wizard, a preset) and load; awaitable: LoadReport or None."""
@@ -238,6 +258,7 @@ class ModelController(QObject):
                 precision = choice.precision
         draft = s.draft_model if s.strategy == "speculative" else None
         ask_opt_in = None
+        self.apply_prefix_cache()  # before the load, in order: the model it loads gets this size
         try:
             self._load = self.bridge.load(s.model, precision, draft, s.draft_precision, opt_in, api_key)
             self._load.events.connect(self._on_load_progress)
@@ -281,6 +302,7 @@ class ModelController(QObject):
             )
             return None
         self.loaded = info
+        self.gauges.set_kv_cache(None)  # a new model: nothing of the last one's cache is kept
         if info.kind == "remote":
             self.sampler.set_device("cpu")  # this app's own memory, beside the note that the model's is the server's
             self.gauges.set_remote(info.name)
@@ -348,6 +370,7 @@ class ModelController(QObject):
         engine = self.bridge.engine
         self.sampler.set_device("cpu" if engine is None else engine.device)
         self.gauges.set_device("no model loaded")
+        self.gauges.set_kv_cache(None)
         self._refresh()
         emit(self.model_unloaded)
 

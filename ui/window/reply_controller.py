@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from PySide6.QtCore import QObject, QTimer, Signal
 from qasync import asyncSlot
 
-from redline.inference import DecodeOptions, SamplingSettings
+from redline.inference import DecodeOptions, SamplingSettings, kv_cache_held
 from redline.ui.chat_session import LOAD_NOTE, ChatSession, Reply, ReplyConfig
 from redline.ui.chat_view import ChatView, MessageWidget
 from redline.ui.gauges import GaugesPanel
@@ -329,6 +329,7 @@ class ReplyController(QObject):
                 "error",
                 [("Open settings", self.show_settings)],
             )
+        self.gauges.set_kv_cache(kv_cache_held(self.bridge.engine))  # what the next turn may reuse
         self.chats.touch(reply.conversation_id)
         self.last_result = result
         self.update_controls()
