@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -140,7 +141,16 @@ class ConfigEditor(QWidget):
         v.addWidget(self.table, 1)
 
         adv = QHBoxLayout()
-        adv.addWidget(QLabel("Text form (advanced):"))
+        # The text form folds away (it is in step with the rows either way): one line less for a small screen.
+        self.text_toggle = QToolButton()
+        self.text_toggle.setObjectName("textFormToggle")
+        self.text_toggle.setCheckable(True)
+        self.text_toggle.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        self.text_toggle.setArrowType(Qt.RightArrow)
+        self.text_toggle.setText("Text form (advanced)")
+        self.text_toggle.setToolTip("Show the configurations as text (kv:bf16,fast:q4,…), to copy or type them")
+        self.text_toggle.toggled.connect(self.show_text_form)
+        adv.addWidget(self.text_toggle)
         self.text_edit = QLineEdit()
         self.text_edit.setObjectName("configsText")
         self.text_edit.setToolTip(
@@ -151,6 +161,13 @@ class ConfigEditor(QWidget):
         v.addLayout(adv)
         self.text_edit.textChanged.connect(self._text_changed)
         self.text_edit.setText(text)
+        self.text_edit.setVisible(False)
+
+    def show_text_form(self, shown: bool) -> None:
+        """Unfold (or fold away) the text form."""
+        self.text_toggle.setChecked(shown)
+        self.text_toggle.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
+        self.text_edit.setVisible(shown)
 
     # -- the rows ------------------------------------------------------------------
     def configs(self) -> list[BenchConfig]:

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
@@ -33,6 +34,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableWidget,
@@ -119,6 +121,15 @@ class _SortItem(QTableWidgetItem):
                 return True
             return a < b
         return self.text() < other.text()
+
+
+def _scrolling(widget: QWidget) -> QScrollArea:
+    """``widget`` in a scroll area of its own: its minimum size no longer holds the window's up."""
+    area = QScrollArea()
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.NoFrame)
+    area.setWidget(widget)
+    return area
 
 
 def _duration(seconds: float) -> str:
@@ -301,7 +312,7 @@ class SpeedLabPanel(QWidget):
 
         self.tabs = QTabWidget()
         self.tabs.addTab(self.table, "Results")
-        self.tabs.addTab(self.charts, "Charts")
+        self.tabs.addTab(_scrolling(self.charts), "Charts")
         self.tabs.addTab(self.sweep_table, "Batch sweep")
         self.tabs.addTab(history_box, "Past runs")
 
@@ -315,7 +326,7 @@ class SpeedLabPanel(QWidget):
 
         # Everything in one vertical splitter: the configurations, the outputs, the results — each as tall as
         # the user drags it.
-        setup = QWidget()
+        setup = self.setup = QWidget()
         sv = QVBoxLayout(setup)
         sv.setContentsMargins(0, 0, 0, 0)
         sv.addLayout(form)
@@ -325,7 +336,10 @@ class SpeedLabPanel(QWidget):
         self.splitter = QSplitter(Qt.Vertical)
         self.splitter.setObjectName("labSplitter")
         self.splitter.setChildrenCollapsible(False)
-        self.splitter.addWidget(setup)
+        # The setup and the charts scroll inside their part rather than raise the window's minimum size: the lab
+        # fits a 1366×768 laptop screen (its setup alone is 920×420 px), and a part made small never overlaps
+        # another.
+        self.splitter.addWidget(_scrolling(setup))
         self.splitter.addWidget(self.outputs)
         self.splitter.addWidget(self.tabs)
         self.splitter.setStretchFactor(0, 0)
@@ -342,7 +356,7 @@ class SpeedLabPanel(QWidget):
         super().showEvent(event)
         if not self._sized and self.splitter.height() > 0:
             self._sized = True
-            setup = self.splitter.widget(0).sizeHint().height()
+            setup = min(self.setup.sizeHint().height() + 2, int(self.splitter.height() * 0.5))
             rest = max(200, self.splitter.height() - setup)
             self.splitter.setSizes([setup, int(rest * 0.55), rest - int(rest * 0.55)])
 

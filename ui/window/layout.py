@@ -11,10 +11,12 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDockWidget,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -62,7 +64,13 @@ def build_layout(window, store, settings) -> None:
     window.settings_panel = SettingsPanel(settings)
     window.settings_dock = QDockWidget("Settings", window)
     window.settings_dock.setObjectName("settingsDock")
-    window.settings_dock.setWidget(window.settings_panel)
+    # In a scroll area: the form's twenty rows are taller than a 1366×768 laptop screen leaves a window.
+    settings_scroll = QScrollArea()
+    settings_scroll.setWidgetResizable(True)
+    settings_scroll.setFrameShape(QFrame.NoFrame)
+    settings_scroll.setWidget(window.settings_panel)
+    settings_scroll.setMinimumWidth(window.settings_panel.minimumSizeHint().width() + 16)
+    window.settings_dock.setWidget(settings_scroll)
     window.addDockWidget(Qt.RightDockWidgetArea, window.settings_dock)
     window.settings_dock.hide()
 
