@@ -65,10 +65,11 @@ def _last_used(path: Path) -> Optional[float]:
 
 def _hub_entries() -> tuple[list[LocalModel], list[Path]]:
     """The hub cache's models, and every .gguf file in it (converted folders' possible sources)."""
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
 
     try:
-        info = scan_cache_dir()
+        # Named: scan_cache_dir's default is the cache huggingface_hub saw when it was first imported.
+        info = scan_cache_dir(constants.HF_HUB_CACHE)
     except Exception:
         return [], []  # no hub cache yet
     rows, ggufs = [], []
