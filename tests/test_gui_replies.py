@@ -217,3 +217,37 @@ def test_the_gauges_name_and_measure_the_chat_after_a_lab_row(qtbot):
         assert "11.0" not in w.gauges.latency_label.text()  # never the previous reply's p50 under this one
     finally:
         w.shutdown()
+
+
+def test_quitting_leaves_at_once_once_everything_is_saved(qtbot, monkeypatch):
+    """Python's own finalisation after the window closed took 3.4-5.7 s with the starter loaded (tools/quit_time.py):
+    the app leaves with os._exit once the replies are saved and the store is closed."""
+    import redline.app.gui as gui
+
+    w = slow_window(qtbot, interval_s=0.02)
+    reply = start_reply(qtbot, w)
+    qtbot.waitUntil(lambda: len(reply.token_times) >= 3, timeout=10_000)
+    steps = []
+    close_store = w.store.close
+    monkeypatch.setattr(w.store, "close", lambda: (steps.append("store closed"), close_store()))
+
+    class Left(Exception):
+        pass
+
+    def leave(code):
+        steps.append(("exit", code))
+        raise Left
+
+    monkeypatch.setattr(gui.os, "_exit", leave)
+    w.close()
+    with pytest.raises(Left):
+        gui.finish_quit(w)
+    assert steps == ["store closed", ("exit", 0)]
+    from redline.app.store import Store
+
+    store = Store(w.store.path)
+    try:
+        [saved] = [m for m in store.messages(w.conversation_id) if m.role == "assistant"]
+        assert saved.content.startswith("word0 ") and saved.stats["finish_reason"] == "cancelled"
+    finally:
+        store.close()
