@@ -45,6 +45,7 @@ from redline.inference.browse.library import delete as delete_local_model
 from redline.inference.browse.predict import FITS, NO_FIT, TIGHT, VariantPrediction, machine_target, predict_repo
 from redline.inference.browse.search import HubModel
 from redline.inference.browse.search import search as search_hub
+from redline.inference.browse.search import warm_up as warm_up_browser
 from redline.inference.browse.variants import RepoVariants, Variant, repo_variants
 from redline.inference.decoding.draft_check import check_pair
 from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
@@ -95,6 +96,7 @@ from redline.inference.jobs import (
     predictions_job,
     prefix_cache_job,
 )
+from redline.inference.loading.loader import check_address_space, code_opt_in
 from redline.inference.loading.precision import PRECISIONS, PrecisionSpec, parse_precision, resolve_precision
 from redline.inference.memory.calibration import correction_bytes, measured_peak_bytes, predict_loaded
 from redline.inference.memory.estimator import Estimate, accuracy_margin
@@ -150,6 +152,7 @@ __all__ = [
     "TIGHT",
     "Variant",
     "VariantPrediction",
+    "warm_up_browser",
     "acceptance_job",
     "auto_job",
     "describe_job",
@@ -226,6 +229,8 @@ __all__ = [
     "models_dir",
     "ModelSourceError",
     "NeedsOptIn",
+    "check_address_space",
+    "code_opt_in",
     "OutOfMemory",
     "parse_config",
     "parse_configs",

@@ -133,3 +133,18 @@ def search(query: str, sort: str = "downloads", limit: int = 20, kind: Optional[
     key = {"downloads": lambda r: r.downloads, "trending": lambda r: r.trending, "likes": lambda r: r.likes}[sort]
     rows.sort(key=key, reverse=True)  # the hub sorts too; a stand-in or a mirror may not
     return rows[:limit]
+
+
+def warm_up() -> None:
+    """Import what searching and reading variants use (transformers' model tables, its GGUF reader, the meta
+    model's code), so that a page can do it once, off the UI thread, before the user's first search: loading
+    those modules holds Python's GIL in long stretches (unmarshalling large modules), the one thing that can
+    stall a UI thread running beside it."""
+    import gguf  # noqa: F401
+    import transformers.modeling_gguf_pytorch_utils  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    causal_lm_names()
+    gguf_architectures()
+    from redline.inference.memory import model_shapes  # noqa: F401
+    from redline.inference.sources import gguf as redline_gguf  # noqa: F401
