@@ -10,6 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 
+from redline.ui.models.dialog import open_model_browser
 from redline.ui.window import export
 
 
@@ -32,6 +33,7 @@ def build_menus(window) -> None:
     window.wizard_action = add_action(
         window, window.model_menu, "&Configure model…", window.open_wizard, QKeySequence("Ctrl+Shift+M")
     )
+    add_action(window, window.model_menu, "&Find a model…", lambda: open_model_browser(window))
     window.presets_menu = window.model_menu.addMenu("&Presets")
     window.preset_actions.menu = window.presets_menu
     window.presets_menu.aboutToShow.connect(window.preset_actions.fill_menu)
