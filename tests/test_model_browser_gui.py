@@ -152,3 +152,24 @@ def test_library_delete_frees_what_it_said(qtbot, dialog, hub):  # noqa: F811
     assert said[0].startswith("Deleting me/tiny-chat-GGUF (partial download) frees 40.0 KB")
     assert "40.0 KB freed" in lib.status.text()
     assert not list(blobs.glob("*.redline-partial"))
+
+
+def test_model_menu_and_wizard_open_the_browser(qtbot, hub, tiny_files, monkeypatch):  # noqa: F811
+    from gui_helpers import open_window
+
+    window = open_window(qtbot, wait_loaded=False)
+    action = next(a for a in window.model_menu.actions() if a.text() == "&Find a model…")
+    asked = []
+    monkeypatch.setattr(window.models, "configure", lambda values: asked.append(values))
+    action.trigger()
+    dialog = window.findChildren(ModelsDialog)[-1]
+    qtbot.waitUntil(dialog.isVisible)
+    dialog.chosen.emit("me/tiny-chat", "q8", "fast")  # what a fetch from the Find page hands over
+    assert asked == [{"model": "me/tiny-chat", "precision": "q8", "strategy": "fast"}]
+    wiz = window.open_wizard()
+    page = wiz.model_page
+    browser = page.find_model()
+    gguf = str(tiny_files[1])
+    browser.chosen.emit(gguf, "gguf", "kv")
+    assert page.picker.spec() == gguf
+    wiz.reject()

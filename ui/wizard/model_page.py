@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QVBoxLayout, QWizardPage
+from PySide6.QtWidgets import QPushButton, QVBoxLayout, QWizardPage
 from qasync import asyncSlot
 
 from redline.ui.bridge import TaskFailed
@@ -20,6 +20,9 @@ class ModelPage(QWizardPage, CheckedPicker):
         v = QVBoxLayout(self)
         self.picker = ModelPicker(wizard.presets.recent_models() if wizard.presets else [])
         v.addWidget(self.picker)
+        self.find_button = QPushButton("Find a model on the hub…")
+        self.find_button.clicked.connect(self.find_model)
+        v.addWidget(self.find_button)
         self.status = wrap_label(name="modelStatus")
         self.availability = wrap_label(name="modelAvailability")
         v.addWidget(self.status)
@@ -28,6 +31,21 @@ class ModelPage(QWizardPage, CheckedPicker):
         self.desc = None
         self._setup_check(self.picker, self.status)
         self.picker.set_spec(wizard.host.settings.model)
+
+    def find_model(self):
+        """The model browser; what is fetched (or picked from the library) becomes the choice, checked as typed."""
+        from redline.ui.models.dialog import ModelsDialog
+
+        settings = self.wiz.host.settings
+        recent = self.wiz.presets.recent_models() if self.wiz.presets else []
+        self.browser = ModelsDialog(self, getattr(settings, "priority", "balanced"), recent)
+        self.browser.chosen.connect(lambda model, _precision, _strategy: self._found(model))
+        self.browser.open()
+        return self.browser
+
+    def _found(self, model: str) -> None:
+        self.picker.set_spec(model)
+        emit(self.picker.changed)
 
     def initializePage(self):  # noqa: N802
         if self.desc is None:
