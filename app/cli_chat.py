@@ -24,6 +24,8 @@ from redline.inference import (
     RedlineError,
     SamplingSettings,
     TokenEvent,
+    check_address_space,
+    code_opt_in,
     default_device,
     is_server_url,
     resolve_auto,
@@ -157,12 +159,21 @@ def start_engine(args, quiet: bool = False) -> EngineService:
         raise RedlineError(
             "--strategy speculative needs --draft.", "Pass a small model of the same family, e.g. --draft starter."
         )
-    if not is_server_url(args.model):
+    remote = is_server_url(args.model)
+    opt_in = None if remote else opt_in_from(TrustStore(), args.trust_remote_code, args.allow_pickle)
+    if not remote:
+        # Before torch starts its threads: under too tight a ulimit -v they could not, and libgomp would end the
+        # process without a word of Redline's.
+        check_address_space(args.model, args.precision)
+        # Trust first: an untrusted model's custom config may lack what the estimate for ``auto`` reads, and the
+        # reason to give is the code it needs, not the field it lacks.
+        needs = code_opt_in(args.model)
+        if needs is not None and not opt_in(needs):
+            raise needs
         resolve_auto_args(default_device(), args, quiet)
     parallel = getattr(args, "parallel", None)
     service = EngineService(max_active=parallel) if parallel else EngineService()
     progress = TerminalProgress()
-    remote = is_server_url(args.model)
     speculative = args.strategy == "speculative"
     try:
         handle = service.load(
@@ -170,7 +181,7 @@ def start_engine(args, quiet: bool = False) -> EngineService:
             args.precision,
             draft=args.draft if speculative else None,
             draft_precision=args.draft_precision,
-            opt_in=None if remote else opt_in_from(TrustStore(), args.trust_remote_code, args.allow_pickle),
+            opt_in=opt_in,
             api_key=remote_key(args) if remote else None,
             draft_required=True,  # --strategy speculative without its draft would only fail later
         )

@@ -105,3 +105,60 @@ def test_allocation_failures_are_recognised(exc, oom):
     wrapped = RuntimeError("loading failed")
     wrapped.__cause__ = exc
     assert is_oom(wrapped) is oom
+
+
+# `redline chat` in a child whose address space is limited (ulimit -v) at a point the test chooses: before torch
+# is imported (its libraries cannot be mapped) or just after (no room left for torch's threads and a load). Either
+# way the child must end with one sentence of Redline's (exit 2), never a traceback or libgomp's "Thread creation
+# failed" abort.
+LIMITED_CHAT = textwrap.dedent(
+    """
+    import resource, sys
+    import psutil
+    from redline.app.cli import main
+
+    folder, when, headroom = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if when == "after-torch":
+        import torch, transformers  # noqa: F401
+    vms = psutil.Process().memory_info().vms
+    resource.setrlimit(resource.RLIMIT_AS, (vms + headroom, resource.RLIM_INFINITY))
+    sys.exit(main(["chat", "hi", "--model", folder, "--max-new-tokens", "2"]))
+    """
+)
+
+
+def _limited_chat(folder, when: str, headroom: int):
+    return subprocess.run(
+        [sys.executable, "-c", LIMITED_CHAT, str(folder), when, str(headroom)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_an_address_space_too_small_for_torch_is_one_sentence(tiny_model_dir):
+    proc = _limited_chat(tiny_model_dir, "before-torch", 64 * 1000**2)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: torch could not be loaded within this process's address-space limit (ulimit -v "), err
+    assert "ulimit -v unlimited" in err
+    assert "Traceback" not in proc.stderr and "libgomp" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_address_space_without_room_for_threads_and_a_load_is_one_sentence(tiny_model_dir):
+    proc = _limited_chat(tiny_model_dir, "after-torch", 100 * 1000**2)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: This process's address-space limit (ulimit -v "), err
+    assert "once torch is loaded" in err and "threads and loading tiny-llama in " in err and "mid-start" in err
+    assert "or at least ulimit -v " in err
+    assert "Traceback" not in proc.stderr and "libgomp" not in proc.stderr
+
+
+def test_no_address_space_limit_means_no_check(monkeypatch):
+    from redline.inference.loading import loader
+
+    monkeypatch.setattr(loader, "address_space_limit", lambda: None)
+    loader.check_address_space("no-such-model", "auto")  # returns without reading anything

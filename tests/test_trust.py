@@ -83,3 +83,35 @@ def test_cli_refuses_custom_code_with_a_clear_message(custom_model):
     assert proc.returncode == 2
     assert "modeling_toy.py" in proc.stderr and "--trust-remote-code" in proc.stderr
     assert "Traceback" not in proc.stderr and not marker.exists()
+
+
+def test_untrusted_custom_code_is_refused_for_that_before_the_estimate(custom_model):
+    """A custom config may lack a field the estimate for ``auto`` reads (here num_hidden_layers): the reason given is
+    still the code it needs and how to opt in, not that the memory cannot be estimated."""
+    import json
+
+    folder, marker = custom_model
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "redline", "chat", "hi", "--model", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "modeling_toy.py" in proc.stderr and "--trust-remote-code" in proc.stderr
+    assert "cannot be estimated" not in proc.stderr
+    assert "Traceback" not in proc.stderr and not marker.exists()
+
+
+def test_code_opt_in_reads_the_folder_alone(custom_model, tiny_model_dir):
+    from redline.inference import code_opt_in
+
+    folder, marker = custom_model
+    needs = code_opt_in(str(folder))
+    assert needs is not None and needs.kind == "remote_code"
+    assert needs.files == ["configuration_toy.py", "modeling_toy.py"] and not marker.exists()
+    assert code_opt_in(str(tiny_model_dir)) is None
+    assert code_opt_in(str(folder / "no-such-folder")) is None

@@ -213,6 +213,104 @@ def out_of_memory(
     return OutOfMemory(message, hint)
 
 
+# What a chat maps beyond torch and transformers before its model's own bytes: the modules a load imports
+# (bitsandbytes' library among them), the tokenizer's and the engine's threads, heap arenas. Measured with a
+# 2-layer model (tests/conftest.py build_tiny_model) on torch 2.14.1, 2 cores: VmPeak 730-800 MB above the
+# address space after importing torch and transformers. With less room, whether a run lives depends on the order
+# its threads start (one that cannot start its stack makes libgomp end the process): refused before that.
+RUNTIME_GROWTH_BYTES = 800 * 1000 * 1000
+MAP_FAILURES = ("failed to map segment", "cannot allocate memory", "cannot map", "out of memory")
+
+
+def address_space_limit() -> Optional[int]:
+    """This process's address-space limit in bytes (``ulimit -v``, RLIMIT_AS's soft limit), None without one."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        return None  # no RLIMIT_AS here (Windows)
+    return None if soft == resource.RLIM_INFINITY or soft <= 0 else int(soft)
+
+
+def _thread_stack_bytes() -> int:
+    """What a new thread reserves for its stack: glibc takes RLIMIT_STACK's soft limit (8 MiB unless changed)."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_STACK)
+    except (ImportError, OSError, ValueError):
+        soft = -1
+    return int(soft) if 0 < soft != resource.RLIM_INFINITY else 8 * 1024 * 1024
+
+
+def check_address_space(model: Optional[str] = None, precision: Optional[str] = None) -> None:
+    """Under an address-space limit, load torch and check that its threads fit, before any model loads.
+
+    Past the limit, importing torch fails with a traceback (its libraries cannot be mapped), and OpenMP cannot
+    start a thread: libgomp then ends the process ("Thread creation failed"), which no Python code can catch.
+    Either way the user would read no sentence of Redline's. With ``model`` (a ``--model`` value) the room left
+    must also hold the estimator's smallest load of it (of ``precision``, or of any precision for ``auto``).
+    Raises OutOfMemory with the limit and the value to set instead; does nothing without a limit."""
+    limit = address_space_limit()
+    if limit is None:
+        return
+    from redline.inference.units import format_bytes
+
+    shown = f"ulimit -v {limit // 1024}, {format_bytes(limit)}"
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except (ImportError, OSError, MemoryError) as exc:
+        if not (isinstance(exc, MemoryError) or any(t in str(exc).lower() for t in MAP_FAILURES)):
+            raise
+        raise OutOfMemory(
+            f"torch could not be loaded within this process's address-space limit ({shown}): {_oom_cause(exc)}.",
+            "Raise the limit in the shell that starts Redline (ulimit -v unlimited; torch's libraries alone map "
+            "a few GB of address space, more for a CUDA build), then start it again.",
+        ) from exc
+    import psutil
+
+    threads = max(1, torch.get_num_threads())
+    load, what = _smallest_load(model, precision)
+    need = (threads + 1) * _thread_stack_bytes() + RUNTIME_GROWTH_BYTES + load
+    used = psutil.Process().memory_info().vms
+    if limit - used < need:
+        raise OutOfMemory(
+            f"This process's address-space limit ({shown}) leaves {format_bytes(max(0, limit - used))} once torch "
+            f"is loaded, less than the {format_bytes(need)} that the rest of Redline's runtime, torch's {threads} "
+            f"threads and {what} need, so it would be stopped mid-start.",
+            f"Raise the limit in the shell that starts Redline (ulimit -v unlimited, or at least "
+            f"ulimit -v {-(-(used + need) // 1024)}), then start it again.",
+        )
+
+
+def _smallest_load(model: Optional[str], precision: Optional[str]) -> tuple[int, str]:
+    """The estimator's smallest load of ``model`` (weights, what loading them takes, a 256-token cache) and its
+    words; 0 when the model's shape cannot be read."""
+    if model:
+        try:
+            from redline.inference.loading.precision import parse_precision
+            from redline.inference.memory.fit import Planner, detect_target, precisions_for
+            from redline.inference.memory.model_shapes import read_shape
+
+            shape = read_shape(model)
+            planner = Planner(shape, detect_target(device="cpu"))
+            names = precisions_for(shape) if precision in (None, "auto") else [precision]
+            best = None
+            for name in names:
+                # Everything but the runtime (counted above), at the shortest useful chat.
+                e = planner.estimate(parse_precision(name), 256)
+                size = e.total_bytes - e.overhead_bytes
+                if best is None or size < best[0]:
+                    best = (size, name)
+            if best is not None:
+                return best[0], f"loading {shape.name} in {best[1]} (its smallest load)"
+        except Exception:  # no estimate: the runtime's share still catches a limit no load could fit
+            pass
+    return 0, "a model load"
+
+
 def free_memory(device: str) -> None:
     """Give freed model memory back: collect cycles, empty torch's CUDA cache, and return the C heap's free
     pages to the system (see ``memory_policy`` for why glibc would otherwise keep them)."""
@@ -271,21 +369,42 @@ def check_weights(folder: Path, allow_pickle: bool = False) -> None:
     )
 
 
+def _remote_code_opt_in(folder: Path) -> NeedsOptIn:
+    files = remote_code_files(folder)
+    return NeedsOptIn(
+        f"{folder.name} needs custom Python code shipped with the model ({', '.join(files) or 'auto_map'}), "
+        "which Redline does not run unless you opt in.",
+        "If you trust its author, opt in for this model with --trust-remote-code.",
+        "remote_code",
+        folder,
+        files,
+        fingerprint(folder, "remote_code"),
+    )
+
+
+def code_opt_in(spec: str) -> Optional[NeedsOptIn]:
+    """The opt-in that loading ``spec`` (a ``--model`` value) would ask for because its folder ships custom code,
+    read from its config.json on disk alone (nothing fetched, nothing run); None when it asks none or the folder
+    is not here yet. Asked before anything reads the model's shape, so an untrusted model is refused for that
+    reason, not for a field its custom config leaves out."""
+    from redline.inference.sources.resolve import resolve
+
+    try:
+        folder = resolve(spec).local_folder()
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder is not None else None
+    except (RedlineError, OSError, ValueError):
+        return None  # the load itself says what is wrong with the folder
+    if not isinstance(data, dict) or "auto_map" not in data:
+        return None
+    return _remote_code_opt_in(folder)
+
+
 def load_config(folder: Path, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     data = read_config(folder)
     if "auto_map" in data and not trust_remote_code:
-        files = remote_code_files(folder)
-        raise NeedsOptIn(
-            f"{folder.name} needs custom Python code shipped with the model ({', '.join(files) or 'auto_map'}), "
-            "which Redline does not run unless you opt in.",
-            "If you trust its author, opt in for this model with --trust-remote-code.",
-            "remote_code",
-            folder,
-            files,
-            fingerprint(folder, "remote_code"),
-        )
+        raise _remote_code_opt_in(folder)
     try:
         return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as exc:
