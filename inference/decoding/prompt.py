@@ -29,9 +29,12 @@ class ChatPrompt:
     cut: str = ""  # how the last message was shortened, in a sentence for the user ("" when it was not)
 
 
-def _render(tokenizer, messages: Sequence[dict]) -> tuple[list[int], bool]:
+def _render(tokenizer, messages: Sequence[dict], tools=None) -> tuple[list[int], bool]:
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=True)
+        extra = {"tools": list(tools)} if tools else {}  # the template's own tool support (transformers' tools=)
+        out = tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True, return_dict=True, **extra
+        )
         return list(out["input_ids"]), True
     text = "".join(f"{FALLBACK_ROLES.get(m['role'], m['role'].title())}: {m['content']}\n" for m in messages)
     text += "Assistant:"
@@ -40,10 +43,11 @@ def _render(tokenizer, messages: Sequence[dict]) -> tuple[list[int], bool]:
 
 
 def build_prompt(
-    tokenizer, messages: Sequence[dict], context: int, reserve_new_tokens: int, strict: bool = False
+    tokenizer, messages: Sequence[dict], context: int, reserve_new_tokens: int, strict: bool = False, tools=None
 ) -> ChatPrompt:
     """Render ``messages`` to ids that leave ``reserve_new_tokens`` free within ``context``. ``strict``: a
-    conversation that does not fit is refused (ContextExceeded) instead of shortened."""
+    conversation that does not fit is refused (ContextExceeded) instead of shortened. ``tools`` (OpenAI function
+    tools) go to the template as ``tools=`` (strict only: the server's requests)."""
     if not messages:
         raise UnsupportedConfiguration("There is no message to answer.", "Type a message first.")
     budget = context - max(1, reserve_new_tokens)
@@ -53,7 +57,7 @@ def build_prompt(
             "Lower max new tokens or raise the context length.",
         )
     if strict:
-        ids, templ = _render(tokenizer, messages)
+        ids, templ = _render(tokenizer, messages, tools)
         if len(ids) > budget:
             raise ContextExceeded(
                 f"The prompt has {len(ids)} tokens, which fills the model's context of {context}.",

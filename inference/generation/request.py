@@ -39,6 +39,8 @@ class GenerationRequest:
     # An extra logits processor for this request alone (transformers' interface: (input_ids, scores) →
     # scores), e.g. a grammar that constrains the output to a JSON schema.
     logits_processor: Any = None
+    # OpenAI function tools, rendered by the model's chat template (``tools=``); the server reads the calls back.
+    tools: Optional[Sequence[dict]] = None
     client: str = ""  # who asked: "chat", "lab", "api", "cli" (shown in status and queue notes)
     # A reply that runs alone is compared with the speed model's and the estimator's predictions, and feeds this
     # machine's corrections; the speed lab's samples do not (it records each row once, from all its samples).
@@ -104,7 +106,9 @@ def prepare(
     if request.input_ids is not None:
         prompt = [int(t) for t in request.input_ids]
     else:
-        built = build_prompt(tokenizer, request.messages, context, 1 if strict else wanted, strict=strict)
+        built = build_prompt(
+            tokenizer, request.messages, context, 1 if strict else wanted, strict=strict, tools=request.tools
+        )
         prompt, dropped = built.input_ids, built.dropped_messages
         if dropped:
             notes.append(

@@ -1,13 +1,15 @@
 """A request body made ready to run: the model it names, its JSON read and checked (``protocol``), its sampling, its
 prompt made ready by ``generation.request.prepare`` with ``strict=True`` (the one prompt builder and the one context
 check, on the server's own copy of the tokenizer, so a request that cannot fit is a 400 before it queues), and the
-grammar its ``response_format`` asks for."""
+grammar its ``response_format`` asks for; with ``tools``, the conversation as the model's template reads it and the
+grammar of its calls (``tool_calls.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional, Union
 
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.errors import ContextExceeded, RedlineError
@@ -17,6 +19,21 @@ from redline.inference.server.middleware import BodyTooLarge
 from redline.inference.server.protocol import ApiError, describe_validation, lone_surrogate
 from redline.inference.server.structured import GrammarProcessor, GrammarTokenizers, SchemaError, grammar_for
 from redline.inference.server.tokenizers import ServerTokenizers
+from redline.inference.server.tool_calls import Family, ToolError, conversation, family_of, tool_grammar
+
+
+@dataclass
+class Tools:
+    """What a request with tools needs to read its reply: the family's format, the tools' names, the choice."""
+
+    family: Family
+    names: set[str]
+    choice: Union[str, dict]
+
+    @property
+    def forced(self) -> bool:
+        """The whole reply is calls (required / a named function)."""
+        return self.choice != "auto"
 
 
 class Preparation:
@@ -114,7 +131,7 @@ class Preparation:
             raise ApiError(400, problem[1], problem[0], "unsupported_parameter")
         return body
 
-    async def prepare(self, body, chat: bool) -> tuple[Any, GenerationRequest]:
+    async def prepare(self, body, chat: bool) -> tuple[Any, GenerationRequest, Optional[Tools]]:
         target = await self.model_for(body.model)
         where = "messages" if chat else "prompt"
         wanted = body.wanted_tokens()
@@ -132,11 +149,22 @@ class Preparation:
             stop=body.stops(),
         )
         prompt: dict = {}
+        tools: Optional[Tools] = None
         try:
             if chat:
-                prompt["messages"] = [
-                    {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
-                ]
+                messages = [m.as_dict() for m in body.messages]
+                offered = [t.as_dict() for t in body.tools or []]
+                choice = body.choice()
+                if offered or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+                    tok = await asyncio.to_thread(self.tokenizers.get, target)
+                    family, native = family_of(tok)
+                    shown = offered if choice != "none" else []
+                    messages = conversation(messages, shown, family, native)
+                    if shown and native:
+                        prompt["tools"] = shown
+                    if shown:
+                        tools = Tools(family, {t["function"]["name"] for t in shown}, choice)
+                prompt["messages"] = messages
             elif isinstance(body.prompt, list) and (not body.prompt or isinstance(body.prompt[0], int)):
                 prompt["input_ids"] = [int(t) for t in body.prompt]
             else:
@@ -162,11 +190,33 @@ class Preparation:
                 where,
                 "context_length_exceeded",
             ) from None
+        except ToolError as exc:
+            raise ApiError(400, str(exc), where) from None
         except RedlineError as exc:
             raise ApiError(400, str(exc), where) from None
+        except Exception as exc:  # the chat template refused the conversation (jinja's raise_exception)
+            if type(exc).__name__ not in ("TemplateError", "TemplateSyntaxError", "UndefinedError"):
+                raise
+            raise ApiError(400, f"The model's chat template refused this conversation: {exc}", where) from None
         if chat and body.response_format is not None and body.response_format.type != "text":
             request.logits_processor = await asyncio.to_thread(self._grammar, target, body.response_format.as_dict())
-        return target, request
+        if tools is not None:
+            parallel = body.parallel_tool_calls is not False
+            request.logits_processor = await asyncio.to_thread(
+                self._tool_grammar, target, tools, [t.as_dict() for t in body.tools or []], parallel
+            )
+        return target, request, tools
+
+    def _tool_grammar(self, target, tools: Tools, offered: list[dict], parallel: bool):
+        tok = self.tokenizers.get(target)
+        vocab = getattr(target.model.config, "vocab_size", None) if target.model is not None else None
+        lltok = self.grammars.get(tok, vocab)
+        try:
+            return tool_grammar(lltok, tok, tools.family, offered, tools.choice, parallel)
+        except ToolError as exc:
+            raise ApiError(400, str(exc), "tools") from None
+        except Exception as exc:  # the grammar library's own refusal of a tool's schema
+            raise ApiError(400, f"The tools' parameters cannot be enforced: {exc}", "tools") from None
 
     def _grammar(self, target, response_format: dict):
         try:

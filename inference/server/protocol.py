@@ -1,8 +1,9 @@
 """The OpenAI API as the server reads it: request bodies (strict: an unknown field or a wrong type is a 400
 naming it), and the error objects it answers with.
 
-Fields OpenAI defines but Redline does not do (``n`` above 1, penalties, log-probabilities, tools) are
-accepted at their neutral value and refused otherwise, with a sentence saying so, rather than ignored.
+Fields OpenAI defines but Redline does not do (``n`` above 1, penalties, log-probabilities) are accepted at their
+neutral value and refused otherwise, with a sentence saying so, rather than ignored. ``user`` and ``metadata`` are
+accepted and ignored.
 """
 
 from __future__ import annotations
@@ -20,18 +21,85 @@ class TextPart(BaseModel):
     text: str
 
 
+MAX_STOP = 16  # stop strings a request may give
+MEDIA_PARTS = {"image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "video_url"}
+TEXT_ONLY = "the loaded model reads text only; send the content as text parts"
+
+
+class FunctionCallIn(BaseModel):
+    model_config = STRICT
+    name: str = Field(min_length=1)
+    arguments: str = ""
+
+
+class ToolCallIn(BaseModel):
+    model_config = STRICT
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class FunctionSpec(BaseModel):
+    model_config = STRICT
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionSpec
+
+    def as_dict(self) -> dict:
+        fn: dict = {"name": self.function.name}
+        if self.function.description is not None:
+            fn["description"] = self.function.description
+        fn["parameters"] = self.function.parameters or {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
+
+
 class Message(BaseModel):
     model_config = STRICT
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart], None] = None
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[dict[str, Any]], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCallIn]] = None
+    tool_call_id: Optional[str] = None
+    refusal: Optional[str] = None
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(str(part.get("text", "")) for part in self.content)
+
+    def problem(self, where: str) -> Optional[tuple[str, str]]:
+        """(field, sentence) for a message Redline cannot read, or None."""
+        for i, part in enumerate(self.content if isinstance(self.content, list) else []):
+            kind = part.get("type")
+            if kind in MEDIA_PARTS:
+                return f"{where}.content[{i}]", f"'{where}.content[{i}]' is an {kind} part, but {TEXT_ONLY}."
+            if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                return f"{where}.content[{i}]", (
+                    f'\'{where}.content[{i}]\' is not a text part; a content part is {{"type": "text", "text": "…"}}.'
+                )
+        if self.role == "tool" and not self.tool_call_id:
+            return f"{where}.tool_call_id", f"'{where}' is a tool message without the tool_call_id it answers."
+        if self.tool_calls and self.role != "assistant":
+            return f"{where}.tool_calls", f"'{where}' has tool_calls, which only assistant messages carry."
+        return None
+
+    def as_dict(self) -> dict:
+        role = "system" if self.role == "developer" else self.role
+        out: dict = {"role": role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class StreamOptions(BaseModel):
@@ -79,7 +147,8 @@ class _Sampling(BaseModel):
     presence_penalty: Optional[float] = None
     logprobs: Optional[bool] = None
     logit_bias: Optional[dict[str, float]] = None
-    user: Optional[str] = None
+    user: Optional[str] = None  # accepted, ignored
+    metadata: Optional[dict[str, Any]] = None  # accepted, ignored
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -98,8 +167,8 @@ class _Sampling(BaseModel):
             return "logprobs", "logprobs are not supported; leave logprobs out or false."
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported; use response_format to constrain the output."
-        if isinstance(self.stop, list) and len(self.stop) > 4:
-            return "stop", "stop takes at most 4 strings."
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
+            return "stop", f"stop takes at most {MAX_STOP} strings (got {len(self.stop)})."
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed with stream: true."
         return None
@@ -109,19 +178,43 @@ class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     response_format: Optional[ResponseFormat] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
 
+    def choice(self) -> Union[str, dict]:
+        """ "none", "auto", "required" or {"type": "function", "function": {"name": …}} (OpenAI's default: "auto"
+        with tools, "none" without)."""
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        return self.tool_choice
+
     def unsupported(self) -> Optional[tuple[str, str]]:
-        if self.tools:
-            return "tools", (
-                "Tool calls are not supported by Redline's server; describe the call's arguments with "
-                "response_format json_schema instead (see docs/server.md)."
-            )
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice", "tool_choice is not supported (Redline's server does not call tools)."
+        for i, m in enumerate(self.messages):
+            problem = m.problem(f"messages[{i}]")
+            if problem is not None:
+                return problem
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) < len(names):
+            return "tools", "Two tools have the same name; give each tool its own name."
+        choice = self.tool_choice
+        if isinstance(choice, dict):
+            fn = choice.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if choice.get("type") != "function" or not isinstance(name, str):
+                return "tool_choice", (
+                    'tool_choice names a function as {"type": "function", "function": {"name": "…"}}.'
+                )
+            if name not in names:
+                return "tool_choice", f"tool_choice names the function {name!r}, which is not among the tools."
+        elif choice == "required" and not names:
+            return "tool_choice", "tool_choice is 'required' but the request has no tools."
         rf = self.response_format
+        if names and self.choice() != "none" and rf is not None and rf.type != "text":
+            return "response_format", (
+                "response_format and tools cannot both constrain one reply; send tool_choice 'none' with "
+                "response_format, or leave response_format out."
+            )
         if rf is not None and rf.type == "json_schema" and (rf.json_schema is None or rf.json_schema.schema_ is None):
             return "response_format", (
                 "response_format json_schema needs json_schema.schema: "

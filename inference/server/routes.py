@@ -190,7 +190,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
         api.check_key(request)
         api.check_open()
         body = await api.preparation.read(request, ChatCompletionRequest if chat else CompletionRequest)
-        target, gen = await api.preparation.prepare(body, chat)
+        target, gen, tools = await api.preparation.prepare(body, chat)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         handle = api.submit(gen)
@@ -212,12 +212,12 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return EventSourceResponse(
-                streaming.stream(api, handle, queue, ident, created, name, chat, include_usage),
+                streaming.stream(api, handle, queue, ident, created, name, chat, include_usage, tools),
                 sep="\n",
                 ping=15,
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await streaming.whole(api, handle, queue, request, ident, created, name, chat)
+        return await streaming.whole(api, handle, queue, request, ident, created, name, chat, tools)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

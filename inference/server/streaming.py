@@ -11,6 +11,7 @@ from typing import Optional
 
 from redline.inference.events import Failed, FinishedEvent, GenerationResult, TokenEvent
 from redline.inference.server.protocol import error_body
+from redline.inference.server.tool_calls import CallStream, argument_pieces, parse
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "error"}
 
@@ -72,13 +73,17 @@ def failure(result: GenerationResult) -> tuple[int, str]:
     return 500, f"The generation failed: {result.error}"
 
 
-def _chunk(ident, created, name, chat: bool, text: Optional[str], finish: Optional[str], first=False) -> dict:
+def _chunk(
+    ident, created, name, chat: bool, text: Optional[str], finish: Optional[str], first=False, calls=None
+) -> dict:
     if chat:
         delta: dict = {}
         if first:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if calls is not None:
+            delta["tool_calls"] = calls
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         kind = "chat.completion.chunk"
     else:
@@ -91,9 +96,26 @@ def _data(obj: dict) -> dict:
     return {"data": json.dumps(obj, ensure_ascii=False)}
 
 
-async def stream(api, handle, queue, ident, created, name, chat, include_usage):
+def _call_chunks(ident, created, name, calls) -> list[dict]:
+    """OpenAI's streamed calls: per call, its index, id and name first, then its arguments in pieces."""
+    out = []
+    for index, call in enumerate(calls):
+        head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        out.append(_chunk(ident, created, name, True, None, None, calls=[head]))
+        for piece in argument_pieces(call.arguments):
+            out.append(
+                _chunk(
+                    ident, created, name, True, None, None, calls=[{"index": index, "function": {"arguments": piece}}]
+                )
+            )
+    return out
+
+
+async def stream(api, handle, queue, ident, created, name, chat, include_usage, tools=None):
     stats = api.stats
     result: Optional[GenerationResult] = None
+    calls: list = []
+    held = CallStream(tools.family, tools.names, tools.forced) if tools is not None else None
     try:
         if chat:
             yield _data(_chunk(ident, created, name, chat, "", None, first=True))
@@ -102,8 +124,9 @@ async def stream(api, handle, queue, ident, created, name, chat, include_usage):
             if isinstance(event, TokenEvent):
                 if event.token_id >= 0:
                     stats.token()
-                if event.text:
-                    yield _data(_chunk(ident, created, name, chat, event.text, None))
+                text = held.feed(event.text) if held is not None and event.text else event.text
+                if text:
+                    yield _data(_chunk(ident, created, name, chat, text, None))
             elif isinstance(event, FinishedEvent):
                 result = event.result
                 break
@@ -120,7 +143,16 @@ async def stream(api, handle, queue, ident, created, name, chat, include_usage):
             yield _data(error_body(*failure(result)))
             yield {"data": "[DONE]"}
             return
-        last = _chunk(ident, created, name, chat, None if chat else "", FINISH[result.finish_reason])
+        finish = FINISH[result.finish_reason]
+        if held is not None:
+            rest, calls = held.finish()
+            if rest:
+                yield _data(_chunk(ident, created, name, chat, rest, None))
+            for chunk in _call_chunks(ident, created, name, calls):
+                yield _data(chunk)
+            if calls:
+                finish = "tool_calls"
+        last = _chunk(ident, created, name, chat, None if chat else "", finish)
         if not include_usage:
             last["timings"] = timings(result)
         yield _data(last)
@@ -143,7 +175,7 @@ async def stream(api, handle, queue, ident, created, name, chat, include_usage):
         api.untrack(handle)
 
 
-async def whole(api, handle, queue, request, ident, created, name, chat):
+async def whole(api, handle, queue, request, ident, created, name, chat, tools=None):
     from fastapi.responses import JSONResponse
 
     stats = api.stats
@@ -190,12 +222,17 @@ async def whole(api, handle, queue, request, ident, created, name, chat):
         return JSONResponse(error_body(status, message), status)
     finish = FINISH[result.finish_reason]
     if chat:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": result.text},
-            "logprobs": None,
-            "finish_reason": finish,
-        }
+        message: dict = {"role": "assistant", "content": result.text}
+        if tools is not None:
+            content, calls = parse(tools.family, result.text, tools.names)
+            if calls:
+                message = {
+                    "role": "assistant",
+                    "content": content or None,
+                    "tool_calls": [c.as_openai() for c in calls],
+                }
+                finish = "tool_calls"
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         kind = "chat.completion"
     else:
         choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
