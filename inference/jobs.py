@@ -269,6 +269,9 @@ def kv_cache_held(engine) -> Optional[KvCacheHeld]:
         return None
     try:
         limit = min(kv.cache_pages, kv.budget_pages or kv.cache_pages) * kv.page_bytes
+        setting = getattr(getattr(target, "limits", None), "prefix_cache_bytes", None)
+        if setting is not None and kv.cache_pages > 0 and (kv.budget_pages is None or kv.cache_pages < kv.budget_pages):
+            limit = int(setting)  # the setting itself (whole pages of it are kept), unless the KV budget is smaller
         return KvCacheHeld(int(kv.cached_bytes()), int(kv.cached_tokens()), int(limit))
     except (AttributeError, RuntimeError, ValueError):  # the model being freed meanwhile
         return None

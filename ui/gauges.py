@@ -300,10 +300,12 @@ class GaugesPanel(QFrame):
             self.kv_label.setText("Prefix cache: off (Settings → Prefix cache)")
             self.kv_label.setToolTip("Each turn reads the whole conversation again.")
         else:
-            self.kv_label.setText(
-                f"KV cache kept for later turns: {format_bytes(held.cached_bytes)} "
-                f"({held.cached_tokens:,} tokens) of {format_bytes(held.limit_bytes)}"
+            kept = (
+                f"{format_bytes(held.cached_bytes)} ({held.cached_tokens:,} tokens) of {format_bytes(held.limit_bytes)}"
+                if held.cached_bytes
+                else f"none yet (up to {format_bytes(held.limit_bytes)})"
             )
+            self.kv_label.setText(f"KV cache kept for later turns: {kept}")
             self.kv_label.setToolTip(
                 "Computed KV pages no reply uses now, kept so that a prompt starting the same way (the next turn, "
                 "Regenerate, a shared system prompt) is not read again; the least recently used go first. Its size "

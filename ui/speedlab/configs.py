@@ -105,6 +105,8 @@ class ConfigEditor(QWidget):
         for key, label in SETS.items():
             self.set_combo.addItem(label, key)
         self.set_combo.setToolTip("Ready-made sets of configurations; Use replaces the rows below")
+        self.set_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.set_combo.setMinimumContentsLength(24)  # the ladder's long name is elided, not the row widened
         self.use_set_button = QPushButton("Use set")
         self.use_set_button.setToolTip("Replace the rows with the chosen set")
         self.use_set_button.clicked.connect(lambda: self.use_set(self.set_combo.currentData()))

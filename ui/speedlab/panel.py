@@ -239,8 +239,10 @@ class SpeedLabPanel(QWidget):
         ):
             counts.addWidget(QLabel(text))
             counts.addWidget(w)
-        counts.addWidget(preset)
         counts.addStretch(1)
+        protocol_row = QHBoxLayout()  # a row of its own: beside the counts it made the form 920 px wide
+        protocol_row.addWidget(preset)
+        protocol_row.addStretch(1)
         self.sweep_edit = QLineEdit()
         self.sweep_edit.setPlaceholderText("e.g. 1,2,4,8 — batch sweep of the baseline configuration (optional)")
         form.addRow("Model", self.model_edit)
@@ -248,6 +250,7 @@ class SpeedLabPanel(QWidget):
         form.addRow("Baseline", self.baseline_spin)
         form.addRow("Prompt set", prompts_row)
         form.addRow("Lengths", counts)
+        form.addRow("", protocol_row)
         form.addRow("Batch sweep", self.sweep_edit)
 
         self.run_button = QPushButton("Run")
@@ -327,19 +330,24 @@ class SpeedLabPanel(QWidget):
         # Everything in one vertical splitter: the configurations, the outputs, the results — each as tall as
         # the user drags it.
         setup = self.setup = QWidget()
+        form_box = QWidget()
+        form_box.setLayout(form)
         sv = QVBoxLayout(setup)
         sv.setContentsMargins(0, 0, 0, 0)
-        sv.addLayout(form)
+        # The form scrolls; Run, its predicted duration and the status stay in view under it.
+        self.form_scroll = _scrolling(form_box)
+        sv.addWidget(self.form_scroll, 1)
         sv.addLayout(controls)
         sv.addWidget(self.duration_label)
         sv.addWidget(self.status_label)
+        self._form_box = form_box
         self.splitter = QSplitter(Qt.Vertical)
         self.splitter.setObjectName("labSplitter")
         self.splitter.setChildrenCollapsible(False)
         # The setup and the charts scroll inside their part rather than raise the window's minimum size: the lab
         # fits a 1366×768 laptop screen (its setup alone is 920×420 px), and a part made small never overlaps
         # another.
-        self.splitter.addWidget(_scrolling(setup))
+        self.splitter.addWidget(setup)
         self.splitter.addWidget(self.outputs)
         self.splitter.addWidget(self.tabs)
         self.splitter.setStretchFactor(0, 0)
@@ -356,7 +364,8 @@ class SpeedLabPanel(QWidget):
         super().showEvent(event)
         if not self._sized and self.splitter.height() > 0:
             self._sized = True
-            setup = min(self.setup.sizeHint().height() + 2, int(self.splitter.height() * 0.5))
+            below = self.setup.sizeHint().height() - self.form_scroll.sizeHint().height()
+            setup = min(self._form_box.sizeHint().height() + below + 4, int(self.splitter.height() * 0.55))
             rest = max(200, self.splitter.height() - setup)
             self.splitter.setSizes([setup, int(rest * 0.55), rest - int(rest * 0.55)])
 
