@@ -96,3 +96,14 @@ def test_the_default_rows_are_predicted_to_take_about_a_minute_and_say_so_before
         assert longer > 10 * seconds and "min" in panel.duration_label.text()
     finally:
         bridge.shutdown(10_000)
+
+
+def test_the_model_field_follows_the_chat_to_a_server(slow_panel):
+    """The window connected to a server: the lab's Model field says that server (it said "starter"), unless the
+    user typed a model of their own there."""
+    assert slow_panel.model_edit.text() == "starter"
+    slow_panel.follow_model(SERVER)
+    assert slow_panel.model_edit.text() == SERVER
+    slow_panel.model_edit.setText("my-model")
+    slow_panel.follow_model("starter")
+    assert slow_panel.model_edit.text() == "my-model"
