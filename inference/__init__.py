@@ -42,7 +42,15 @@ from redline.inference.browse.fetch import Fetched
 from redline.inference.browse.fetch import fetch as fetch_variant
 from redline.inference.browse.library import LocalModel, age_text, delete_text, local_library, reclaimable_bytes
 from redline.inference.browse.library import delete as delete_local_model
-from redline.inference.browse.predict import FITS, NO_FIT, TIGHT, VariantPrediction, machine_target, predict_repo
+from redline.inference.browse.predict import (
+    FITS,
+    NO_FIT,
+    TIGHT,
+    VariantPrediction,
+    machine_target,
+    predict_repo,
+    process_rss,
+)
 from redline.inference.browse.search import HubModel
 from redline.inference.browse.search import search as search_hub
 from redline.inference.browse.search import warm_up as warm_up_browser
@@ -145,6 +153,7 @@ __all__ = [
     "machine_target",
     "NO_FIT",
     "predict_repo",
+    "process_rss",
     "reclaimable_bytes",
     "repo_variants",
     "RepoVariants",

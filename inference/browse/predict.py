@@ -57,7 +57,16 @@ def context_for(variant: Variant, context: Optional[int]) -> int:
     return max(min(ctx, longest), min(MIN_CONTEXT, longest))
 
 
-def predict_variant(variant: Variant, target: Target, speed: SpeedModel, context: Optional[int], correction: int = 0):
+def predict_variant(
+    variant: Variant,
+    target: Target,
+    speed: SpeedModel,
+    context: Optional[int],
+    correction: int = 0,
+    baseline_bytes: Optional[int] = None,
+):
+    """``baseline_bytes`` (CPU): the resident memory of the process that will load it, before the load (as the
+    engine's own prediction uses once loaded); None: the estimator's default Python/torch baseline."""
     from redline.inference.errors import RedlineError
     from redline.inference.speed.choose import choose
 
@@ -91,6 +100,12 @@ def predict_variant(variant: Variant, target: Target, speed: SpeedModel, context
     speed_of = pick
     if pick.tokens_per_s is None and pick.candidates:  # it does not fit: its fastest strategy's speed still says
         speed_of = pick.candidates[0]
+    if baseline_bytes is not None and target.device == "cpu":
+        from redline.inference.memory.estimator import CPU_BASELINE_BYTES, accuracy_margin
+
+        est.total_bytes = max(0, est.total_bytes + int(baseline_bytes) - CPU_BASELINE_BYTES)
+        est.margin_bytes = accuracy_margin(est.total_bytes)
+        est.fits = est.total_bytes + est.margin_bytes <= target.available_bytes
     fit = FITS if est.fits else (TIGHT if est.total_bytes <= target.available_bytes else NO_FIT)
     return VariantPrediction(
         variant.name,
@@ -147,6 +162,13 @@ def recommend(predictions: list[VariantPrediction], priority: str) -> Optional[V
     return best
 
 
+def process_rss() -> int:
+    """This process's resident memory now: the CPU baseline for a model this process will load."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 def machine_target(device: Optional[str] = None) -> tuple[Target, SpeedModel, int]:
     """This machine's target (GPU free memory, or free RAM), its speed model and learned memory correction.
     Imports torch (the speed model measures the machine once): run it off the UI thread."""
@@ -166,12 +188,13 @@ def predict_repo(
     target: Optional[Target] = None,
     speed: Optional[SpeedModel] = None,
     correction: int = 0,
+    baseline_bytes: Optional[int] = None,
 ) -> list[VariantPrediction]:
     """Every variant of ``rv`` predicted (on this machine unless ``target``/``speed`` say otherwise), the one
-    recommended here marked."""
+    recommended here marked. ``baseline_bytes``: see ``predict_variant``."""
     if target is None or speed is None:
         t, s, c = machine_target()
         target, speed, correction = target or t, speed or s, correction or c
-    out = [predict_variant(v, target, speed, context, correction) for v in rv.variants]
+    out = [predict_variant(v, target, speed, context, correction, baseline_bytes) for v in rv.variants]
     recommend(out, priority)
     return out

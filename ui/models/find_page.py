@@ -40,6 +40,7 @@ from redline.inference import (
     format_bytes,
     machine_target,
     predict_repo,
+    process_rss,
     repo_variants,
     search_hub,
     warm_up_browser,
@@ -92,6 +93,7 @@ class FindModelPage(QWidget):
         self.priority = priority
         self._machine_fn = machine or machine_target
         self._machine = None  # (target, speed model, correction), read once off the UI thread
+        self.baseline_from_process = machine is None  # a given machine (a test's) keeps the default baseline
         self.work = BackgroundWork(self)
         self.repo = None  # the RepoVariants shown
         self.predictions: list = []
@@ -221,7 +223,7 @@ class FindModelPage(QWidget):
                 self._machine = self._machine_fn()
             rv = repo_variants(repo_id)
             target, speed, correction = self._machine
-            return rv, predict_repo(rv, context, priority, target, speed, correction)
+            return rv, predict_repo(rv, context, priority, target, speed, correction, self._baseline())
 
         self.work.run("variants", job, self._show_variants, lambda exc: self._variants_failed(repo_id, exc))
 
@@ -236,9 +238,13 @@ class FindModelPage(QWidget):
 
         def job():
             target, speed, correction = self._machine
-            return rv, predict_repo(rv, context, priority, target, speed, correction)
+            return rv, predict_repo(rv, context, priority, target, speed, correction, self._baseline())
 
         self.work.run("variants", job, self._show_variants, self._search_failed)
+
+    def _baseline(self):
+        """The model loads in this process (the window's engine): its resident memory is the CPU baseline."""
+        return process_rss() if self.baseline_from_process else None
 
     def _show_variants(self, got) -> None:
         rv, preds = got

@@ -1,0 +1,180 @@
+"""Prediction before download vs measurement after, for the model browser (docs/models.md reports the numbers).
+
+    python -m tests.model_browser_accuracy [--context 256] [--precisions bf16,fp32,q8,q4] [--quants F16,Q8_0,Q4_0]
+
+Serves from the stand-in hub (tests/hub_server.py, on 127.0.0.1): the starter's folder as a safetensors
+repository, GGUF files of the starter written with the ``gguf`` package (tests/gguf_helpers.py), and generated
+configs of 7B/8B/14B shapes (memory only: their weights are never served). For each variant it predicts, as the
+Find page does (this machine's target and speed model), downloads it, then loads it in the predicted
+configuration in a fresh process (tests/memory_probe.py: load, a short greedy reply, peak RSS over both) and
+prints one JSON line per variant: predicted and measured bytes, the error and the estimator's margin, the
+predicted and measured decode tok/s. The starter's folder must be fetched (``redline models pull starter``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SHAPES = {  # (layers, hidden, intermediate, heads, kv heads, vocab, parameters)
+    "shapes/llama-2-7b": (32, 4096, 11008, 32, 32, 32000, 6_738_415_616),
+    "shapes/llama-3-8b": (32, 4096, 14336, 32, 8, 128256, 8_030_261_248),
+    "shapes/qwen-2.5-14b": (48, 5120, 13824, 40, 8, 152064, 14_770_033_664),
+}
+
+
+def config(layers, hidden, intermediate, heads, kv_heads, vocab) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "vocab_size": vocab,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+    }
+
+
+def float32_copy(folder: Path, dest: Path) -> Path:
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).save_pretrained(str(dest))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (folder / name).is_file():
+            shutil.copy(folder / name, dest / name)
+    return dest
+
+
+BASELINE = """
+import psutil, torch, transformers, tokenizers
+from redline.inference.engine import Engine
+from redline.inference.loading import loader
+Engine("cpu")
+print(psutil.Process().memory_info().rss)
+"""
+
+
+def fresh_process_rss(env: dict) -> int:
+    """What a fresh process that has imported the engine holds before it loads anything."""
+    out = subprocess.run(
+        [sys.executable, "-c", BASELINE],
+        cwd=ROOT,
+        env=dict(env, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--precisions", default="bf16,fp32,q8,q4")
+    ap.add_argument("--quants", default="F16,Q8_0,Q4_0")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    args = ap.parse_args()
+
+    from gguf_helpers import write_llama_gguf
+    from hub_server import FakeHub, Repo
+
+    from redline.inference.sources.starter import starter_folder
+
+    starter = starter_folder()
+    if not (starter / "config.json").is_file():
+        print("The starter is not fetched: run `redline models pull starter` first.", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="redline-browse-accuracy-"))
+    files = {p.name: p.read_bytes() for p in starter.iterdir() if p.is_file() and not p.name.startswith(".")}
+    repos = {"starter/SmolLM2-135M": Repo(files=files, lfs={n for n in files if n.endswith(".safetensors")})}
+    ggufs = {}
+    f32 = float32_copy(starter, work / "starter-f32")  # the gguf package's writer reads numpy (no bfloat16)
+    for q in args.quants.split(","):
+        kinds = {"attn": q, "ffn": q} if q != "F16" else {}
+        path = write_llama_gguf(f32, work / f"SmolLM2-135M.{q}.gguf", kinds)
+        ggufs[path.name] = path.read_bytes()
+    repos["starter/SmolLM2-135M-GGUF"] = Repo(files=ggufs, lfs=set(ggufs), sha="2" * 40)
+    for rid, (*shape, params) in SHAPES.items():
+        repos[rid] = Repo(
+            files={"config.json": json.dumps(config(*shape)).encode(), "model.safetensors": b"\0"},
+            sizes={"model.safetensors": 2 * params},
+            sha="3" * 40,
+        )
+    with FakeHub(repos) as hub:
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(work / "hf"), HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        os.environ.update(env)
+        from huggingface_hub import constants  # imported already: point the running process at the stand-in
+
+        constants.ENDPOINT = hub.url
+        constants.HUGGINGFACE_CO_URL_TEMPLATE = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+        constants.HF_HUB_CACHE = str(work / "hf")
+        constants.HF_HUB_DISABLE_IMPLICIT_TOKEN = True
+        from redline.inference import fetch_variant, machine_target, predict_repo, repo_variants
+
+        target, speed, correction = machine_target("cpu")
+        # The load runs in a fresh process (as `redline chat` would): its resident memory before the load is
+        # the CPU baseline, as the window's own process is for the Find page.
+        baseline = fresh_process_rss(env)
+        for rid in repos:
+            rv = repo_variants(rid, use_cache=False)
+            preds = predict_repo(rv, args.context, "balanced", target, speed, correction, baseline)
+            wanted = set(args.precisions.split(",")) if rv.kind == "safetensors" else set(args.quants.split(","))
+            for v, p in zip(rv.variants, preds):
+                if v.name not in wanted:
+                    continue
+                row = {
+                    "repo": rid,
+                    "variant": v.name,
+                    "precision": p.precision,
+                    "strategy": p.strategy,
+                    "context": p.context,
+                    "download_bytes": v.download_bytes,
+                    "predicted_bytes": p.total_bytes,
+                    "margin_bytes": p.margin_bytes,
+                    "fit": p.fit,
+                    "predicted_tok_s": round(p.tokens_per_s or 0, 1),
+                    "header_bytes_read": v.header_bytes_read,
+                    "baseline_bytes": baseline,
+                }
+                if rid.startswith("shapes/"):
+                    print(json.dumps(row), flush=True)
+                    continue
+                got = fetch_variant(rv, v, p)
+                proc = subprocess.run(
+                    [sys.executable, "-m", "tests.memory_probe", got.model, got.precision, str(args.new_tokens)],
+                    cwd=ROOT,
+                    env=dict(env, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")),
+                    capture_output=True,
+                    text=True,
+                    timeout=1200,
+                )
+                if proc.returncode != 0:
+                    row["error"] = proc.stderr.strip().splitlines()[-1:]
+                else:
+                    m = json.loads(proc.stdout.strip().splitlines()[-1])
+                    row["measured_bytes"] = m["measured_bytes"]
+                    row["error_bytes"] = p.total_bytes - m["measured_bytes"]
+                    row["within_margin"] = abs(row["error_bytes"]) <= max(0.1 * m["measured_bytes"], 300e6)
+                    row["engine_predicted_bytes"] = m["predicted_bytes"]
+                print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
