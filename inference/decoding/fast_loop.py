@@ -98,6 +98,12 @@ class FastSequence:
         if not self.prefilling:
             self.accept(logits)
 
+    def read_to(self, end: int, logits) -> None:
+        """The prompt was read up to ``end`` elsewhere (a mixed step): ``logits`` are its last row's."""
+        self.prefilled = end
+        if not self.prefilling:
+            self.accept(logits)
+
     def written(self) -> list[int]:
         """The tokens whose keys and values this sequence has written to the cache, positions 0.. in order: the
         prompt read so far, then each new token once the next step has fed it (what the prefix cache may keep)."""

@@ -366,6 +366,36 @@ class FastDecoder:
             x = self._mlp(x, L)
         return self._logits(x[-1:])[0]
 
+    def can_mix(self, rows: int) -> bool:
+        """Whether a prompt chunk and decode rows can run as one step of ``rows`` rows (``mixed_step``)."""
+        return self.whole_step and self.kv.paged and rows < ops.GEMM_ROWS
+
+    @torch.inference_mode()
+    def mixed_step(
+        self, chunk: torch.Tensor, start: int, seq: int, tokens: torch.Tensor, positions: list[int], seqs: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chunk of one sequence's prompt (``chunk`` [T] at positions start..) and one new token for each of
+        ``seqs`` in one pass over the weights: a reply streaming beside a long prompt then waits for the chunk's
+        arithmetic only, not for a second read of every weight (on a CPU the decode step is bound by that read).
+        The logits of the chunk's last row [vocab] and of each decoding sequence [B, vocab]. Needs ``can_mix``."""
+        T, B = chunk.shape[0], tokens.shape[0]
+        end = start + T
+        self.kv.reserve(seq, end)
+        for s, p in zip(seqs, positions):
+            self.kv.reserve(s, p + 1)
+        self.ensure_context(max(end, max(positions) + 1))
+        table = self.kv.table([seq, *seqs])
+        pages = torch.cat([table[:1].expand(T, -1), table[1:]]).contiguous()
+        pos = torch.cat(
+            [
+                torch.arange(start, end, dtype=torch.long, device=self.device),
+                torch.tensor(positions, dtype=torch.long, device=self.device),
+            ]
+        )
+        x = self._embed(torch.cat([chunk, tokens]))
+        logits = self._whole_step(x, pages, pos, self.kv.k, self.kv.v, self.cos, self.sin, B + 1)
+        return logits[0], logits[1:]
+
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, positions: list[int], seqs: list[int]) -> torch.Tensor:
         """One new token for each sequence in ``seqs`` (``tokens`` [B], at ``positions``); logits [B, vocab]."""

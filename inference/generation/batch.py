@@ -12,6 +12,7 @@ place at the next step. Each sequence keeps its own sampling, stopping, seed and
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -22,8 +23,45 @@ from redline.inference.generation.lifecycle import Generation, Sink
 from redline.inference.generation.request import GenerationRequest, Prepared, prepare
 from redline.inference.memory.measured import PeakMemory
 
-PREFILL_CHUNK = 256  # prompt tokens read per scheduler step
+PREFILL_CHUNK = 256  # most prompt tokens read per scheduler step (a prompt read with no reply streaming beside it)
+MIN_PREFILL_CHUNK = 4  # fewest: a chunk's fixed costs (a pass over every weight) would outweigh its tokens
 KV_SHARE = 0.8  # of the memory free when the batch starts, what its KV cache may take (the rest stays headroom)
+# While a prompt is read beside streaming replies, their longest gap between tokens may be this many of their
+# normal steps (issue 27.5's bound is 3; the margin absorbs one chunk's overshoot). tools/prefill_stall_bench.py.
+GAP_STEPS = 2.5
+
+
+class PrefillPace:
+    """How many prompt tokens the next chunk reads. Alone, PREFILL_CHUNK. Beside streaming replies, as many as
+    keep their wait within GAP_STEPS of their normal decode step. A chunk's time is not linear in its length (a
+    short chunk runs the matrix-vector kernels, a long one the matrix products; attention grows with the
+    position), so the size is steered by what the last chunk measured rather than computed from a rate.
+    ``fixed`` turns the steering off (the benchmark's baseline)."""
+
+    def __init__(self, fixed: Optional[int] = None):
+        self.fixed = fixed
+        self.step_s: Optional[float] = None  # a decode step with no prompt beside it, exponentially averaged
+        self.chunk = 16  # the size to read beside streaming replies, steered from here
+
+    def next_chunk(self, others_streaming: bool, most: int = PREFILL_CHUNK) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if not others_streaming:
+            return PREFILL_CHUNK
+        return max(1, min(self.chunk, most))
+
+    def measured_step(self, seconds: float) -> None:
+        self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
+
+    def measured_wait(self, tokens: int, waited: float, mixed: bool) -> None:
+        """The streaming replies waited ``waited`` seconds for a chunk of ``tokens`` (and, ``mixed``, their own
+        step in the same pass; otherwise their step comes after the chunk)."""
+        if self.fixed is not None or self.step_s is None or waited <= 0:
+            return
+        budget = GAP_STEPS * self.step_s - (0 if mixed else self.step_s)
+        # Toward the size that would have taken the budget, at most doubling or halving per chunk.
+        wanted = tokens * min(2.0, max(0.5, budget / waited))
+        self.chunk = int(min(PREFILL_CHUNK, max(MIN_PREFILL_CHUNK, wanted)))
 
 
 @dataclass
@@ -45,6 +83,7 @@ class Batcher:
         kv_budget_tokens: Optional[int] = None,
         check_result: Optional[Callable[[GenerationResult, object], GenerationResult]] = None,
         prefix_cache_bytes: int = 0,
+        prefill_chunk: Optional[int] = None,
     ):
         from redline.inference.decoding.fastpath import get_decoder
 
@@ -55,6 +94,7 @@ class Batcher:
         self.check_result = check_result
         self.dec = get_decoder(target, 256)
         self.active: list[_Active] = []
+        self.pace = PrefillPace(prefill_chunk)  # prefill_chunk: a fixed chunk size (None: steered)
         self.peak: Optional[PeakMemory] = None  # watches memory while the batch is not empty
         self.kv_budget_tokens = kv_budget_tokens or self._kv_budget()
         self.set_prefix_cache(prefix_cache_bytes)
@@ -160,20 +200,62 @@ class Batcher:
 
         with torch.inference_mode():
             reading = next((a for a in self.active if a.seq.prefilling and not a.seq.done), None)
-            if reading is not None:
-                self._guarded([reading], lambda: self._prefill(reading))
             generating = [a for a in self.active if not a.seq.prefilling and not a.seq.done and not a.gen.failed]
-            if generating:
-                self._guarded(generating, lambda: self._decode(generating))
+            if reading is not None and generating and self.pace.fixed is None and self.dec.can_mix(len(generating) + 1):
+                self._guarded([reading, *generating], lambda: self._mixed(reading, generating))
+            else:
+                if reading is not None:
+                    self._guarded([reading], lambda: self._prefill(reading, bool(generating)))
+                if generating:
+                    started = time.perf_counter()
+                    self._guarded(generating, lambda: self._decode(generating))
+                    if reading is None:  # the logits were read: the step is done
+                        self.pace.measured_step(time.perf_counter() - started)
         for a in [a for a in self.active if a.seq.done or a.gen.failed or (a.seq.prefilling and a.gen.cancel.check())]:
             self._retire(a)
 
-    def _prefill(self, a: _Active) -> None:
+    def _prefill(self, a: _Active, others_streaming: bool) -> None:
         if a.gen.cancel.check():
             return
-        a.seq.prefill(PREFILL_CHUNK)
-        if len(a.seq.prompt) > PREFILL_CHUNK:
+        chunk = self.pace.next_chunk(others_streaming)
+        started, before = time.perf_counter(), a.seq.prefilled
+        a.seq.prefill(chunk)
+        if others_streaming:
+            if self.dec.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.dec.device)  # the chunk's time, not its launch's
+            self.pace.measured_wait(a.seq.prefilled - before, time.perf_counter() - started, mixed=False)
+        if len(a.seq.prompt) > chunk:
             a.sink.emit(PrefillProgress(a.seq.prefilled, len(a.seq.prompt)))
+
+    def _mixed(self, a: _Active, batch: list[_Active]) -> None:
+        """A chunk of ``a``'s prompt and one token for every reply in ``batch``, in one pass over the weights."""
+        import torch
+
+        if a.gen.cancel.check():
+            return self._decode(batch)
+        seq = a.seq
+        chunk = self.pace.next_chunk(True, most=self.dec_rows_left(len(batch)))
+        end = min(len(seq.prompt), seq.prefilled + chunk)
+        ids = torch.tensor(seq.prompt[seq.prefilled : end], dtype=torch.long, device=self.dec.device)
+        tokens = torch.cat([b.seq.next_token.view(1) for b in batch])
+        started = time.perf_counter()
+        first, logits = self.dec.mixed_step(
+            ids, seq.prefilled, seq.seq, tokens, [b.seq.position for b in batch], [b.seq.seq for b in batch]
+        )
+        for i, b in enumerate(batch):
+            b.seq.accept(logits[i])
+        self.pace.measured_wait(end - seq.prefilled, time.perf_counter() - started, mixed=True)
+        seq.read_to(end, first)
+        if len(seq.prompt) > chunk:
+            a.sink.emit(PrefillProgress(seq.prefilled, len(seq.prompt)))
+
+    def dec_rows_left(self, decoding: int) -> int:
+        """The most prompt rows a mixed step can take beside ``decoding`` rows."""
+        from redline.inference.kernels.ops import GEMM_ROWS
+
+        return max(1, GEMM_ROWS - 1 - decoding)
 
     def _decode(self, batch: list[_Active]) -> None:
         import torch

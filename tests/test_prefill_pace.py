@@ -1,0 +1,92 @@
+"""A long prompt read beside streaming replies (issue 27.5): chunks sized so the streaming replies' wait stays
+within GAP_STEPS of their step, and, where the whole step runs, read in the same pass as their decode step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from redline.inference import DecodeOptions, Engine, GenerationRequest, SamplingSettings
+from redline.inference.generation.batch import GAP_STEPS, MIN_PREFILL_CHUNK, PREFILL_CHUNK, Batcher, PrefillPace
+from redline.inference.generation.lifecycle import DirectSink
+from redline.inference.kernels import ops
+from redline.inference.loading.precision import parse_precision
+
+
+def test_alone_a_prompt_is_read_in_full_chunks_and_fixed_stays_fixed():
+    pace = PrefillPace()
+    pace.measured_step(0.010)
+    assert pace.next_chunk(others_streaming=False) == PREFILL_CHUNK
+    fixed = PrefillPace(fixed=256)
+    fixed.measured_step(0.010)
+    fixed.measured_wait(256, 5.0, mixed=True)
+    assert fixed.next_chunk(True) == 256
+
+
+def test_the_chunk_shrinks_when_the_wait_is_over_budget_and_grows_when_under():
+    pace = PrefillPace()
+    pace.measured_step(0.010)  # budget beside a 10 ms step: 25 ms mixed, 15 ms when the step comes after
+    start = pace.next_chunk(True)
+    pace.measured_wait(start, 0.100, mixed=True)  # four times the budget: halved at most
+    assert pace.next_chunk(True) == start // 2
+    for _ in range(10):
+        pace.measured_wait(pace.next_chunk(True), 0.100, mixed=True)
+    assert pace.next_chunk(True) == MIN_PREFILL_CHUNK
+    for _ in range(20):
+        n = pace.next_chunk(True)
+        pace.measured_wait(n, n * 1e-6, mixed=True)  # far under budget: doubles each time, up to the cap
+    assert pace.next_chunk(True) == PREFILL_CHUNK
+    assert pace.next_chunk(True, most=100) == 100
+    pace.chunk = 64
+    pace.measured_wait(64, GAP_STEPS * 0.010 - 0.010, mixed=False)  # exactly the budget: kept
+    assert pace.next_chunk(True) == 64
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    from conftest import build_tiny_model
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("pace") / "tiny-2k", max_positions=2048)
+    engine = Engine("cpu")
+    engine.record_memory = False
+    engine.load(str(folder), parse_precision("fp32"))
+    return engine.target
+
+
+def request(ids, new):
+    return GenerationRequest(
+        input_ids=ids,
+        sampling=SamplingSettings(max_new_tokens=new, min_new_tokens=new, temperature=0),
+        options=DecodeOptions("fast", reuse_prefix=False),
+        record=False,
+    )
+
+
+def alone(target, ids, new):
+    sink = DirectSink()
+    return Batcher(target, 2).run_one(sink, request(ids, new), 0.0).token_ids
+
+
+def test_a_prompt_read_beside_a_streaming_reply_changes_neither_answer(target, native_kernels, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    short = torch.randint(5, 350, (12,), generator=g).tolist()
+    long = torch.randint(5, 350, (700,), generator=g).tolist()
+    expected_stream, expected_long = alone(target, short, 300), alone(target, long, 6)
+
+    batcher = Batcher(target, 2)
+    mixed = []
+    real = batcher.dec.mixed_step
+    monkeypatch.setattr(batcher.dec, "mixed_step", lambda chunk, *a: mixed.append(len(chunk)) or real(chunk, *a))
+    stream, newcomer = DirectSink(), DirectSink()
+    batcher.add(stream, request(short, 300), 0.0)
+    for _ in range(6):
+        batcher.step()
+    batcher.add(newcomer, request(long, 6), 0.0)
+    for _ in range(2000):
+        if not len(batcher):
+            break
+        batcher.step()
+    assert stream.result.token_ids == expected_stream  # fp32, greedy: token for token
+    assert newcomer.result.token_ids == expected_long
+    assert mixed and sum(mixed) == len(long)  # the whole prompt was read in mixed steps, in paced chunks
+    assert len(mixed) > 1 and max(mixed) < ops.GEMM_ROWS

@@ -1,0 +1,117 @@
+"""Does a long prompt stall a reply that is streaming? (issue 27.5) One reply streams; once it has made some
+tokens, a ~2,000-token prompt arrives beside it in the same batch. The streaming reply's longest gap between
+tokens while that prompt is read, against its normal step (the median gap before the prompt arrived), for the
+batcher's fixed 256-token chunks and for its paced chunks, in interleaved rounds on the same loaded model.
+
+    python tools/prefill_stall_bench.py [--model starter] [--precision q8] [--prompt-tokens 2000] [--rounds 3]
+
+Prints, per mode, the median over rounds of: the normal step, the longest gap, their ratio (target: ≤ 3), and the
+long prompt's time to first token (what pacing costs the newcomer), with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int):
+    from redline.inference import DecodeOptions, GenerationRequest, SamplingSettings
+    from redline.inference.events import TokenEvent
+    from redline.inference.generation.lifecycle import DirectSink
+
+    b = batcher_cls(target, 2, prefill_chunk=fixed)
+    stream_times: list[float] = []
+    long_first: list[float] = []
+
+    def on_stream(event):
+        if isinstance(event, TokenEvent):
+            stream_times.append(time.perf_counter())
+
+    def on_long(event):
+        if isinstance(event, TokenEvent) and not long_first:
+            long_first.append(time.perf_counter())
+
+    options = DecodeOptions(strategy="fast", reuse_prefix=False)
+    stream = GenerationRequest(
+        input_ids=prompt_ids,
+        sampling=SamplingSettings(max_new_tokens=1000, temperature=0, min_new_tokens=1000),
+        options=options,
+        record=False,
+    )
+    long = GenerationRequest(
+        input_ids=long_ids,
+        sampling=SamplingSettings(max_new_tokens=4, temperature=0, min_new_tokens=4),
+        options=options,
+        record=False,
+    )
+    stream_sink = DirectSink(on_stream)
+    b.add(stream_sink, stream, time.perf_counter())
+    while len(stream_times) < warm_tokens:
+        b.step()
+    normal = statistics.median(b - a for a, b in zip(stream_times[-20:], stream_times[-19:]))
+    arrived = time.perf_counter()
+    before = len(stream_times)
+    b.add(DirectSink(on_long), long, arrived)
+    while not long_first:
+        b.step()
+    for _ in range(3):
+        b.step()
+    gaps = [b_ - a for a, b_ in zip(stream_times[before - 1 :], stream_times[before:])]
+    b.cancel_all("benchmark over")
+    while len(b):
+        b.step()
+    return normal, max(gaps), long_first[0] - arrived
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="starter")
+    ap.add_argument("--precision", default="q8")
+    ap.add_argument("--prompt-tokens", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warm-tokens", type=int, default=40)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from redline.inference import Engine, resolve_precision
+    from redline.inference.generation.batch import PREFILL_CHUNK, Batcher
+
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    engine = Engine()
+    engine.record_memory = False
+    engine.load(args.model, resolve_precision(args.precision, engine.device))
+    target = engine.target
+    vocab = target.tokenizer.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(100, vocab, (40,), generator=g).tolist()
+    long_ids = torch.randint(100, vocab, (args.prompt_tokens,), generator=g).tolist()
+    modes = {f"fixed {PREFILL_CHUNK}": PREFILL_CHUNK, "paced": None}
+    rows: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+    with torch.inference_mode():
+        for r in range(args.rounds):
+            order = list(modes) if r % 2 == 0 else list(reversed(modes))
+            for mode in order:
+                rows[mode].append(one_round(target, Batcher, modes[mode], prompt_ids, long_ids, args.warm_tokens))
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    med = statistics.median
+    print(
+        f"model {args.model}, {args.precision}; a {args.prompt_tokens}-token prompt arrives beside a streaming reply; "
+        f"{args.rounds} interleaved rounds; load average {load_before} → {load_after}"
+    )
+    print(f"{'mode':<12} {'step ms':>8} {'longest gap ms':>15} {'gap / step':>11} {'newcomer TTFT s':>16}")
+    for mode, rs in rows.items():
+        print(
+            f"{mode:<12} {med(x[0] for x in rs) * 1000:>8.1f} {med(x[1] for x in rs) * 1000:>15.1f} "
+            f"{med(x[1] / x[0] for x in rs):>11.2f} {med(x[2] for x in rs):>16.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
