@@ -337,3 +337,15 @@ def test_library_lists_models_and_reclaimables_and_delete_frees_what_it_said(hub
         deleted += 1
         rows = library.local_library()
     assert deleted >= 3
+
+
+def test_a_given_cpu_baseline_moves_the_prediction_by_its_difference(hub):
+    from redline.inference.memory.estimator import CPU_BASELINE_BYTES
+
+    rv = variants.repo_variants("me/tiny-chat")
+    plain = predict.predict_repo(rv, 256, "balanced", target(64), SPEED)
+    heavy = predict.predict_repo(rv, 256, "balanced", target(64), SPEED, baseline_bytes=CPU_BASELINE_BYTES + 10**9)
+    assert [h.total_bytes - p.total_bytes for p, h in zip(plain, heavy)] == [10**9] * len(plain)
+    window = CPU_BASELINE_BYTES + 16 * 10**8
+    tight = predict.predict_repo(rv, 256, "balanced", target(2.0), SPEED, baseline_bytes=window)
+    assert {p.fit for p in tight} <= {predict.TIGHT, predict.NO_FIT}  # a window that holds 2 GB leaves no room
