@@ -21,6 +21,7 @@ from redline.inference import (
     BenchSweepRow,
     Engine,
     EngineService,
+    KernelsReport,
     RedlineError,
     builtin_prompt_sets,
     configs_text,
@@ -218,6 +219,22 @@ def _server_keys(configs) -> dict:
     return keys
 
 
+def _say_kernels(report, spec) -> None:
+    """When Redline's CPU kernels could not run this CPU run, the machine line says so once: why, what it costs
+    (the speed model's tok/s with and without them) and how to fix it (``KernelsReport``, the window's words)."""
+    machine = getattr(report, "machine", None)
+    if not isinstance(machine, dict) or str(machine.get("device") or "cpu").startswith("cuda"):
+        return
+    if machine.get("cpu_kernels") == "on":
+        return
+    fast = [c.precision for c in spec.configs if c.strategy == "fast" and c.precision in ("q8", "q4", "bf16")]
+    kernels = KernelsReport.here("cpu", model=spec.model, precision=fast[0] if fast else None)
+    if kernels.on:  # they load at first use and no configuration asked for them
+        return
+    machine["cpu_kernels"] = "off: " + kernels.clause()
+    machine["cpu_kernels_report"] = kernels.to_dict()
+
+
 def run(args) -> int:
     try:
         spec = spec_from_args(args)
@@ -272,6 +289,7 @@ def run(args) -> int:
             signal.signal(signal.SIGINT, previous)
         service.shutdown()
     bar.done()
+    _say_kernels(report, spec)
     if args.save:
         print(f"saved {save_report(report, Path(args.save))}", file=sys.stderr)
     argv = getattr(args, "argv", None)

@@ -13,6 +13,7 @@ from redline.inference import (
     PRECISIONS,
     PRIORITIES,
     Estimate,
+    KernelsReport,
     Planner,
     RedlineError,
     SpeedModel,
@@ -225,6 +226,14 @@ def speed_report(args, shape, draft, target, planner, context, names) -> dict:
         ).to_dict()
         for priority in PRIORITIES
     }
+    if target.device == "cpu":
+        # Said once when Redline's CPU kernels cannot run here (the predictions above are already of the path that
+        # will run): why, what it costs, how to fix it, in the words the window and `redline bench` use.
+        chosen = out["auto"][args.priority].get("precision")
+        kernels = KernelsReport.here(
+            "cpu", precision=chosen if chosen in ("q8", "q4", "bf16") else None, machine=machine, shape=shape
+        )
+        out["kernels"] = kernels.to_dict()
     if draft is not None:
         tprec = out["auto"][args.priority]["precision"] or "bf16"
         dprec = args.draft_precision or tprec
@@ -315,6 +324,9 @@ def print_speed(speed: dict) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     for r in rows:
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    kernels = speed.get("kernels")
+    if kernels and not kernels["on"]:
+        print("\n" + kernels["sentence"])
     choice = speed["auto"][speed["priority"]]
     print("\n" + choice["reason"])
     if "acceptance_run" in speed:

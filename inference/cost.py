@@ -176,15 +176,21 @@ def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -
     return WeightBytes(packed, scb + q_blocks_bytes, unquantised, dtype, q_params)
 
 
-def q8_in_blocks(device: str) -> bool:
-    """Where Redline's kernels will run (an x86-64 CPU with AVX2, the kernels built or buildable) q8 keeps GGUF's
-    blocks (an fp16 scale per 32 weights); elsewhere torch's per-row int8 layout (weight_only.py). The same
-    question the loader asks, so the estimate is of the layout that will really be loaded."""
+def kernels_run(device: str) -> bool:
+    """Whether Redline's CPU kernels will run a model on ``device`` (a CPU they are built for, shipped or buildable,
+    not turned off): the question the loader asks, answered without building anything."""
     if device.startswith("cuda"):
         return False
     from redline.inference.kernels.native import will_run
 
     return will_run() is None
+
+
+def q8_in_blocks(device: str) -> bool:
+    """Where Redline's kernels will run (a CPU with a kernel build, shipped or buildable) q8 keeps GGUF's
+    blocks (an fp16 scale per 32 weights); elsewhere torch's per-row int8 layout (weight_only.py). The same
+    question the loader asks, so the estimate is of the layout that will really be loaded."""
+    return kernels_run(device)
 
 
 def _as_file_bytes(shape: ModelShape, dtype: str, device: str = "cpu") -> WeightBytes:

@@ -161,54 +161,51 @@ class KernelsReport:
     precision: Optional[str] = None
     with_tokens_per_s: Optional[float] = None
     without_tokens_per_s: Optional[float] = None
-    cost: str = ""  # "≈ 41 tok/s with them, ≈ 12 without (fast · q8, SmolLM2-135M-Instruct)", or why unknown
+    cost: str = ""  # "≈ 12.0 tok/s instead of ≈ 41.0 (fast · q8, SmolLM2-135M-Instruct, …)", or why unknown
     details: dict = field(default_factory=dict)  # kernels.native.status()
 
     def sentence(self) -> str:
-        """What the status bar and Help → About say when the kernels cannot run (empty when they can)."""
+        """What the status bar, Help → About, ``redline bench`` and ``redline estimate`` say when the kernels
+        cannot run (empty when they can): why, what it costs, how to fix it. The one place these words are made."""
         if self.on:
             return ""
-        parts = [f"Redline's CPU kernels cannot run here: {self.why}."]
+        return f"Redline's CPU kernels cannot run here: {self.clause()}."
+
+    def clause(self) -> str:
+        """The same account as a clause, for a line that already names the kernels (``redline bench``'s machine
+        line: "Redline's CPU kernels off: …"); "on" when they run."""
+        if self.on:
+            return "on"
+        parts = [self.why or "unknown"]
         if self.cost:
-            parts.append(f"Cost: {self.cost}.")
+            parts.append(f"cost: {self.cost}")
         if self.fix:
-            parts.append(f"Fix: {self.fix}.")
-        return " ".join(parts)
+            parts.append(f"fix: {self.fix}")
+        return "; ".join(parts)
 
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("on", "why", "fix", "device", "model", "precision", "cost")}
+        d.update(with_tokens_per_s=self.with_tokens_per_s, without_tokens_per_s=self.without_tokens_per_s)
+        d["sentence"] = self.sentence()
+        return d
 
-def _kernel_summary() -> dict:
-    from redline.inference.kernels import native
-
-    summary = getattr(native, "summary", None)
-    if summary is not None:
-        return dict(summary())
-    why = native.will_run()  # older kernels module: no summary() yet
-    if why is None:
-        return {"on": True, "text": "Redline's CPU kernels on"}
-    return {"on": False, "why": why, "fix": None, "text": f"Redline's CPU kernels off: {why}"}
-
-
-def _without_kernels(speed, shape, precision: str, prompt_tokens: int, new_tokens: int):
-    """The speed model's prediction for the fast path on torch's own operators, where it can make one: the
-    prediction with ``kernels=False`` when the speed model takes it, else transformers' kv path at the same
-    precision (what runs with the kernels off)."""
-    try:
-        return speed.predict(shape, precision, "fast", prompt_tokens, new_tokens, kernels=False)
-    except TypeError:
-        return speed.predict(shape, precision, "kv", prompt_tokens, new_tokens)
-
-
-def kernels_job(model: Optional[str] = None, precision: Optional[str] = None):
-    """Whether Redline's CPU kernels run here (``kernels.native.summary``: builds nothing) and, when they do not,
-    the speed model's prediction with and without them for ``model`` (default: the model loaded, else the
-    starter) at ``precision`` (default: q8, the weights the kernels help most)."""
-
-    def job(engine, report):
+    @classmethod
+    def here(
+        cls,
+        device: str = "cpu",
+        model: Optional[str] = None,
+        precision: Optional[str] = None,
+        machine=None,
+        shape=None,
+    ) -> "KernelsReport":
+        """Whether Redline's CPU kernels run on ``device`` here (``kernels.native.summary``: builds nothing) and,
+        when they do not, the speed model's prediction with and without them for ``shape`` (or ``model``, default
+        the starter) at ``precision`` (default q8, the weights the kernels help most). ``machine``: the speed
+        model's figures for this machine when the caller has them (else measured once, cached)."""
         from redline.inference.errors import RedlineError
 
-        device = getattr(engine, "device", "cpu") or "cpu"
         info = _kernel_summary()
-        rep = KernelsReport(
+        rep = cls(
             on=bool(info.get("on")),
             text=str(info.get("text", "")),
             why=info.get("why"),
@@ -226,25 +223,50 @@ def kernels_job(model: Optional[str] = None, precision: Optional[str] = None):
             rep.details = dict(native.status())
         except Exception:  # a report only
             rep.details = {}
-        target = getattr(engine, "target", None)
-        spec = model or (getattr(target, "source", None) and getattr(target.source, "spec", None)) or "starter"
-        rep.model, rep.precision = getattr(target, "name", None) or spec, precision or "q8"
+        rep.model, rep.precision = model or "starter", precision or "q8"
         try:
             from redline.inference.memory.model_shapes import read_shape
             from redline.inference.speed.arithmetic import this_machine
             from redline.inference.speed.model import SpeedModel
 
-            speed = SpeedModel(this_machine(device))
-            shape = read_shape(spec)
-            with_ = speed.predict(shape, rep.precision, "fast", 64, 128)
-            without = _without_kernels(speed, shape, rep.precision, 64, 128)
+            speed = SpeedModel(machine or this_machine(device))
+            shape = shape or read_shape(rep.model)
+            rep.model = shape.name
+            with_ = speed.predict(shape, rep.precision, "fast", 64, 128, kernels=True)
+            without = speed.predict(shape, rep.precision, "fast", 64, 128, kernels=False)
             rep.with_tokens_per_s, rep.without_tokens_per_s = with_.tokens_per_s, without.tokens_per_s
             rep.cost = (
-                f"≈ {with_.tokens_per_s:.1f} tok/s with them, ≈ {without.tokens_per_s:.1f} without "
-                f"({rep.precision}, {shape.name}, predicted by the speed model)"
+                f"≈ {without.tokens_per_s:.1f} tok/s instead of ≈ {with_.tokens_per_s:.1f} "
+                f"(fast · {rep.precision}, {shape.name}, predicted by the speed model)"
             )
         except (RedlineError, OSError, ValueError) as exc:
             rep.cost = f"not predicted ({exc})"
+        return rep
+
+
+def _kernel_summary() -> dict:
+    from redline.inference.kernels import native
+
+    summary = getattr(native, "summary", None)
+    if summary is not None:
+        return dict(summary())
+    why = native.will_run()  # older kernels module: no summary() yet
+    if why is None:
+        return {"on": True, "text": "Redline's CPU kernels on"}
+    return {"on": False, "why": why, "fix": None, "text": f"Redline's CPU kernels off: {why}"}
+
+
+def kernels_job(model: Optional[str] = None, precision: Optional[str] = None):
+    """``KernelsReport.here`` on the engine's thread (it may import torch) for the engine's device and ``model``
+    (default: the model loaded, else the starter)."""
+
+    def job(engine, report):
+        device = getattr(engine, "device", "cpu") or "cpu"
+        target = getattr(engine, "target", None)
+        spec = model or (getattr(target, "source", None) and getattr(target.source, "spec", None)) or "starter"
+        rep = KernelsReport.here(device, spec, precision)
+        if not rep.on and getattr(target, "name", None):
+            rep.model = target.name
         return rep
 
     return job

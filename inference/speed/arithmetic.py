@@ -36,6 +36,7 @@ from typing import Optional
 from redline.inference.cost import (
     WEIGHT_ONLY,
     code_path,
+    kernels_run,
     kv_read_bytes,
     step_flops,
     weights_read_bytes,
@@ -43,12 +44,22 @@ from redline.inference.cost import (
 from redline.inference.loading.precision import PrecisionSpec
 from redline.inference.memory.estimator import ModelShape
 
+# The fast path on torch's operators (no kernels for this CPU, none shipped and no compiler, or turned off):
+# torch's bf16 matrix-vector product is a scalar loop on AVX2 (about 9 of 23 GB/s here, as transformers' path),
+# its packed int8 and int4 products at batch 1 reach less than the block kernels (the fast path ran at 0.2-0.6x
+# llama.cpp before the kernels, q4 the lowest), and a layer is a dozen torch operators instead of one fused call.
+# Reasoned defaults, like the rest of this table; the learned factors correct them where it runs.
+FAST_TORCH_MEMORY = {"fp32": 0.8, "bf16": 0.35, "fp16": 0.15, "q8": 0.3, "q4": 0.15}
+FAST_TORCH_LAYER_S = 4e-4
+FAST_TORCH_STEP_S = 2e-3
 # Fraction of the measured bandwidth a decode step's reads reach, by device, code path and precision.
 # CPU: torch's fp32 matrix-vector product streams close to the bandwidth; its bf16 one does not (about 9 of
 # 23 GB/s measured), while the fast path's native bf16/q8/q4 kernels do better; bitsandbytes is slow at batch 1.
 MEMORY_EFFICIENCY = {
     ("cpu", "hf"): {"fp32": 0.8, "bf16": 0.35, "fp16": 0.15, "q8": 0.5, "q4": 0.4, "int8": 0.2, "nf4": 0.25},
     ("cpu", "fast"): {"fp32": 0.8, "bf16": 0.6, "fp16": 0.15, "q8": 0.5, "q4": 0.4},
+    # The fast path where Redline's CPU kernels cannot run: the same step on torch's operators (reference.py).
+    ("cpu", "fast-torch"): FAST_TORCH_MEMORY,
     ("cuda", "hf"): {"fp32": 0.75, "bf16": 0.75, "fp16": 0.75, "q8": 0.5, "q4": 0.4, "int8": 0.15, "nf4": 0.3},
     ("cuda", "fast"): {"fp32": 0.8, "bf16": 0.8, "fp16": 0.8, "q8": 0.6, "q4": 0.5},
     ("cuda", "graph"): {"fp32": 0.8, "bf16": 0.8, "fp16": 0.8, "q8": 0.6, "q4": 0.5, "int8": 0.15, "nf4": 0.3},
@@ -63,6 +74,7 @@ COMPUTE_EFFICIENCY = {
 LAYER_OVERHEAD_S = {
     ("cpu", "hf"): 4.5e-4,
     ("cpu", "fast"): 2.5e-4,
+    ("cpu", "fast-torch"): FAST_TORCH_LAYER_S,
     ("cuda", "hf"): 2.5e-4,
     ("cuda", "fast"): 8e-5,
     ("cuda", "graph"): 1.5e-5,
@@ -70,6 +82,7 @@ LAYER_OVERHEAD_S = {
 STEP_OVERHEAD_S = {
     ("cpu", "hf"): 3e-3,
     ("cpu", "fast"): 1e-3,
+    ("cpu", "fast-torch"): FAST_TORCH_STEP_S,
     ("cuda", "hf"): 2e-3,
     ("cuda", "fast"): 5e-4,
     ("cuda", "graph"): 1e-4,
@@ -166,10 +179,14 @@ def step_cost(
     tokens: int = 1,
     context_before: int = 0,
     cache: bool = True,
+    kernels: bool = True,
 ) -> StepCost:
     """One forward pass over ``tokens`` tokens with ``context_before`` positions in the cache (``cache=False``:
-    none kept, as naive decoding)."""
+    none kept, as naive decoding). ``kernels``: whether Redline's CPU kernels run the fast path's step (False:
+    torch's operators run it)."""
     kind = machine.kind
+    if kind == "cpu" and path == "fast" and not kernels:
+        path = "fast-torch"
     rates = MEMORY_EFFICIENCY.get((kind, path)) or MEMORY_EFFICIENCY[(kind, "hf")]
     key = _rate_key(spec)
     e_mem = rates.get(key) or MEMORY_EFFICIENCY[(kind, "hf")].get(key, 0.25)
@@ -316,18 +333,27 @@ def predict(
     acceptance: Optional[float] = None,
     compile: Optional[bool] = None,
     config: str = "",
+    kernels: Optional[bool] = None,
 ) -> SpeedPrediction:
     """The uncorrected prediction for one configuration (``SpeedModel.predict`` applies the learned factors).
 
     ``acceptance`` (speculative): the measured acceptance rate, accepted ÷ proposed draft tokens; None
-    assumes ``ASSUMED_ACCEPTANCE`` per token and says so."""
+    assumes ``ASSUMED_ACCEPTANCE`` per token and says so. ``kernels`` (a CPU's fast path): whether Redline's CPU
+    kernels run it; None: whether they will here (``kernels.native.will_run``, which builds nothing), so the
+    prediction is of the path that will really run."""
     prompt_tokens, new_tokens = max(1, int(prompt_tokens)), max(1, int(new_tokens))
     base_strategy = "kv" if strategy in ("speculative", "prompt-lookup") else strategy
     path, note = code_path(base_strategy, spec, shape, machine.device, compile)
     notes = [note] if note else []
+    if machine.kind == "cpu" and path == "fast":
+        if kernels is None:
+            kernels = kernels_run(machine.device)
+        if not kernels:
+            notes.append("Redline's CPU kernels do not run here: predicted on torch's operators")
+    kernels = True if kernels is None else kernels
     average = prompt_tokens + new_tokens // 2  # the cache a decode step reads, on average
-    decode = step_cost(shape, spec, machine, path, 1, average)
-    prefill = step_cost(shape, spec, machine, path, prompt_tokens, 0)
+    decode = step_cost(shape, spec, machine, path, 1, average, kernels=kernels)
+    prefill = step_cost(shape, spec, machine, path, prompt_tokens, 0, kernels=kernels)
     ttft_s = prefill.seconds + CALL_OVERHEAD_S[path]
     pred_acceptance = draft_ratio = None
     measured_acc = False
@@ -337,17 +363,17 @@ def predict(
         stride = max(1, steps // 256)  # a sum over at most ~256 positions is exact enough
         total = 0.0
         for i in range(1, steps + 1, stride):
-            total += step_cost(shape, spec, machine, path, prompt_tokens + i, 0, cache=False).seconds * min(
-                stride, steps + 1 - i
-            )
+            total += step_cost(
+                shape, spec, machine, path, prompt_tokens + i, 0, cache=False, kernels=kernels
+            ).seconds * min(stride, steps + 1 - i)
         tps = steps / total
-        bound = step_cost(shape, spec, machine, path, prompt_tokens + steps // 2, 0, cache=False).bound
+        bound = step_cost(shape, spec, machine, path, prompt_tokens + steps // 2, 0, cache=False, kernels=kernels).bound
     elif strategy == "speculative":
         dshape = draft or shape
         dspec = draft_spec or spec
         dpath, _ = code_path("kv", dspec, dshape, machine.device)
         draft_step = step_cost(dshape, dspec, machine, dpath, 1, average)
-        verify = step_cost(shape, spec, machine, path, k + 1, average)
+        verify = step_cost(shape, spec, machine, path, k + 1, average, kernels=kernels)
         if acceptance is None:
             alpha = ASSUMED_ACCEPTANCE
             notes.append(f"acceptance not measured for this pair yet: {ASSUMED_ACCEPTANCE:.0%} per token assumed")

@@ -37,9 +37,11 @@ class SpeedModel:
         acceptance: Optional[float] = None,
         compile: Optional[bool] = None,
         config: str = "",
+        kernels: Optional[bool] = None,
     ) -> SpeedPrediction:
         """Predicted decode tokens/s and TTFT with the factors learned here. Speculative: ``acceptance`` (the
-        rate, accepted ÷ proposed) defaults to the one measured for this pair, if any."""
+        rate, accepted ÷ proposed) defaults to the one measured for this pair, if any. ``kernels``: with or
+        without Redline's CPU kernels (None: as they will run here)."""
         spec = self.spec(precision)
         dspec = self.spec(draft_precision) if draft_precision is not None else None
         if strategy == "speculative" and acceptance is None and draft is not None:
@@ -57,6 +59,7 @@ class SpeedModel:
             acceptance=acceptance,
             compile=compile,
             config=config,
+            kernels=kernels,
         )
         return self.calibration.apply(pred, self.machine.calibration_key, shape.name)
 
