@@ -23,3 +23,6 @@ def test_gpu_check_dry_run_writes_its_table(tmp_path):
     assert "| starter-shaped | q4 | fast | ok |" in table
     assert "skipped: CUDA graphs need a GPU" in table
     assert (tmp_path / "gpu-check.json").is_file() and (tmp_path / "gpu-check.log").is_file()
+    # the plan: what the fake-CUDA tests cannot reach, so only a GPU run checks
+    assert "## What only this run checks" in table and "fast-batched in fp32, fp16, bf16, q8, q4" in table
+    assert "- **cuda-graphs**:" in table and "- **seeded-sampling**:" in table

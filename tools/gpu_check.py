@@ -32,6 +32,64 @@ STRATEGIES = ("kv", "static", "fast", "fast+graphs", "speculative")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "q8", "q4")
 BIG_CONFIG = Path(__file__).resolve().parents[1] / "tests" / "data" / "llama-3-8b-config.json"
 
+# What `make test` checks of the CUDA path without a GPU (tests/test_fake_cuda.py, under torch's fake tensors on a
+# fake cuda device: every tensor of the weights, KV cache and sampling on the device, every operator's tensors on
+# one device): a path and the precisions it runs in there. The compiled step's eager fallback is the eager decode
+# step (decode_graph), run in every precision by the other two rows; its row checks CompiledStep's switching.
+FAKE_CUDA_COVERED = {
+    "fast-eager": ("fp32", "fp16", "bf16", "q8", "q4"),  # FastDecoder: a prefill, a second chunk, decode steps
+    "fast-batched": ("fp32", "fp16", "bf16", "q8", "q4"),  # the Batcher: 3 sequences, penalties, sampling, prefix
+    "fast-compiled-fallback": ("bf16",),  # compiling (not ready yet), then ready but needing a recompile
+}
+
+# What fake tensors cannot reach, so only this script on a GPU checks it: each path, why, and the cells of the
+# table above that run it.
+PLAN = (
+    {
+        "path": "cuda-graphs",
+        "why": "compiling the fast step (Inductor's CUDA code, mode reduce-overhead's graph capture) needs the device",
+        "cells": "fast+graphs in fp32, fp16, bf16, q8, q4",
+    },
+    {
+        "path": "static-compiled",
+        "why": "transformers' static cache compiled for CUDA (CompileConfig) needs the device",
+        "cells": "static in every precision",
+    },
+    {
+        "path": "seeded-sampling",
+        "why": "a seeded request's own generator, torch.Generator(device='cuda'), initialises the CUDA runtime",
+        "cells": "none yet: run a seeded fast reply by hand (redline chat --seed 1 --temperature 0.8)",
+    },
+    {
+        "path": "bitsandbytes",
+        "why": "int8/nf4 layers run bitsandbytes' CUDA kernels, and its loader quantises on the device",
+        "cells": "kv and speculative in int8 and nf4",
+    },
+    {
+        "path": "speculative",
+        "why": "assisted generation's shapes follow how many draft tokens were accepted (values, which fake tensors "
+        "lack); it runs on transformers' generate(), not the fast path",
+        "cells": "speculative in every precision",
+    },
+    {
+        "path": "int4-packing",
+        "why": "torch's int4 tiles (_convert_weight_to_int4pack, _weight_int4pack_mm) need an sm80+ GPU; fake "
+        "tensors check their shapes and devices only",
+        "cells": "q4 in every strategy",
+    },
+    {
+        "path": "loading",
+        "why": "from_pretrained with device_map='cuda' and its memory warm-up query the device (the fake-CUDA tests "
+        "move a host load onto the fake device instead)",
+        "cells": "every cell (each loads through Engine.load)",
+    },
+    {
+        "path": "memory-figures",
+        "why": "torch.cuda's memory statistics, mem_get_info and NVML read the device (answered with zeros there)",
+        "cells": "every cell's predicted / measured / NVML / after-unload columns",
+    },
+)
+
 
 def log(out: Path, text: str) -> None:
     print(text, flush=True)
@@ -317,6 +375,16 @@ def write_report(out: Path, info: dict, rows: list[dict], seconds: float) -> Non
             agree_text,
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## What only this run checks",
+        "",
+        "The fake-CUDA tests (`make test`, tests/test_fake_cuda.py) run "
+        + "; ".join(f"{path} in {', '.join(p)}" for path, p in FAKE_CUDA_COVERED.items())
+        + " without a GPU. Fake tensors cannot reach these paths:",
+        "",
+    ]
+    lines += [f"- **{row['path']}**: {row['why']} (cells: {row['cells']})" for row in PLAN]
     (out / "gpu-check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
