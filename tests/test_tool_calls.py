@@ -155,7 +155,7 @@ def starter(starter_dir):
     from tests.test_server import start, stop
 
     service, server = start(starter_dir)
-    yield openai.OpenAI(base_url=server.address, api_key="unused", max_retries=0, timeout=120), server
+    yield openai.OpenAI(base_url=server.address, api_key="unused", max_retries=0, timeout=600), server
     stop(service, server)
 
 
@@ -268,7 +268,15 @@ def test_starter_sampled_calls_always_validate(starter):
     client, _ = starter
     schema = WEATHER["function"]["parameters"]
     for seed in range(20):
-        reply = chat(client, messages=USER, tools=[WEATHER, TIME], tool_choice="required", temperature=1.0, seed=seed)
+        reply = chat(
+            client,
+            messages=USER,
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=160,
+        )
         assert reply.choices[0].finish_reason == "tool_calls", reply.choices[0]
         for c in reply.choices[0].message.tool_calls:
             params = schema if c.function.name == "get_weather" else TIME["function"]["parameters"]

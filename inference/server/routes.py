@@ -6,7 +6,8 @@ serve``) owns, so API clients and the window share the model, and fast-path requ
 (continuous batching). The prompt is made ready before the request queues (``preparation.py``), so a request that
 does not fit the context is refused (400) and its ``usage`` is exact; the answers are ``streaming.py``'s.
 
-Answers: ``GET /v1/models``; ``POST /v1/chat/completions`` and ``POST /v1/completions``, streamed or not,
+Answers: ``GET /v1/models``; ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/responses``
+(``responses.py``), streamed or not,
 with real ``usage`` and a llama.cpp-style ``timings`` object. Errors are OpenAI's error object; nothing
 else (no traceback) ever goes out. A client that disconnects cancels its generation at the next decode
 step.
@@ -24,9 +25,9 @@ from typing import Any, Optional
 from fastapi import Request
 
 from redline.inference.errors import Busy, RedlineError, Refused
-from redline.inference.events import Failed, FinishedEvent
+from redline.inference.events import Failed, FinishedEvent, GenerationResult
 from redline.inference.generation.request import GenerationRequest
-from redline.inference.server import streaming
+from redline.inference.server import responses, streaming
 from redline.inference.server.config import ServerConfig
 from redline.inference.server.middleware import BodyLimit
 from redline.inference.server.preparation import Preparation
@@ -165,7 +166,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
         if exc.status_code == 404:
             msg = (
                 f"There is no {request.url.path} here. "
-                "Redline serves /v1/models, /v1/chat/completions and /v1/completions."
+                "Redline serves /v1/models, /v1/chat/completions, /v1/completions and /v1/responses."
             )
         elif exc.status_code == 405:
             msg = f"{request.method} is not allowed on {request.url.path}."
@@ -186,16 +187,12 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
         api.check_key(request)
         return api.models()
 
-    async def complete(request: Request, chat: bool):
-        api.check_key(request)
-        api.check_open()
-        body = await api.preparation.read(request, ChatCompletionRequest if chat else CompletionRequest)
-        target, gen, tools = await api.preparation.prepare(body, chat)
+    def launch(gen: GenerationRequest, streamed: bool):
+        """Queue ``gen``; its events come to the returned queue on this loop."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         handle = api.submit(gen)
         api.stats.begin()
-        streamed = bool(body.stream)
 
         def forward(event):  # the scheduler's thread
             if isinstance(event, FinishedEvent):
@@ -206,6 +203,14 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
 
         handle.subscribe(forward)
         api.track(handle, loop, queue)
+        return handle, queue
+
+    async def complete(request: Request, chat: bool):
+        api.check_key(request)
+        api.check_open()
+        body = await api.preparation.read(request, ChatCompletionRequest if chat else CompletionRequest)
+        target, gen, tools = await api.preparation.prepare(body, chat)
+        handle, queue = launch(gen, bool(body.stream))
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         name = target.name
@@ -226,6 +231,38 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await complete(request, False)
+
+    @app.post("/v1/responses")
+    async def responses_api(request: Request):
+        from pydantic import ValidationError
+
+        api.check_key(request)
+        api.check_open()
+        body = await api.preparation.read(request, responses.ResponsesRequest)
+        try:
+            chat_body = responses.chat_request(body)
+        except responses.RequestItemError as exc:
+            raise ApiError(400, exc.message, exc.field) from None
+        except ValidationError as exc:
+            message, param = describe_validation(exc.errors(include_url=False))
+            raise ApiError(400, message, param) from None
+        problem = chat_body.unsupported()
+        if problem is not None:
+            raise ApiError(400, problem[1], problem[0], "unsupported_parameter")
+        target, gen, tools = await api.preparation.prepare(chat_body, True)
+        handle, queue = launch(gen, body.stream)
+        answer = responses.Answer(body, target.name)
+        if body.stream:
+            return EventSourceResponse(
+                responses.events(api, handle, queue, answer, tools),
+                sep="\n",
+                ping=15,
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        result = await streaming.collect(api, handle, queue, request)
+        if not isinstance(result, GenerationResult):
+            return result
+        return responses.whole(answer, result, tools)
 
     wrapped: Any = app
     if config.cors_origins:

@@ -175,7 +175,8 @@ async def stream(api, handle, queue, ident, created, name, chat, include_usage, 
         api.untrack(handle)
 
 
-async def whole(api, handle, queue, request, ident, created, name, chat, tools=None):
+async def collect(api, handle, queue, request):
+    """The finished generation's result, or the error response (JSON) to answer instead."""
     from fastapi.responses import JSONResponse
 
     stats = api.stats
@@ -220,6 +221,13 @@ async def whole(api, handle, queue, request, ident, created, name, chat, tools=N
     if result.finish_reason in ("error", "cancelled"):
         status, message = failure(result)
         return JSONResponse(error_body(status, message), status)
+    return result
+
+
+async def whole(api, handle, queue, request, ident, created, name, chat, tools=None):
+    result = await collect(api, handle, queue, request)
+    if not isinstance(result, GenerationResult):
+        return result
     finish = FINISH[result.finish_reason]
     if chat:
         message: dict = {"role": "assistant", "content": result.text}
