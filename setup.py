@@ -18,11 +18,14 @@ Environment:
   REDLINE_REQUIRE_KERNELS   1: a failed compile fails the build (``make wheel`` and the packaging test set it);
                             otherwise the wheel is built without kernels, with a warning, and falls back to a
                             first-use build or torch's operators
+  REDLINE_KERNEL_CACHE      a folder of earlier builds keyed as native.py keys a checkout's own (the tests point it
+                            at the per-machine cache, so the packaging test compiles nothing the checkout built)
   CXX                       the compiler (default: c++, g++ or clang++; MSVC's cl on Windows, see build.py)
 """
 
 import importlib.util
 import os
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,8 +64,21 @@ class BuildWithKernels(build_py):
         out = Path(self.build_lib) / "redline" / "inference" / "kernels" / "prebuilt"
         strict = os.environ.get("REDLINE_REQUIRE_KERNELS", "").strip() in ("1", "true", "yes")
 
+        cache = os.environ.get("REDLINE_KERNEL_CACHE", "").strip()
+
         def one(variant):
-            return recipe.compile_library(variant, out / recipe.library_name(variant), source_dir=KERNELS)
+            target = out / recipe.library_name(variant)
+            compiler = recipe.find_compiler("aarch64" if variant.startswith("neon") else "x86_64")
+            if not cache or compiler is None:
+                return recipe.compile_library(variant, target, source_dir=KERNELS)
+            # The same key as a source checkout's first-use build (native.py): same sources, flags and compiler,
+            # so the same bytes; built once per machine for the tests' wheels and the checkout alike.
+            cached = Path(cache) / recipe.build_key(variant, compiler) / recipe.library_name(variant)
+            if not cached.is_file():
+                recipe.compile_library(variant, cached, compiler, source_dir=KERNELS)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cached, target)
+            return target
 
         with ThreadPoolExecutor(max_workers=max(1, min(len(variants), os.cpu_count() or 1))) as pool:
             futures = {variant: pool.submit(one, variant) for variant in variants}

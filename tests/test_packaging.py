@@ -32,6 +32,10 @@ def _build(tmp: Path) -> tuple[Path, Path]:
     env = dict(os.environ)
     if kernel_build.find_compiler() is not None and kernel_build.VARIANTS.get(kernel_build.machine()):
         env["REDLINE_REQUIRE_KERNELS"] = "1"
+        # The libraries the checkout built (same key, same bytes) rather than compiling them again.
+        from redline.inference.paths import cache_dir
+
+        env["REDLINE_KERNEL_CACHE"] = str(cache_dir() / "kernels")
     proc = subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
         capture_output=True,
@@ -179,8 +183,7 @@ def test_wheel_carries_the_kernels_built(installed_wheel):
 
 def test_installed_kernels_load_shipped_without_a_compiler(installed_wheel, tmp_path):
     """The installed wheel, on a PATH with no compiler and no ninja and an empty cache: the kernels load from the
-    wheel's prebuilt/ (nothing compiled), compute, and load in under 100 ms (the first start's: measured here about
-    1 ms for the library, 15-25 ms with the registration of its torch operators)."""
+    wheel's prebuilt/ (nothing compiled), compute, and the library loads in under 100 ms."""
     env_dir = installed_wheel[0]
     if native_variant_expected() is None:
         pytest.skip("no kernels for this CPU or no compiler: the wheel is built without them")
@@ -203,9 +206,13 @@ def test_installed_kernels_load_shipped_without_a_compiler(installed_wheel, tmp_
     assert "/prebuilt/" in status["path"].replace(os.sep, "/") and status["build_seconds"] is None, status
     assert status["variant"] == native_variant_expected(), status
     assert out["err"] is not None and out["err"] < 1e-3, out
+    # The library's own load (find, open, check its ABI): the first start's cost of the kernels, a budget of 100 ms
+    # (0.5 ms on a quiet machine, 27 ms at a load average of 12). native() as a whole adds the registration of the
+    # torch operators: printed, not asserted (30 ms quiet, 250 ms at load 12: the scheduler's, not the kernels').
     assert status["load_ms"] < 100, status
     print(
-        f"kernels from the wheel: library {status['load_ms']} ms, native() with registration {out['first_ms']:.1f} ms"
+        f"kernels from the wheel: library {status['load_ms']} ms, native() with the torch operators' registration "
+        f"{out['first_ms']:.1f} ms (after {out['import_ms']:.0f} ms of imports)"
     )
     assert not (tmp_path / "cache" / "kernels").exists()  # nothing built on the user's machine
 
