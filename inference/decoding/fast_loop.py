@@ -128,8 +128,8 @@ class FastSequence:
         if self.procs:
             scores = self.procs(self.history, scores)
         next_id = self.sample(scores)
-        tok = int(next_id)
-        self.collector.put(next_id)
+        tok = int(next_id)  # the one read of the step's result on the host (it waits for the device)
+        self.collector.put([tok])  # the id as read: a second copy from the device would be a second transfer
         if self.procs:  # only the logits processors (penalties, a grammar) read the history
             self.history = torch.cat([self.history, next_id.view(1, 1)], dim=1)
         step = self.steps

@@ -53,9 +53,12 @@ class TokenCollector:
         if not self._seen_prompt:  # generate() first hands the streamer the prompt
             self._seen_prompt = True
             return
-        sync(self.device)
+        if isinstance(value, list):  # ids read on the host already (the fast path): that read waited for them
+            new = [int(t) for t in value]
+        else:  # a tensor (transformers' generate()): wait for the device, so the clock measures its work
+            sync(self.device)
+            new = [int(t) for t in value.reshape(-1).tolist()]
         now = time.perf_counter()
-        new = [int(t) for t in value.reshape(-1).tolist()]
         self.chunks.append((now - self.start, len(new)))
         # In assisted generation a chunk is the accepted draft tokens plus one from the target.
         flags = [self.speculative and i < len(new) - 1 for i in range(len(new))]
