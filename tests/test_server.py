@@ -229,6 +229,8 @@ def test_a_bug_of_the_servers_is_one_sentence_and_one_log_line_never_a_traceback
 def test_unsupported_fields_are_refused_not_ignored(client):
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         ask(client, n=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs are not supported"):
+        ask(client, logprobs=True)
     with pytest.raises(openai.BadRequestError, match="stop takes at most 16 strings"):
         ask(client, stop=[str(i) for i in range(17)])
     with pytest.raises(openai.BadRequestError, match="schema"):

@@ -339,3 +339,38 @@ def tiny_server(tiny_model_dir):
     service, server = start(tiny_model_dir)
     yield server
     stop(service, server)
+
+
+# -- penalties and logit_bias --------------------------------------------------------------------------------
+def test_penalties_and_logit_bias_change_the_scores_as_openai_defines_them():
+    import torch
+
+    from redline.inference.server.structured import Penalties
+
+    p = Penalties(frequency=0.5, presence=1.0, bias={3: 100.0, 4: -100.0})
+    prompt = torch.tensor([[7, 7, 7]])
+    first = p(prompt, torch.zeros(1, 8))  # the prompt's tokens are not penalised
+    assert first[0].tolist() == [0, 0, 0, 100, -100, 0, 0, 0]
+    later = p(torch.tensor([[7, 7, 7, 2, 2, 5]]), torch.zeros(1, 8))
+    assert later[0, 2].item() == -(0.5 * 2 + 1.0) and later[0, 5].item() == -(0.5 + 1.0)
+    assert later[0, 7].item() == 0 and later[0, 3].item() == 100
+
+
+def test_logit_bias_steers_the_reply_and_bad_values_are_one_sentence(tiny_server_client, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    client = tiny_server_client
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    ask = dict(model="tiny-llama", messages=[{"role": "user", "content": "The quick brown fox"}], temperature=0)
+    forced = client.chat.completions.create(**ask, max_tokens=3, logit_bias={"42": 100})
+    assert forced.choices[0].message.content == tok.decode([42, 42, 42])
+    plain = client.chat.completions.create(**ask, max_tokens=12)
+    penalised = client.chat.completions.create(**ask, max_tokens=12, frequency_penalty=2.0, presence_penalty=2.0)
+    ids = tok(penalised.choices[0].message.content, add_special_tokens=False)["input_ids"]
+    assert len(set(ids)) >= len(set(tok(plain.choices[0].message.content, add_special_tokens=False)["input_ids"]))
+    with pytest.raises(openai.BadRequestError, match="between -2 and 2"):
+        client.chat.completions.create(**ask, max_tokens=2, presence_penalty=3)
+    with pytest.raises(openai.BadRequestError, match="keys are token ids"):
+        client.chat.completions.create(**ask, max_tokens=2, logit_bias={"hello": 1})
+    with pytest.raises(openai.BadRequestError, match="beyond this model's vocabulary"):
+        client.chat.completions.create(**ask, max_tokens=2, logit_bias={"99999": 1})

@@ -17,7 +17,14 @@ from redline.inference.generation.request import GenerationRequest
 from redline.inference.server.config import ServerConfig
 from redline.inference.server.middleware import BodyTooLarge
 from redline.inference.server.protocol import ApiError, describe_validation, lone_surrogate
-from redline.inference.server.structured import GrammarProcessor, GrammarTokenizers, SchemaError, grammar_for
+from redline.inference.server.structured import (
+    Chain,
+    GrammarProcessor,
+    GrammarTokenizers,
+    Penalties,
+    SchemaError,
+    grammar_for,
+)
 from redline.inference.server.tokenizers import ServerTokenizers
 from redline.inference.server.tool_calls import Family, ToolError, conversation, family_of, tool_grammar
 
@@ -205,7 +212,27 @@ class Preparation:
             request.logits_processor = await asyncio.to_thread(
                 self._tool_grammar, target, tools, [t.as_dict() for t in body.tools or []], parallel
             )
+        penalties = self._penalties(target, body)
+        if penalties is not None:
+            request.logits_processor = Chain(penalties, request.logits_processor)
         return target, request, tools
+
+    @staticmethod
+    def _penalties(target, body) -> Optional[Penalties]:
+        frequency, presence = body.frequency_penalty or 0.0, body.presence_penalty or 0.0
+        bias = {int(k): float(v) for k, v in (body.logit_bias or {}).items()}
+        if not (frequency or presence or bias):
+            return None
+        vocab = getattr(target.model.config, "vocab_size", None) if target.model is not None else None
+        if vocab is not None:
+            outside = [t for t in bias if t >= vocab]
+            if outside:
+                raise ApiError(
+                    400,
+                    f"logit_bias names token {outside[0]}, beyond this model's vocabulary of {vocab}.",
+                    "logit_bias",
+                )
+        return Penalties(frequency, presence, bias)
 
     def _tool_grammar(self, target, tools: Tools, offered: list[dict], parallel: bool):
         tok = self.tokenizers.get(target)

@@ -1,9 +1,9 @@
 """The OpenAI API as the server reads it: request bodies (strict: an unknown field or a wrong type is a 400
 naming it), and the error objects it answers with.
 
-Fields OpenAI defines but Redline does not do (``n`` above 1, penalties, log-probabilities) are accepted at their
-neutral value and refused otherwise, with a sentence saying so, rather than ignored. ``user`` and ``metadata`` are
-accepted and ignored.
+Fields OpenAI defines but Redline does not do (``n`` above 1, log-probabilities) are accepted at their neutral
+value and refused otherwise, with a sentence saying so, rather than ignored. ``user`` and ``metadata`` are accepted
+and ignored.
 """
 
 from __future__ import annotations
@@ -161,12 +161,16 @@ class _Sampling(BaseModel):
         if self.n not in (None, 1):
             return "n", "n must be 1: Redline writes one choice per request (send several requests instead)."
         for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                return name, f"{name} is not supported; use repetition_penalty (1 changes nothing) instead."
+            value = getattr(self, name)
+            if value is not None and not -2 <= value <= 2:
+                return name, f"{name} must be between -2 and 2 (got {value})."
         if self.logprobs:
             return "logprobs", "logprobs are not supported; leave logprobs out or false."
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported; use response_format to constrain the output."
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                return "logit_bias", f"logit_bias keys are token ids (got {key!r})."
+            if not -100 <= bias <= 100:
+                return "logit_bias", f"logit_bias values must be between -100 and 100 (got {bias} for token {key})."
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
             return "stop", f"stop takes at most {MAX_STOP} strings (got {len(self.stop)})."
         if self.stream_options is not None and not self.stream:

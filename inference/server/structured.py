@@ -124,3 +124,47 @@ class GrammarProcessor:
             scores[..., self.vocab :] = -float("inf")
         self._apply(scores[..., : self.vocab] if scores.shape[-1] > self.vocab else scores, bitmask)
         return scores
+
+
+class Penalties:
+    """OpenAI's ``frequency_penalty`` / ``presence_penalty`` (over the tokens written so far, not the prompt) and
+    ``logit_bias`` (added to the named tokens' logits), as a logits processor: ``(input_ids, scores) -> scores``."""
+
+    def __init__(self, frequency: float = 0.0, presence: float = 0.0, bias: Optional[dict[int, float]] = None):
+        self.frequency, self.presence = frequency, presence
+        self.bias = bias or {}
+        self.prompt: Optional[int] = None
+        self._bias = None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        if self.prompt is None:
+            self.prompt = int(input_ids.shape[-1])
+        if self.bias:
+            if self._bias is None or self._bias.device != scores.device:
+                self._bias = torch.zeros(scores.shape[-1], dtype=scores.dtype, device=scores.device)
+                for token, value in self.bias.items():
+                    self._bias[token] = value
+            scores = scores + self._bias
+        written = input_ids[0, self.prompt :]
+        if (self.frequency or self.presence) and written.numel():
+            counts = torch.bincount(written, minlength=scores.shape[-1])[: scores.shape[-1]].to(scores.dtype)
+            scores = scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+        return scores
+
+
+class Chain:
+    """Several logits processors, one after another (the penalties first, then a grammar's mask)."""
+
+    def __init__(self, *processors):
+        self.processors = [p for p in processors if p is not None]
+
+    @property
+    def error(self) -> str:
+        return next((p.error for p in self.processors if getattr(p, "error", "")), "")
+
+    def __call__(self, input_ids, scores):
+        for processor in self.processors:
+            scores = processor(input_ids, scores)
+        return scores
