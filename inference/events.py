@@ -67,6 +67,8 @@ class GenerationResult:
     server_timings: Optional[dict] = None
     dropped_messages: int = 0
     notes: list[str] = field(default_factory=list)
+    # A reply that is tool calls (a remote server's, OpenAI's shape: id, type, function {name, arguments}).
+    tool_calls: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -136,7 +136,23 @@ def _fault_app():
     from starlette.routing import Route
 
     async def models(request):
-        return JSONResponse({"object": "list", "data": [{"id": m} for m in ("fail", "drop", "slow", "error-event")]})
+        names = ("fail", "drop", "slow", "error-event", "tools")
+        return JSONResponse({"object": "list", "data": [{"id": m} for m in names]})
+
+    async def tool_stream(body):
+        # OpenAI's streamed call: id and name first, then the arguments in pieces; the request's tools echoed in
+        # the call's name, so the test sees they were passed through
+        name = body["tools"][0]["function"]["name"]
+        assert body["messages"][-1].get("tool_call_id") == "c0"
+        first = {"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": ""}}
+        for piece in (
+            first,
+            {"index": 0, "function": {"arguments": '{"city": '}},
+            {"index": 0, "function": {"arguments": '"Paris"}'}},
+        ):
+            yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": [piece]}}]}) + "\n\n"
+        yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}) + "\n\n"
+        yield "data: [DONE]\n\n"
 
     def chunk(text):
         return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}) + "\n\n"
@@ -146,6 +162,8 @@ def _fault_app():
         model = body["model"]
         if model == "fail":
             return JSONResponse({"error": {"message": "CUDA error: device-side assert"}}, status_code=500)
+        if model == "tools":
+            return StreamingResponse(tool_stream(body), media_type="text/event-stream")
 
         async def stream():
             for word in ("partial ", "reply ", "so far"):
@@ -314,3 +332,27 @@ def test_the_speed_lab_runs_a_remote_row_beside_a_local_one(redline_server, tiny
     assert remote.matches_baseline is None and remote.model_memory_bytes is None
     assert any("measured on this client" in n for n in remote.notes)
     assert remote.outputs and all(isinstance(o, str) for o in remote.outputs)
+
+
+def test_a_remote_reply_that_is_tool_calls_comes_back_as_calls(fault_server, client_service):
+    """Tools and a conversation's past calls go to the server as they are; streamed call deltas come back
+    reassembled in result.tool_calls, not as text."""
+    connect(client_service, fault_server + "#tools")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c0", "content": "rain"},
+    ]
+    request = GenerationRequest(
+        messages=messages, sampling=SamplingSettings(max_new_tokens=20), options=DecodeOptions("kv"), tools=[tool]
+    )
+    result = client_service.submit(request).result(TIMEOUT)
+    assert result.error is None and result.text == ""
+    assert result.tool_calls == [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    ]

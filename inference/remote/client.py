@@ -241,7 +241,8 @@ class RemoteModel(Backend):
     def generate(self, request, sink, submitted: Optional[float] = None) -> GenerationResult:
         if request.messages is None:
             raise UnsupportedConfiguration("A model on a server takes chat messages, not token ids.", "Send messages.")
-        result = self.chat(request.messages, request.sampling, sink.emit, lambda: sink.cancelled)
+        tools = getattr(request, "tools", None)
+        result = self.chat(request.messages, request.sampling, sink.emit, lambda: sink.cancelled, tools=tools)
         sink.finish(result)
         return result
 
@@ -252,11 +253,14 @@ class RemoteModel(Backend):
         sampling,
         on_event: Optional[Callable[[Any], None]] = None,
         should_cancel: Optional[Callable[[], bool]] = None,
+        tools: Optional[Sequence[dict]] = None,
     ) -> GenerationResult:
-        """Stream one reply; never raises for the server's failures (the result says what happened)."""
+        """Stream one reply; never raises for the server's failures (the result says what happened). ``tools``
+        (OpenAI function tools) go to the server as they are; a reply that is calls comes back in
+        ``result.tool_calls`` (OpenAI's shape), not as text."""
         body: dict = {
             "model": self.model_id,
-            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "messages": [_message(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": int(sampling.max_new_tokens),
@@ -270,6 +274,8 @@ class RemoteModel(Backend):
                 body[key] = value
         if sampling.stop:
             body["stop"] = list(sampling.stop)[:4]
+        if tools:
+            body["tools"] = list(tools)
         result = self._stream("/chat/completions", body, on_event, should_cancel)
         if result.error and result.error.startswith(_CONTEXT_REFUSAL) and not result.text:
             # More new tokens than the server's context leaves after the prompt (which only the server can
@@ -299,6 +305,7 @@ class RemoteModel(Backend):
         usage: dict = {}
         timings: Optional[dict] = None
         server_finish: Optional[str] = None
+        calls: dict[int, dict] = {}  # streamed tool calls by index, as their pieces arrive
         cancelled = threading.Event()
         done = threading.Event()
         start = time.perf_counter()
@@ -357,6 +364,8 @@ class RemoteModel(Backend):
                             text = delta.get("content") if "delta" in choice else choice.get("text")
                             if choice.get("finish_reason"):
                                 server_finish = choice["finish_reason"]
+                            for piece in delta.get("tool_calls") or []:
+                                _add_call_piece(calls, piece)
                             if text:
                                 mid_stream = True
                                 now = time.perf_counter() - start
@@ -386,6 +395,7 @@ class RemoteModel(Backend):
             done.set()
         result.total_s = time.perf_counter() - start
         self._fill(result, "".join(pieces), chunks, usage, timings)
+        result.tool_calls = [calls[i] for i in sorted(calls) if calls[i]["function"]["name"]]
         if result.error and pieces:
             result.notes.append("The reply was cut short; the text that had arrived is kept.")
         return result
@@ -413,6 +423,31 @@ class RemoteModel(Backend):
                 result.draft_accepted = accepted if isinstance(accepted, int) else None
                 if result.draft_accepted is not None:
                     result.acceptance_rate = result.draft_accepted / proposed
+
+
+def _message(m: dict) -> dict:
+    """A message as the server takes it: its role and content, and a past call's ``tool_calls`` / the
+    ``tool_call_id`` a tool's result answers."""
+    out = {"role": m["role"], "content": m["content"]}
+    for key in ("tool_calls", "tool_call_id", "name"):
+        if m.get(key):
+            out[key] = m[key]
+    return out
+
+
+def _add_call_piece(calls: dict[int, dict], piece: dict) -> None:
+    """One ``delta.tool_calls`` entry: the first of a call brings its id and name, the rest its arguments."""
+    if not isinstance(piece, dict):
+        return
+    index = piece.get("index", len(calls))
+    call = calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    if piece.get("id"):
+        call["id"] = piece["id"]
+    fn = piece.get("function") or {}
+    if fn.get("name"):
+        call["function"]["name"] = fn["name"]
+    if isinstance(fn.get("arguments"), str):
+        call["function"]["arguments"] += fn["arguments"]
 
 
 def _server_message_obj(obj: dict) -> str:
