@@ -3,10 +3,13 @@ qemu-aarch64 (correctness only, not speed) by a C++ driver that calls every func
 (tests/test_kernels_driver.cpp) on fixed inputs. Its outputs must be, bit for bit, what the x86-64 AVX2 build gives
 for the same inputs (which tests/test_kernels.py and test_whole_step.py hold to torch).
 
-Needs: apt-get install g++-aarch64-linux-gnu qemu-user. Skipped where they are missing (CI: see docs/
-install-and-packaging.md). About a minute: the two ARM64 builds run at once, one per core.
+Needs: apt-get install g++-aarch64-linux-gnu qemu-user. Skipped where they are missing (.ci/run installs them; see
+docs/install-and-packaging.md). The libraries and drivers are kept in the per-machine cache (keyed by sources, flags
+and compiler, as native.py keys its builds), so only the first run compiles: about 2.5 minutes then on 2 busy cores,
+then the qemu runs alone.
 """
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -16,11 +19,13 @@ from pathlib import Path
 import pytest
 
 from redline.inference.kernels import build
+from redline.inference.paths import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "test_kernels_driver.cpp"
 SYSROOT = Path("/usr/aarch64-linux-gnu")
 pytestmark = pytest.mark.slow
+VARIANTS = ("avx2", "neon-dotprod", "neon")
 
 
 def records(path: Path) -> dict:
@@ -36,10 +41,25 @@ def records(path: Path) -> dict:
 
 
 def driver(compiler: str, out: Path) -> Path:
-    cmd = [compiler, "-O2", "-std=c++17", "-ffp-contract=off", str(DRIVER), "-o", str(out), "-ldl"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    """The driver built with ``compiler``, from the per-machine cache when this source was built before."""
+    key = hashlib.sha256((DRIVER.read_text() + compiler).encode()).hexdigest()[:16]
+    cached = cache_dir() / "kernels" / f"driver-{key}" / out.name
+    if not cached.is_file():
+        cmd = [compiler, "-O2", "-std=c++17", "-ffp-contract=off", str(DRIVER), "-o", str(out), "-ldl"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out, cached)
+        cached.chmod(0o755)
+    return cached
+
+
+def library(variant: str, compiler: str) -> Path:
+    """``variant`` built by ``compiler`` (build.py's recipe), from the per-machine cache when built before."""
+    path = cache_dir() / "kernels" / f"test-{build.build_key(variant, compiler)}" / build.library_name(variant, "linux")
+    if not path.is_file():
+        build.compile_library(variant, path, compiler)
+    return path
 
 
 def run(cmd: list, out: Path) -> dict:
@@ -57,10 +77,7 @@ def test_arm64_builds_give_the_avx2_builds_bits(tmp_path):
     if cross is None or qemu is None or build.find_compiler() is None:
         pytest.skip("needs g++, g++-aarch64-linux-gnu and qemu-user (apt-get install g++-aarch64-linux-gnu qemu-user)")
     with ThreadPoolExecutor(max_workers=3) as pool:
-        libs = {
-            v: pool.submit(build.compile_library, v, tmp_path / v / build.library_name(v, "linux"))
-            for v in ("avx2", "neon-dotprod", "neon")
-        }
+        libs = {v: pool.submit(library, v, cross if v.startswith("neon") else build.find_compiler()) for v in VARIANTS}
         x86 = pool.submit(driver, build.find_compiler(), tmp_path / "driver-x86_64")
         arm = pool.submit(driver, cross, tmp_path / "driver-aarch64")
         libs = {v: f.result() for v, f in libs.items()}
