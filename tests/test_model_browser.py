@@ -232,6 +232,7 @@ def test_header_only_reads_count_their_bytes(hub, monkeypatch):
     length = gguf_header.header_length(data)
     assert 0 <= reader.data_offset - length < reader.alignment
     assert v.model_shape().layers == 4 and v.model_shape().hidden == 256
+    assert v.precision == "bf16"  # a float file keeps nothing quantised: it loads at a float precision, not gguf
 
 
 def test_a_header_larger_than_the_limit_is_refused_in_one_sentence(hub, monkeypatch, tmp_path):

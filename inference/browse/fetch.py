@@ -77,6 +77,6 @@ def fetch(
     strategy = prediction.strategy if prediction is not None else ""
     if rv.kind == "gguf":
         path = _gguf_file(rv.repo_id, rv.commit, variant, progress, should_cancel)
-        return Fetched(str(path), "gguf", strategy, path, variant.download_bytes)
+        return Fetched(str(path), variant.precision, strategy, path, variant.download_bytes)
     folder = hub.download(rv.repo_id, progress, should_cancel)
     return Fetched(rv.repo_id, variant.precision, strategy, folder, variant.download_bytes)

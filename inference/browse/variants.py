@@ -23,7 +23,7 @@ from redline.inference.errors import ModelSourceError, RedlineError
 from redline.inference.memory.estimator import ModelShape
 from redline.inference.paths import cache_dir
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a float GGUF's precision is its float dtype
 WEIGHT_FILES = (".safetensors",)
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 # Quant types by the bits per weight they keep (what "best quality" ranks by), from the file name when the
@@ -68,6 +68,9 @@ BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "q8": 8, "nf4": 4, "fp4":
 GGUF_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8.5, "Q6_K": 6.6, "Q5_K_M": 5.7, "Q5_K_S": 5.5, "Q5_0": 5.5}
 GGUF_BITS.update({"Q5_1": 6, "Q4_K_M": 4.9, "Q4_K_S": 4.6, "Q4_0": 4.5, "Q4_1": 5, "Q3_K_L": 4.3, "Q3_K_M": 3.9})
 GGUF_BITS.update({"Q3_K_S": 3.5, "Q2_K": 3.4, "IQ4_XS": 4.3, "IQ4_NL": 4.5})
+
+
+FLOAT_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def _cache_file(repo_id: str, commit: str) -> Path:
@@ -198,9 +201,10 @@ def _gguf_variants(repo_id: str, commit: str, siblings, should_stop=None) -> lis
             try:
                 read = read_header(repo_id, name, commit, size, Path(tmp) / Path(name).name)
                 shape = _gguf_shape(read.path, f"{repo_id}/{name}", size)
-                out.append(
-                    Variant(quant, "gguf", files, size, _gguf_bits(shape, quant), shape.to_dict(), "", read.bytes_read)
-                )
+                bits = _gguf_bits(shape, quant)
+                # A float GGUF keeps nothing quantised: it loads at its float dtype, not as the file is (gguf).
+                precision = "gguf" if shape.packed else FLOAT_PRECISION.get(shape.stored_dtype, "bf16")
+                out.append(Variant(quant, precision, files, size, bits, shape.to_dict(), "", read.bytes_read))
                 read.path.unlink()
             except RedlineError as exc:
                 out.append(Variant(quant, "gguf", files, size, GGUF_BITS.get(quant, 0.0), problem=str(exc)))
