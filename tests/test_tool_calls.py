@@ -265,6 +265,8 @@ def test_starter_parallel_calls_only_when_allowed(starter):
 @pytest.mark.starter
 @pytest.mark.slow
 def test_starter_sampled_calls_always_validate(starter):
+    """20 sampled runs at temperature 1, one call each (with parallel calls allowed, a small model sampling at 1
+    may go on adding calls until max_tokens cuts the last one: that reply is text, finish_reason length)."""
     client, _ = starter
     schema = WEATHER["function"]["parameters"]
     for seed in range(20):
@@ -273,6 +275,7 @@ def test_starter_sampled_calls_always_validate(starter):
             messages=USER,
             tools=[WEATHER, TIME],
             tool_choice="required",
+            parallel_tool_calls=False,
             temperature=1.0,
             seed=seed,
             max_tokens=160,
@@ -374,3 +377,26 @@ def test_logit_bias_steers_the_reply_and_bad_values_are_one_sentence(tiny_server
         client.chat.completions.create(**ask, max_tokens=2, logit_bias={"hello": 1})
     with pytest.raises(openai.BadRequestError, match="beyond this model's vocabulary"):
         client.chat.completions.create(**ask, max_tokens=2, logit_bias={"99999": 1})
+
+
+def test_a_request_without_tools_or_penalties_carries_no_logits_processor(tiny_server, tiny_server_client):
+    """Nothing masks or rescores the logits of a plain request (the engine's step is what it was); with tools,
+    the grammar's processor is there, lazy under auto."""
+    from redline.inference.server.tool_calls import ToolGrammar
+
+    service = tiny_server.service
+    seen = []
+    submit = service.submit
+
+    def spy(request):
+        seen.append(request)
+        return submit(request)
+
+    ask = dict(model="tiny-llama", messages=[{"role": "user", "content": "The quick brown fox"}], max_tokens=2)
+    tiny = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "submit", spy)
+        tiny_server_client.chat.completions.create(**ask)
+        tiny_server_client.chat.completions.create(**ask, tools=[tiny])
+    assert seen[0].logits_processor is None and seen[0].tools is None
+    assert isinstance(seen[1].logits_processor, ToolGrammar) and seen[1].logits_processor.lazy
