@@ -221,6 +221,28 @@ def test_fast_decoder_prefill_and_steps_stay_on_the_gpu(tiny_dir, precision, mon
             assert layouts == {"torch"}  # CUDA's layout: torch's packed int8 rows / int4 tiles, not GGUF blocks
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+def test_a_gguf_files_blocks_on_cuda_become_torch_layouts_on_the_gpu(kind, monkeypatch):
+    """A converted GGUF loaded on CUDA (``packed.load_packed`` → ``PackedLinear.from_blocks``): its Q8_0/Q4_0/Q4_1
+    blocks, read on the host, become torch's layouts on the device, and the layer's product runs there."""
+    from redline.inference.loading import block_quant
+    from redline.inference.loading.weight_only import PackedLinear
+
+    torch.manual_seed(0)
+    w, bias = torch.randn(48, 64), torch.randn(48)
+    blocks = {
+        "Q8_0": lambda: block_quant.quantize_q8(w),
+        "Q4_0": lambda: block_quant.quantize_q4(w, symmetric=True),
+        "Q4_1": lambda: block_quant.quantize_q4(w),
+    }[kind]()
+    with Fake(monkeypatch) as fake:
+        layer = PackedLinear.from_blocks(blocks, bias, torch.bfloat16, device="cuda")
+        assert layer.layout == "torch" and layer.blocks is None
+        y = layer(torch.randn(3, 64, device="cuda", dtype=torch.bfloat16))
+        assert y.device.type == "cuda" and y.shape == (3, 48)
+        assert_on_gpu(fake, layer=layer)
+
+
 # -- the server's batched requests, through the Batcher, with the prefix cache ------------------------------
 def _request(target, text: str, **sampling):
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
