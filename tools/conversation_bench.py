@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -116,13 +117,16 @@ def main(argv=None) -> int:
     cmd = [str(Path(sys.executable).parent / "redline"), "serve", "--model", args.model, "--precision",
            args.precision, "--host", "127.0.0.1", "--port", str(port),
            "--max-tokens", str(args.max_tokens)]  # fmt: skip
-    servers["redline"] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
+    # Each server's log to a file of its own: a pipe nobody reads fills up and stops the server (llama.cpp logs
+    # every request), which read as "did not answer".
+    logs = {name: tempfile.TemporaryFile() for name in ("redline", "llama.cpp")}
+    servers["redline"] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=logs["redline"]), port)
     if args.llama_python:
         port = free_port()
         cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", args.gguf or args.model, "--host",
                "127.0.0.1", "--port", str(port), "--n_ctx", str(args.context), "--n_threads", str(args.threads),
                "--n_threads_batch", str(args.threads)]  # fmt: skip
-        servers["llama.cpp"] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
+        servers["llama.cpp"] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=logs["llama.cpp"]), port)
     results: dict[str, list[list[dict]]] = {name: [] for name in servers}
     before = load_average()
     try:
