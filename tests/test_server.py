@@ -142,6 +142,22 @@ def test_cached_prompt_tokens_are_reported_as_the_engine_counted_them(tiny_serve
     assert completion.model_extra["timings"]["cache_n"] == results[4].cached_tokens
 
 
+def test_n_choices_are_decoded_together_each_its_own(client):
+    greedy = ask(client, n=3, temperature=0, max_tokens=8)
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    assert len({c.message.content for c in greedy.choices}) == 1  # greedy: the same reply three times
+    one = ask(client, temperature=0, max_tokens=8)
+    assert greedy.choices[0].message.content == one.choices[0].message.content
+    assert greedy.usage.prompt_tokens == one.usage.prompt_tokens
+    assert greedy.usage.completion_tokens == 3 * one.usage.completion_tokens
+    sampled = ask(client, n=3, temperature=1.0, seed=7, max_tokens=12)
+    again = ask(client, n=3, temperature=1.0, seed=7, max_tokens=12)
+    texts = [c.message.content for c in sampled.choices]
+    assert texts == [c.message.content for c in again.choices] and len(set(texts)) > 1
+    completion = client.completions.create(model="tiny-llama", prompt="Paris is", max_tokens=3, n=2, temperature=0)
+    assert [c.index for c in completion.choices] == [0, 1]
+
+
 def test_seeded_sampling_repeats(client):
     a = ask(client, temperature=0.9, top_p=0.95, seed=1234, max_tokens=16)
     b = ask(client, temperature=0.9, top_p=0.95, seed=1234, max_tokens=16)
@@ -227,8 +243,10 @@ def test_a_bug_of_the_servers_is_one_sentence_and_one_log_line_never_a_traceback
 
 
 def test_unsupported_fields_are_refused_not_ignored(client):
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        ask(client, n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be between 1 and 8"):
+        ask(client, n=9)
+    with pytest.raises(openai.BadRequestError, match="n above 1 is answered whole"):
+        ask(client, n=2, stream=True)
     with pytest.raises(openai.BadRequestError, match="logprobs are not supported"):
         ask(client, logprobs=True)
     with pytest.raises(openai.BadRequestError, match="stop takes at most 16 strings"):

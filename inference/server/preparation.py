@@ -138,7 +138,9 @@ class Preparation:
             raise ApiError(400, problem[1], problem[0], "unsupported_parameter")
         return body
 
-    async def prepare(self, body, chat: bool) -> tuple[Any, GenerationRequest, Optional[Tools]]:
+    async def prepare(self, body, chat: bool, choice: int = 0) -> tuple[Any, GenerationRequest, Optional[Tools]]:
+        """The request made ready; ``choice`` (of ``n``): the i-th choice's own request (its own grammar state, and
+        with a ``seed``, the seed plus i, so the choices differ and each repeats)."""
         target = await self.model_for(body.model)
         where = "messages" if chat else "prompt"
         wanted = body.wanted_tokens()
@@ -152,7 +154,7 @@ class Preparation:
             top_p=body.top_p,
             top_k=body.top_k,
             repetition_penalty=body.repetition_penalty,
-            seed=body.seed,
+            seed=body.seed + choice if body.seed is not None else None,
             stop=body.stops(),
         )
         prompt: dict = {}

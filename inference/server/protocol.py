@@ -1,7 +1,7 @@
 """The OpenAI API as the server reads it: request bodies (strict: an unknown field or a wrong type is a 400
 naming it), and the error objects it answers with.
 
-Fields OpenAI defines but Redline does not do (``n`` above 1, log-probabilities) are accepted at their neutral
+Fields OpenAI defines but Redline does not do (log-probabilities, ``n`` above 1 streamed) are accepted at their neutral
 value and refused otherwise, with a sentence saying so, rather than ignored. ``user`` and ``metadata`` are accepted
 and ignored.
 """
@@ -22,6 +22,7 @@ class TextPart(BaseModel):
 
 
 MAX_STOP = 16  # stop strings a request may give
+MAX_CHOICES = 8  # n: choices one request may ask for (decoded together by the batcher)
 MEDIA_PARTS = {"image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "video_url"}
 TEXT_ONLY = "the loaded model reads text only; send the content as text parts"
 
@@ -158,8 +159,10 @@ class _Sampling(BaseModel):
 
     def unsupported(self) -> Optional[tuple[str, str]]:
         """(field, sentence) for the first field asked at a value Redline does not do."""
-        if self.n not in (None, 1):
-            return "n", "n must be 1: Redline writes one choice per request (send several requests instead)."
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            return "n", f"n must be between 1 and {MAX_CHOICES} (got {self.n})."
+        if self.n not in (None, 1) and self.stream:
+            return "n", "n above 1 is answered whole: send stream: false (or several streamed requests)."
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if value is not None and not -2 <= value <= 2:

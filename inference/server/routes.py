@@ -210,7 +210,17 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
         api.check_open()
         body = await api.preparation.read(request, ChatCompletionRequest if chat else CompletionRequest)
         target, gen, tools = await api.preparation.prepare(body, chat)
+        n = body.n or 1
+        extra = [(await api.preparation.prepare(body, chat, choice=i))[1] for i in range(1, n)]
         handle, queue = launch(gen, bool(body.stream))
+        runs = [(handle, queue)]
+        try:
+            runs += [launch(g, False) for g in extra]  # decoded together by the batcher
+        except ApiError:
+            for h, _ in runs:  # a full queue for the later choices: none of them runs
+                h.cancel()
+                api.untrack(h)
+            raise
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         name = target.name
@@ -222,7 +232,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
                 ping=15,
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await streaming.whole(api, handle, queue, request, ident, created, name, chat, tools)
+        return await streaming.whole(api, runs, request, ident, created, name, chat, tools)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -224,33 +224,38 @@ async def collect(api, handle, queue, request):
     return result
 
 
-async def whole(api, handle, queue, request, ident, created, name, chat, tools=None):
-    result = await collect(api, handle, queue, request)
-    if not isinstance(result, GenerationResult):
-        return result
+def choice_of(result: GenerationResult, index: int, chat: bool, tools=None) -> dict:
     finish = FINISH[result.finish_reason]
-    if chat:
-        message: dict = {"role": "assistant", "content": result.text}
-        if tools is not None:
-            content, calls = parse(tools.family, result.text, tools.names)
-            if calls:
-                message = {
-                    "role": "assistant",
-                    "content": content or None,
-                    "tool_calls": [c.as_openai() for c in calls],
-                }
-                finish = "tool_calls"
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
-        kind = "text_completion"
+    if not chat:
+        return {"index": index, "text": result.text, "logprobs": None, "finish_reason": finish}
+    message: dict = {"role": "assistant", "content": result.text}
+    if tools is not None:
+        content, calls = parse(tools.family, result.text, tools.names)
+        if calls:
+            message = {"role": "assistant", "content": content or None, "tool_calls": [c.as_openai() for c in calls]}
+            finish = "tool_calls"
+    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+
+
+async def whole(api, runs, request, ident, created, name, chat, tools=None):
+    """The whole answer of one or more generations (``n`` choices), each ``(handle, queue)`` in ``runs``, decoded
+    together; ``usage`` counts the prompt once and every choice's tokens."""
+    results = await asyncio.gather(*(collect(api, handle, queue, request) for handle, queue in runs))
+    for result in results:
+        if not isinstance(result, GenerationResult):
+            for handle, _ in runs:
+                handle.cancel()
+            return result
+    first = results[0]
+    total = usage(first)
+    written = sum(r.new_tokens for r in results)
+    total.update(completion_tokens=written, total_tokens=first.prompt_tokens + written)
     return {
         "id": ident,
-        "object": kind,
+        "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": name,
-        "choices": [choice],
-        "usage": usage(result),
-        "timings": timings(result),
+        "choices": [choice_of(r, i, chat, tools) for i, r in enumerate(results)],
+        "usage": total,
+        "timings": timings(first),
     }
