@@ -118,13 +118,16 @@ def main() -> int:
         )
     with FakeHub(repos) as hub:
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(work / "hf"), HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        env.pop("HF_HUB_OFFLINE", None)  # the stand-in hub is on 127.0.0.1 (a test run sets it offline)
         os.environ.update(env)
+        os.environ.pop("HF_HUB_OFFLINE", None)
         from huggingface_hub import constants  # imported already: point the running process at the stand-in
 
         constants.ENDPOINT = hub.url
         constants.HUGGINGFACE_CO_URL_TEMPLATE = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
         constants.HF_HUB_CACHE = str(work / "hf")
         constants.HF_HUB_DISABLE_IMPLICIT_TOKEN = True
+        constants.HF_HUB_OFFLINE = False
         from redline.inference import fetch_variant, machine_target, predict_repo, repo_variants
 
         target, speed, correction = machine_target("cpu")
