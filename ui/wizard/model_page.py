@@ -21,6 +21,10 @@ class ModelPage(QWizardPage, CheckedPicker):
         self.picker = ModelPicker(wizard.presets.recent_models() if wizard.presets else [])
         v.addWidget(self.picker)
         self.find_button = QPushButton("Find a model on the hub…")
+        self.find_button.setToolTip(
+            "Search the hub for models Redline can run; every file of a model is predicted here (memory, fit, "
+            "speed) before anything downloads."
+        )
         self.find_button.clicked.connect(self.find_model)
         v.addWidget(self.find_button)
         self.status = wrap_label(name="modelStatus")
