@@ -21,6 +21,7 @@ Subpackages, each a part of the engine:
 
 from redline.inference.bench.configs import BenchConfig, format_config, parse_config, parse_configs
 from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown, to_text
+from redline.inference.bench.lab import SEED_PRESET, BenchSpec, run_bench
 from redline.inference.bench.prompts import PromptSet, builtin_prompt_sets, load_prompt_set
 from redline.inference.bench.results import (
     BenchConcurrencyRow,
@@ -34,7 +35,6 @@ from redline.inference.bench.results import (
     ConfigResult,
     SweepRow,
 )
-from redline.inference.bench.runner import SEED_PRESET, BenchSpec, run_bench
 from redline.inference.bench.saving import list_reports, load_report, save_report
 from redline.inference.bench.sets import READY_SETS, configs_text, every_precision, from_presets, ladder
 from redline.inference.bench.sweep import MODES as SWEEP_MODES

@@ -10,9 +10,9 @@ import pytest
 from redline.inference.bench.concurrency import ConcurrencyRow, schedule_ceiling
 from redline.inference.bench.configs import parse_config, parse_configs
 from redline.inference.bench.export import to_csv, to_json, to_markdown, to_text
+from redline.inference.bench.lab import BenchSpec, run_bench
 from redline.inference.bench.prompts import assets_dir, builtin_prompt_sets, load_prompt_set, prompt_set_from_dict
 from redline.inference.bench.results import BenchRow, BenchToken
-from redline.inference.bench.runner import BenchSpec, run_bench
 from redline.inference.bench.saving import load_report, save_report
 from redline.inference.engine import Engine
 from redline.inference.errors import UnsupportedConfiguration
@@ -308,8 +308,8 @@ def test_starter_kv_matches_naive(starter_dir):
 
 def test_rows_report_bytes_per_token_and_roofline(tiny_model_dir):
     from redline.inference.bench.configs import parse_configs
+    from redline.inference.bench.lab import BenchSpec, run_bench
     from redline.inference.bench.prompts import load_prompt_set
-    from redline.inference.bench.runner import BenchSpec, run_bench
     from redline.inference.engine import Engine
 
     prompts = load_prompt_set("short")

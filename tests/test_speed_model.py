@@ -315,8 +315,8 @@ def test_auto_only_considers_what_fits(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- the engine, the lab, the CLI
 def test_chat_replies_and_lab_rows_feed_the_calibration(tiny_model_dir, tmp_path, monkeypatch):
     from redline.inference.bench.configs import parse_configs
+    from redline.inference.bench.lab import BenchSpec, run_bench
     from redline.inference.bench.prompts import load_prompt_set
-    from redline.inference.bench.runner import BenchSpec, run_bench
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
 

@@ -1,5 +1,5 @@
 """What a speed-lab run produces: one result per configuration, the batch sweep's rows, the report, and
-the events the runner sends while it runs."""
+the events the speed lab sends while it runs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The per-machine speed correction: predicted vs measured tokens/s and TTFT, learned from this machine.
 
-Every chat reply (``Engine``) and every speed-lab row (``bench/runner.py``) records the speed model's
+Every chat reply (``Engine``) and every speed-lab row (``bench/lab.py``) records the speed model's
 uncorrected prediction beside what was measured. The ratio measured ÷ predicted of the last records of a
 configuration's class (strategy × precision) on this device becomes that class's factor — the median, so one
 reply slowed by another program cannot swing it, and bounded, since a ratio far outside the bounds means a

@@ -1,7 +1,7 @@
-"""The speed lab's runner: one model, several decoding configurations, measured fairly.
+"""The speed lab: one model, several decoding configurations, measured fairly.
 
 Qt-free; the GUI panel and ``redline bench`` both call ``run_bench``. Every
-generation goes through ``inference.decoding.generate.generate`` — the function chat uses —
+generation goes through ``inference.generation.run`` — the lifecycle chat uses —
 so what the lab measures is what the chat runs.
 
 Fairness (the textbook protocol): the same prompts, lengths, seed and greedy decoding for
