@@ -1,4 +1,4 @@
-"""Redline's engine, free of Qt: model sources, loading, decoding, memory, hardware, the speed lab's runner.
+"""Redline's engine, free of Qt: model sources, loading, decoding, memory, hardware, the speed lab.
 
 This module is the engine's public surface: the window (``redline.ui``) and the application
 (``redline.app``) import from here and nowhere deeper (import-linter checks it). Importing it does not
@@ -11,7 +11,7 @@ Subpackages, each a part of the engine:
 - ``decoding``: the one decode path, the fast decode step, prompts, streaming text, draft pairing;
 - ``memory``: measured memory, how the process holds it, and the estimator's predictions;
 - ``hardware``: GPUs, RAM, CPU, memory bandwidth, common consumer GPUs;
-- ``bench``: the speed lab's configurations, prompt sets, runner, batch sweep and exports;
+- ``bench``: the speed lab's configurations, prompt sets, the lab's run loop, batch sweep and exports;
 - ``service``: the engine as a service (one scheduler thread owns the model; requests and their events);
 - ``server``: the OpenAI-compatible HTTP server over the service, and structured output;
 - ``remote``: models behind other OpenAI-compatible servers, used like local ones.
@@ -117,7 +117,7 @@ from redline.inference.paths import models_dir
 from redline.inference.remote.client import RemoteError, display_url, is_server_url, parse_server_spec
 from redline.inference.remote.client import list_models as list_server_models
 from redline.inference.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, ServerConfigError, is_loopback
-from redline.inference.server.runner import ApiServer
+from redline.inference.server.lifetime import ApiServer
 from redline.inference.service.requests import RequestHandle
 from redline.inference.service.scheduler import EngineService
 from redline.inference.sources.describe import describe as describe_model
