@@ -173,6 +173,14 @@ def test_starter_an_agent_framework_finishes_a_two_step_tool_task(starter):
         tool_use_behavior="run_llm_again",
         reset_tool_choice=True,
     )
-    result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
+    # On a thread with an event loop of its own: in one pytest process an earlier test (Qt's, qasync's) may
+    # leave the main thread's loop running, where Runner.run_sync refuses to start.
+    import asyncio
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        result = pool.submit(
+            asyncio.run, agents.Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+        ).result(timeout=900)
     assert len(seen) >= 1 and all(isinstance(c, str) for c in seen)
     assert isinstance(result.final_output, str) and result.final_output.strip()
