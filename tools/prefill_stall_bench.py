@@ -52,7 +52,7 @@ def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int
     b.add(stream_sink, stream, time.perf_counter())
     while len(stream_times) < warm_tokens:
         b.step()
-    normal = statistics.median(b - a for a, b in zip(stream_times[-20:], stream_times[-19:]))
+    normal = statistics.median(t1 - t0 for t0, t1 in zip(stream_times[-20:], stream_times[-19:]))
     arrived = time.perf_counter()
     before = len(stream_times)
     b.add(DirectSink(on_long), long, arrived)
@@ -60,7 +60,7 @@ def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int
         b.step()
     for _ in range(3):
         b.step()
-    gaps = [b_ - a for a, b_ in zip(stream_times[before - 1 :], stream_times[before:])]
+    gaps = [t1 - t0 for t0, t1 in zip(stream_times[before - 1 :], stream_times[before:])]
     b.cancel_all("benchmark over")
     while len(b):
         b.step()

@@ -236,7 +236,7 @@ class Batcher:
         if a.gen.cancel.check():
             return self._decode(batch)
         seq = a.seq
-        chunk = self.pace.next_chunk(True, most=self.dec_rows_left(len(batch)))
+        chunk = self.pace.next_chunk(True, most=_rows_beside(len(batch)))
         end = min(len(seq.prompt), seq.prefilled + chunk)
         ids = torch.tensor(seq.prompt[seq.prefilled : end], dtype=torch.long, device=self.dec.device)
         tokens = torch.cat([b.seq.next_token.view(1) for b in batch])
@@ -250,12 +250,6 @@ class Batcher:
         seq.read_to(end, first)
         if len(seq.prompt) > chunk:
             a.sink.emit(PrefillProgress(seq.prefilled, len(seq.prompt)))
-
-    def dec_rows_left(self, decoding: int) -> int:
-        """The most prompt rows a mixed step can take beside ``decoding`` rows."""
-        from redline.inference.kernels.ops import GEMM_ROWS
-
-        return max(1, GEMM_ROWS - 1 - decoding)
 
     def _decode(self, batch: list[_Active]) -> None:
         import torch
@@ -309,6 +303,13 @@ class Batcher:
         for a in self.active:
             a.gen.result.notes.append(note)
             a.gen.cancel.cancelled = True  # seen at its next step, whoever holds its handle
+
+
+def _rows_beside(decoding: int) -> int:
+    """The most prompt rows a mixed step can take beside ``decoding`` rows (the whole step's row limit)."""
+    from redline.inference.kernels.ops import GEMM_ROWS
+
+    return max(1, GEMM_ROWS - 1 - decoding)
 
 
 def cache_namespace(target, kv_dtype) -> bytes:
