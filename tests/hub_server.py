@@ -203,8 +203,10 @@ class FakeHub:
         for i in range(0, len(body), 65536):
             chunk = body[i : i + 65536]
             if limit is not None and sent + len(chunk) > limit:
-                h.wfile.write(chunk[: max(0, limit - sent)])
+                # Counted before the write: the client may read the bytes and the test assert on
+                # ``sent`` before this thread runs its next line.
                 self.sent[name] = self.sent.get(name, 0) + max(0, limit - sent)
+                h.wfile.write(chunk[: max(0, limit - sent)])
                 h.wfile.flush()
                 h.close_connection = True
                 try:
@@ -212,9 +214,9 @@ class FakeHub:
                 except OSError:
                     pass
                 return
-            h.wfile.write(chunk)
             sent += len(chunk)
-            self.sent[name] = self.sent.get(name, 0) + len(chunk)
+            self.sent[name] = self.sent.get(name, 0) + len(chunk)  # before the write, as above
+            h.wfile.write(chunk)
             if self.chunk_delay:
                 h.wfile.flush()
                 time.sleep(self.chunk_delay)
