@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from redline.inference.server.tool_calls import FAMILIES, CallStream, conversation, family_of, grammar, parse
+from redline.inference.decoding.tool_calls import FAMILIES, CallStream, conversation, family_of, grammar, parse
 
 DATA = Path(__file__).parent / "data" / "tool_calls"
 NAMES = {"get_weather"}
@@ -382,7 +382,7 @@ def test_logit_bias_steers_the_reply_and_bad_values_are_one_sentence(tiny_server
 def test_a_request_without_tools_or_penalties_carries_no_logits_processor(tiny_server, tiny_server_client):
     """Nothing masks or rescores the logits of a plain request (the engine's step is what it was); with tools,
     the grammar's processor is there, lazy under auto."""
-    from redline.inference.server.tool_calls import ToolGrammar
+    from redline.inference.decoding.tool_calls import ToolGrammar
 
     service = tiny_server.service
     seen = []

@@ -2,7 +2,7 @@
 prompt made ready by ``generation.request.prepare`` with ``strict=True`` (the one prompt builder and the one context
 check, on the server's own copy of the tokenizer, so a request that cannot fit is a 400 before it queues), and the
 grammar its ``response_format`` asks for; with ``tools``, the conversation as the model's template reads it and the
-grammar of its calls (``tool_calls.py``)."""
+grammar of its calls (``inference/decoding/tool_calls.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+from redline.inference.decoding.tool_calls import Family, ToolError, conversation, family_of, tool_grammar
 from redline.inference.errors import ContextExceeded, RedlineError
 from redline.inference.generation.request import GenerationRequest
 from redline.inference.server.config import ServerConfig
@@ -26,7 +27,6 @@ from redline.inference.server.structured import (
     grammar_for,
 )
 from redline.inference.server.tokenizers import ServerTokenizers
-from redline.inference.server.tool_calls import Family, ToolError, conversation, family_of, tool_grammar
 
 
 @dataclass

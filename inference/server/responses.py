@@ -20,10 +20,10 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from redline.inference.decoding.tool_calls import CallStream, argument_pieces, parse
 from redline.inference.events import Failed, FinishedEvent, TokenEvent
 from redline.inference.server.protocol import MEDIA_PARTS, TEXT_ONLY, ChatCompletionRequest
 from redline.inference.server.streaming import Closing, closing_message, failure
-from redline.inference.server.tool_calls import CallStream, argument_pieces, parse
 
 LOOSE = ConfigDict(extra="forbid", strict=True)
 

@@ -9,9 +9,9 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
+from redline.inference.decoding.tool_calls import CallStream, argument_pieces, parse
 from redline.inference.events import Failed, FinishedEvent, GenerationResult, TokenEvent
 from redline.inference.server.protocol import error_body
-from redline.inference.server.tool_calls import CallStream, argument_pieces, parse
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "error"}
 
