@@ -57,6 +57,7 @@ from redline.inference.browse.search import warm_up as warm_up_browser
 from redline.inference.browse.variants import RepoVariants, Variant, repo_variants
 from redline.inference.decoding.draft_check import check_pair
 from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
+from redline.inference.decoding.tool_calls import ToolCall, calls_text, read_calls
 from redline.inference.engine import Engine, LoadReport, LoadRequest
 from redline.inference.errors import (
     Busy,
@@ -307,4 +308,7 @@ __all__ = [
     "list_server_models",
     "parse_server_spec",
     "RemoteError",
+    "ToolCall",
+    "calls_text",
+    "read_calls",
 ]

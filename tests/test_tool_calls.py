@@ -12,7 +12,16 @@ import jsonschema
 import openai
 import pytest
 
-from redline.inference.decoding.tool_calls import FAMILIES, CallStream, conversation, family_of, grammar, parse
+from redline.inference.decoding.tool_calls import (
+    FAMILIES,
+    CallStream,
+    calls_text,
+    conversation,
+    family_of,
+    grammar,
+    parse,
+    read_calls,
+)
 
 DATA = Path(__file__).parent / "data" / "tool_calls"
 NAMES = {"get_weather"}
@@ -80,6 +89,49 @@ def test_text_before_a_hermes_call_is_the_content():
 )
 def test_a_malformed_or_unknown_call_is_text_never_a_call(family, text):
     assert parse(FAMILIES[family], text, NAMES) == (text, [])
+
+
+# -- the window's reading: no tools offered, any family ------------------------------------------------------
+@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral"])
+def test_the_window_reads_every_familys_calls_without_a_list_of_tools(family):
+    text = (DATA / f"{family}.txt").read_text(encoding="utf-8")
+    before, calls = read_calls("Let me check.\n" + text if family != "llama3" else text)
+    assert before == ("Let me check." if family != "llama3" else "")
+    assert calls and {c.name for c in calls} == {"get_weather"}
+    assert json.loads(calls[0].arguments) == {"city": "Paris", "unit": "celsius"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "Alice", "age": 3}',  # JSON with a "name" is not a call: no arguments key
+        '{"name": "Alice", "parameters": {}, "age": 3}',  # nor with keys beside them
+        '{"name": "two words", "parameters": {}}',  # not a function's name
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>',  # not JSON
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}',  # not closed
+        '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>\nIt will rain.',  # prose after it
+        "Use <tool_call> tags to call a tool.",
+    ],
+)
+def test_the_window_keeps_what_is_not_wholly_a_call_as_text(text):
+    assert read_calls(text) == (text, [])
+
+
+def test_a_remote_servers_calls_are_stored_as_hermes_text_that_reads_back():
+    calls = [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+    ]
+    text = calls_text(calls)
+    assert text.startswith('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>')
+    assert parse(FAMILIES["hermes"], text, {"get_weather", "get_time"})[1]  # the server's own parser reads it too
+    before, read = read_calls(text)
+    assert before == "" and [(c.name, json.loads(c.arguments)) for c in read] == [
+        ("get_weather", {"city": "Zürich"}),
+        ("get_time", {}),
+    ]
+    broken = calls_text([{"function": {"name": "get_weather", "arguments": '{"city": "Par'}}])
+    assert read_calls(broken) == (broken, []) and '{\\"city\\": \\"Par' in broken  # kept, shown as text
 
 
 def test_families_are_told_from_the_templates():

@@ -22,6 +22,10 @@ family's call syntax, its name one of the tools (or the named one) and its argum
 ``auto`` the grammar is lazy: nothing is masked until the model opens a call (``<tool_call>``, ``[TOOL_CALLS]``, a
 reply starting with ``{`` for llama3); from there the call must parse, and the reply ends after the calls.
 A reply whose call names an unknown tool or whose arguments do not parse is returned as text, never as a call.
+
+The window reads a chat reply with the same parsers (``read_calls``), without a list of tools: any function-like
+name, every family's syntax; and it stores a remote server's ``tool_calls`` in the reply's text in one canonical
+form, the Hermes blocks (``calls_text``), which ``read_calls`` reads back.
 """
 
 from __future__ import annotations
@@ -96,11 +100,20 @@ def family_of(tokenizer) -> tuple[Family, bool]:
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
-def _one(obj: Any, names: set[str]) -> Optional[ToolCall]:
+# A call's name when no list of tools says which are offered (the window): a function's name, as OpenAI allows.
+_ANY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+_CALL_KEYS = ({"name", "arguments"}, {"name", "parameters"})
+
+
+def _one(obj: Any, names: Optional[set[str]], strict: bool = False) -> Optional[ToolCall]:
+    """One call from a decoded JSON value, or None. ``names`` None: any function-like name. ``strict``: the object
+    is exactly a name and its arguments (a bare JSON reply, with no tag saying it is a call, must be that)."""
     if not isinstance(obj, dict):
         return None
     if "function" in obj and isinstance(obj["function"], dict):  # {"type": "function", "function": {...}}
         obj = obj["function"]
+    if strict and set(obj) not in _CALL_KEYS:
+        return None
     name = obj.get("name")
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
@@ -108,7 +121,10 @@ def _one(obj: Any, names: set[str]) -> Optional[ToolCall]:
             args = json.loads(args)
         except ValueError:
             return None
-    if not isinstance(name, str) or name not in names or not isinstance(args, dict):
+    if not isinstance(name, str) or not isinstance(args, dict):
+        return None
+    offered = name in names if names is not None else bool(_ANY_NAME.fullmatch(name))
+    if not offered:
         return None
     return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
@@ -129,9 +145,11 @@ def _json_values(text: str) -> Optional[list]:
         values.append(value)
 
 
-def parse(family: Family, text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+def parse(family: Family, text: str, names: Optional[set[str]]) -> tuple[str, list[ToolCall]]:
     """(the reply's text before its calls, its calls) — or (the whole text, []) when the reply holds no call, or a
-    call that does not parse or names a tool not offered: such a reply is text, never a broken call."""
+    call that does not parse or names a tool not offered: such a reply is text, never a broken call. ``names``
+    None: no tools were offered to check against (the window); a llama3 reply must then be exactly
+    ``{"name": …, "parameters": {…}}`` objects, so a reply that is JSON with a "name" is not taken for a call."""
     whole = (text, [])
     if family.name == "hermes":
         start = text.find("<tool_call>")
@@ -158,11 +176,38 @@ def parse(family: Family, text: str, names: set[str]) -> tuple[str, list[ToolCal
     values = _json_values(body)
     if not values:
         return whole
-    calls = [_one(v, names) for v in values]
+    calls = [_one(v, names, strict=names is None) for v in values]
     return ("", calls) if all(calls) else whole
 
 
-def _mistral(body: str, names: set[str]) -> list[ToolCall]:
+def read_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """A chat reply read as tool calls in any family's syntax (Hermes, Mistral, then llama3's bare JSON), with no
+    list of tools to check the names against: (the text before the calls, the calls), or (``text``, []) when it
+    is not wholly calls after its text — a malformed call, or one in the middle of prose, stays text."""
+    for family in (FAMILIES["hermes"], FAMILIES["mistral"], FAMILIES["llama3"]):
+        before, calls = parse(family, text, None)
+        if calls:
+            return before, calls
+    return text, []
+
+
+def calls_text(calls: list[dict]) -> str:
+    """OpenAI-shaped calls (a remote server's ``tool_calls``) in the canonical form a stored reply keeps them in:
+    one Hermes ``<tool_call>`` block each, which ``read_calls`` reads back. Arguments that are not a JSON object
+    are kept as the string they came as, so the stored reply reads back as the text it was, never a half call."""
+    blocks = []
+    for call in calls:
+        fn = call.get("function") or {}
+        raw = fn.get("arguments")
+        args: Any = raw if isinstance(raw, dict) else _loads(raw or "{}") if isinstance(raw, str) else None
+        if not isinstance(args, dict):
+            args = raw
+        body = json.dumps({"name": fn.get("name", ""), "arguments": args}, ensure_ascii=False)
+        blocks.append(f"<tool_call>\n{body}\n</tool_call>")
+    return "\n".join(blocks)
+
+
+def _mistral(body: str, names: Optional[set[str]]) -> list[ToolCall]:
     values = _json_values(body)
     if values and len(values) == 1 and isinstance(values[0], list):
         calls = [_one(v, names) for v in values[0]]
