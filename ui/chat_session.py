@@ -33,6 +33,7 @@ from redline.inference import (
     Started,
     StatsEvent,
     TokenEvent,
+    calls_text,
 )
 from redline.ui.bridge import TaskFailed, user_message
 from redline.ui.markdown import append_reply
@@ -349,6 +350,12 @@ class ChatSession(QObject):
         reply.finished = True
         if result is not None:
             reply.text = result.text or reply.text
+            if getattr(result, "tool_calls", None):
+                # A server's calls come apart from its text: they are kept in the reply's text, after it, as Hermes
+                # <tool_call> blocks (calls_text, the form the window reads back), so the store needs no column of
+                # its own, reopening the conversation shows them again, and the next turn's prompt shows the model
+                # its own call as text (the window offers no tools, so no tool result could follow it).
+                reply.text = "\n".join(t for t in (reply.text.rstrip(), calls_text(result.tool_calls)) if t)
             stats = stats_from_result(result, reply.model, reply.draft_spans)
             partial = result.finish_reason in ("cancelled", "error")
             if result.finish_reason == "error":

@@ -10,10 +10,15 @@ widgets: it opens with its last ``PAGE`` messages; scrolling near the top (or th
 and drops the newest beyond the window, and scrolling back down does the
 reverse, keeping what is on screen in place. Opening a 500-message conversation
 costs one page, and scrolling through it never lays out more than the window.
+
+An assistant reply that is tool calls (``read_calls``: the server's own parsers, every family's syntax) shows its
+text before the calls as Markdown and each call as a block: "Tool call: NAME" with a toggle, its arguments as
+pretty-printed JSON beneath. A call that does not parse stays the text it was.
 """
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
@@ -33,6 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from redline.inference import ToolCall, read_calls
 from redline.ui.signals import emit
 
 from .markdown import SafeDocument, append_reply, code_blocks, hard_line_breaks, render
@@ -97,6 +103,23 @@ def confirm_open_link(parent, address: str) -> bool:
 
 
 SHOWN_CHARS = 50_000  # longest message text typeset in the view
+COPY_TIP = "Copy this message as Markdown"
+# A call's arguments are shown open: they are what the model asked for, usually a line or two, and a reply that is
+# a call says nothing else. Longer than this (a file's contents, a long query), they start folded, so that one call
+# does not push the conversation off the screen; the header's toggle opens them.
+FOLDED_LINES = 12
+
+
+def pretty_arguments(call: ToolCall) -> str:
+    """A call's arguments as indented JSON (they parsed as a JSON object, or it would not be a call)."""
+    return json.dumps(json.loads(call.arguments), indent=2, ensure_ascii=False)
+
+
+def calls_json(calls: Sequence[ToolCall]) -> str:
+    """What Copy puts on the clipboard for a reply's calls: one call's ``{"name", "arguments"}`` object, or a list
+    of them, as indented JSON."""
+    objs = [{"name": c.name, "arguments": json.loads(c.arguments)} for c in calls]
+    return json.dumps(objs[0] if len(objs) == 1 else objs, indent=2, ensure_ascii=False)
 
 
 class MessageBrowser(QTextBrowser):
@@ -139,6 +162,46 @@ class MessageBrowser(QTextBrowser):
         return QSize(400, int(self.document().size().height()) + 4)
 
 
+class ToolCallBlock(QFrame):
+    """One tool call in a reply: a header "Tool call: NAME" that folds and unfolds its arguments beneath."""
+
+    def __init__(self, call: ToolCall, parent=None):
+        super().__init__(parent)
+        self.call = call
+        self.setObjectName("toolCall")
+        self.setFrameShape(QFrame.StyledPanel)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 2, 6, 4)
+        layout.setSpacing(0)
+        self.toggle = QToolButton(self)
+        self.toggle.setObjectName("toolCallHeader")
+        self.toggle.setText(f"Tool call: {call.name}")
+        self.toggle.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        self.toggle.setAutoRaise(True)
+        self.toggle.setCheckable(True)
+        self.toggle.toggled.connect(self._show_arguments)
+        layout.addWidget(self.toggle)
+        self.arguments = MessageBrowser(self)
+        self.arguments.setObjectName("toolCallArguments")
+        self.arguments_text = pretty_arguments(call)
+        render(self.arguments.document(), "```json\n" + self.arguments_text + "\n```")
+        layout.addWidget(self.arguments)
+        expanded = self.arguments_text.count("\n") + 1 <= FOLDED_LINES
+        self.toggle.setChecked(expanded)
+        self._show_arguments(expanded)
+
+    @property
+    def expanded(self) -> bool:
+        return self.toggle.isChecked()
+
+    def _show_arguments(self, shown: bool) -> None:
+        self.toggle.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
+        self.toggle.setToolTip(("Hide" if shown else "Show") + " this call's arguments")
+        self.arguments.setVisible(shown)
+        if shown:
+            self.arguments._fit()
+
+
 class MessageWidget(QFrame):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
@@ -178,7 +241,7 @@ class MessageWidget(QFrame):
         self.badge.setObjectName("partialBadge")
         header.addWidget(self.badge)
         header.addStretch(1)
-        self.copy_button = self._tool("Copy", "Copy this message as Markdown", self.copy_text)
+        self.copy_button = self._tool("Copy", COPY_TIP, self.copy_text)
         header.addWidget(self.copy_button)
         self.copy_code_button = self._tool("Copy code", "Copy a code block from this message", self.copy_code)
         header.addWidget(self.copy_code_button)
@@ -196,6 +259,11 @@ class MessageWidget(QFrame):
         layout.addLayout(header)
         self.browser = MessageBrowser(self)
         layout.addWidget(self.browser)
+        self.calls: list[ToolCall] = []  # the reply's tool calls, shown as blocks under its text
+        self.call_blocks: list[ToolCallBlock] = []
+        self._calls_box = QVBoxLayout()
+        self._calls_box.setSpacing(4)
+        layout.addLayout(self._calls_box)
         self.stats_label = QLabel()
         self.stats_label.setObjectName("statsLabel")
         self.stats_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
@@ -241,16 +309,19 @@ class MessageWidget(QFrame):
         self._dirty = False
         self.render_count += 1
         notes = reply_notes(self.stats) if self.role == "assistant" else []
-        shown = self.text if self.text or not self.streaming else "…"
+        before, calls = read_calls(self.text) if self.role == "assistant" else (self.text, [])
+        self._show_calls(calls)
+        shown = before if before or calls or not self.streaming else "…"
         if not self.text and not self.streaming and notes:  # a reply that never got a word: the line saying why
             shown = "*" + " ".join(n.replace("*", "\\*") for n in notes) + "*"
             notes = []
         if len(shown) > SHOWN_CHARS:  # typesetting megabytes would freeze the window; the store keeps it all
             shown = (
-                shown[:SHOWN_CHARS] + f"\n\n*… {len(self.text) - SHOWN_CHARS:,} more characters not shown "
+                shown[:SHOWN_CHARS] + f"\n\n*… {len(shown) - SHOWN_CHARS:,} more characters not shown "
                 "(the whole message is saved and exported).*"
             )
         render(self.browser.document(), hard_line_breaks(shown) if self.role == "user" else shown, self.draft_spans)
+        self.browser.setVisible(bool(shown))  # a reply that is only calls: the blocks alone, no empty paragraph
         self.browser._fit()
         line = format_stats(self.stats)
         if notes:
@@ -266,8 +337,28 @@ class MessageWidget(QFrame):
         self.copy_code_button.setVisible(bool(code_blocks(self.browser.document())))
         self.action_button.setEnabled(not self.streaming and self.message_id is not None)
 
+    def _show_calls(self, calls: list[ToolCall]) -> None:
+        """Build the calls' blocks when the calls changed (a streamed reply re-renders often: a block the user
+        folded stays folded while the rest of the reply comes)."""
+        if [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in self.calls]:
+            return
+        for block in self.call_blocks:
+            block.setParent(None)
+            block.deleteLater()
+        self.calls = calls
+        self.call_blocks = [ToolCallBlock(c, self) for c in calls]
+        for block in self.call_blocks:
+            self._calls_box.addWidget(block)
+        tip = "Copy this message: its text as Markdown, its tool calls as JSON" if calls else COPY_TIP
+        self.copy_button.setToolTip(tip)
+
     # -- actions --------------------------------------------------------------------
     def copy_text(self) -> None:
+        """The message as Markdown; a reply's tool calls as JSON (after its text, if it has any)."""
+        if self.calls:
+            before = read_calls(self.text)[0]
+            QGuiApplication.clipboard().setText((before + "\n\n" if before else "") + calls_json(self.calls))
+            return
         QGuiApplication.clipboard().setText(self.text)
 
     def copy_code(self) -> None:
