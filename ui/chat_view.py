@@ -321,7 +321,7 @@ class MessageWidget(QFrame):
                 "(the whole message is saved and exported).*"
             )
         render(self.browser.document(), hard_line_breaks(shown) if self.role == "user" else shown, self.draft_spans)
-        self.browser.setVisible(bool(shown))  # a reply that is only calls: the blocks alone, no empty paragraph
+        self.browser.setVisible(bool(shown) or not calls)  # a reply that is only calls: the blocks, no empty line
         self.browser._fit()
         line = format_stats(self.stats)
         if notes:
@@ -349,6 +349,7 @@ class MessageWidget(QFrame):
         self.call_blocks = [ToolCallBlock(c, self) for c in calls]
         for block in self.call_blocks:
             self._calls_box.addWidget(block)
+            block.show()  # a child added to a shown widget is not shown by itself
         tip = "Copy this message: its text as Markdown, its tool calls as JSON" if calls else COPY_TIP
         self.copy_button.setToolTip(tip)
 
