@@ -67,13 +67,20 @@ def scripted_window(qtbot, *replies: str):
     return window
 
 
-def reopened(window):
+def last_reply(qtbot, window):
+    """The newest message's widget, once on screen (the view shows a new message widget in the next turn)."""
+    widget = window.chat_view.widgets[-1]
+    qtbot.waitUntil(widget.isVisible, timeout=5_000)
+    return widget
+
+
+def reopened(qtbot, window):
     """The conversation closed (a new chat) and opened again: every widget rebuilt from the store."""
     cid = window.conversation_id
     window.new_chat()
     assert not window.chat_view.widgets
     window.open_conversation(cid)
-    return window.chat_view.widgets[-1]
+    return last_reply(qtbot, window)
 
 
 def shows_the_weather_call(widget) -> None:
@@ -89,7 +96,7 @@ def test_a_local_reply_that_is_a_call_shows_as_a_call_folds_copies_as_json_and_r
     w = scripted_window(qtbot, "Let me check the weather.\n" + CALL)
     try:
         send(qtbot, w, "Weather in Paris?")
-        widget = w.chat_view.widgets[-1]
+        widget = last_reply(qtbot, w)
         shows_the_weather_call(widget)
         assert widget.browser.toPlainText() == "Let me check the weather." and widget.browser.isVisible()
         block = widget.call_blocks[0]
@@ -104,7 +111,7 @@ def test_a_local_reply_that_is_a_call_shows_as_a_call_folds_copies_as_json_and_r
         assert json.loads(copied) == {"name": "get_weather", "arguments": WEATHER}
         [_, stored] = w.store.messages(w.conversation_id)
         assert stored.content == "Let me check the weather.\n" + CALL  # the model's own text, kept as it came
-        shows_the_weather_call(reopened(w))
+        shows_the_weather_call(reopened(qtbot, w))
     finally:
         w.shutdown()
 
@@ -116,13 +123,13 @@ def test_a_malformed_call_stays_text_and_long_arguments_start_folded(qtbot):
     w = scripted_window(qtbot, broken, long_call)
     try:
         send(qtbot, w, "Weather?")
-        widget = w.chat_view.widgets[-1]
+        widget = last_reply(qtbot, w)
         assert widget.call_blocks == [] and widget.browser.isVisible()
         assert "<tool_call>" in widget.browser.toPlainText() and '"city": }' in widget.browser.toPlainText()
         qtbot.mouseClick(widget.copy_button, Qt.LeftButton)
         assert QGuiApplication.clipboard().text() == broken  # the text as it came, as for any reply
         send(qtbot, w, "Save the form.")
-        [block] = w.chat_view.widgets[-1].call_blocks
+        [block] = last_reply(qtbot, w).call_blocks
         assert block.toggle.text() == "Tool call: save_form"
         assert not block.expanded and not block.arguments.isVisible()  # 22 lines: folded until asked for
         assert not w.chat_view.widgets[-1].browser.isVisible()  # a reply that is only a call: no empty text
@@ -192,14 +199,14 @@ def test_a_remote_reply_with_tool_calls_shows_as_a_call_is_stored_and_reopens(qt
     try:
         result = send(qtbot, w, "Weather in Paris?")
         assert result.text == "" and result.tool_calls[0]["function"]["name"] == "get_weather"
-        widget = w.chat_view.widgets[-1]
+        widget = last_reply(qtbot, w)
         shows_the_weather_call(widget)
         assert not widget.browser.isVisible()  # no text came, only the call
         qtbot.mouseClick(widget.copy_button, Qt.LeftButton)
         assert json.loads(QGuiApplication.clipboard().text()) == {"name": "get_weather", "arguments": WEATHER}
         [_, stored] = w.store.messages(w.conversation_id)
         assert stored.content == CALL  # the canonical form: a Hermes block
-        shows_the_weather_call(reopened(w))
+        shows_the_weather_call(reopened(qtbot, w))
         send(qtbot, w, "And tomorrow?")  # the next turn shows the server the call, as text
         assert bodies[-1]["messages"][-2] == {"role": "assistant", "content": CALL}
     finally:
