@@ -10,6 +10,7 @@ Run: .venv/bin/python tools/tool_call_screenshot.py
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import sys
@@ -45,6 +46,7 @@ def stand_in_app():
         if turn == 0:
             for i in range(0, len(FIRST), 12):
                 yield event({"content": FIRST[i : i + 12]})
+                await asyncio.sleep(0.03)  # a model's pace, so the figures under the reply look like one
             yield event({}, "stop")
         else:
             args = json.dumps(SECOND_ARGS)
@@ -52,6 +54,7 @@ def stand_in_app():
             yield event({"tool_calls": [{**first, "function": {"name": "create_event", "arguments": ""}}]})
             for i in range(0, len(args), 24):
                 yield event({"tool_calls": [{"index": 0, "function": {"arguments": args[i : i + 24]}}]})
+                await asyncio.sleep(0.03)
             yield event({}, "tool_calls")
         yield "data: [DONE]\n\n"
 

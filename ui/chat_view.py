@@ -107,7 +107,7 @@ COPY_TIP = "Copy this message as Markdown"
 # A call's arguments are shown open: they are what the model asked for, usually a line or two, and a reply that is
 # a call says nothing else. Longer than this (a file's contents, a long query), they start folded, so that one call
 # does not push the conversation off the screen; the header's toggle opens them.
-FOLDED_LINES = 12
+FOLDED_LINES = 20
 
 
 def pretty_arguments(call: ToolCall) -> str:
@@ -179,6 +179,8 @@ class ToolCallBlock(QFrame):
         self.toggle.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
         self.toggle.setAutoRaise(True)
         self.toggle.setCheckable(True)
+        # Open or folded, the header reads as a heading with an arrow, not as a button held down.
+        self.toggle.setStyleSheet("QToolButton { border: none; background: transparent; font-weight: bold; }")
         self.toggle.toggled.connect(self._show_arguments)
         layout.addWidget(self.toggle)
         self.arguments = MessageBrowser(self)
