@@ -234,6 +234,11 @@ class Engine:
             target.release()
             free_memory(self.device)
 
+    def persist_prefix_cache(self) -> int:
+        """Write the loaded model's prefix-cache pages to disk (Redline quits with the model loaded)."""
+        persist = getattr(self.target, "persist_prefix_cache", None)
+        return persist() if persist is not None else 0
+
     # -- predicted vs measured memory ----------------------------------------
     def _predict(self, loaded: LoadedModel) -> None:
         try:

@@ -25,3 +25,10 @@ def models_dir(create: bool = True) -> Path:
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def kv_pages_dir() -> Path:
+    """Prefix-cache pages kept across restarts (``decoding/disk_pages.py``; safe to delete: pages are recomputed).
+    ``REDLINE_KV_PAGES_DIR`` moves them (the tests' own folder, never the user's)."""
+    override = os.environ.get("REDLINE_KV_PAGES_DIR")
+    return Path(override) if override else cache_dir(create=False) / "kv-pages"

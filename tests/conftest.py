@@ -19,6 +19,8 @@ os.environ["XDG_CONFIG_HOME"] = os.path.join(_PRIVATE_HOME, "config")
 os.environ["XDG_DATA_HOME"] = os.path.join(_PRIVATE_HOME, "data")
 # Measured loads feed a per-machine estimator correction; tests must not write the user's one.
 os.environ["REDLINE_DATA_DIR"] = os.path.join(_PRIVATE_HOME, "redline-data")
+# Prefix-cache pages written to disk (inference/decoding/disk_pages.py) go to the tests' folder too.
+os.environ["REDLINE_KV_PAGES_DIR"] = os.path.join(_PRIVATE_HOME, "kv-pages")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"

@@ -29,13 +29,12 @@ another model never match.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from typing import Optional, Sequence
 
 import torch
 
+from redline.inference.decoding.disk_pages import DiskPages, page_key
 from redline.inference.memory.policy import weights_in_own_mappings
 
 PAGE_TOKENS = 64
@@ -44,12 +43,10 @@ MIN_SLOT_REUSE = 16  # one page per sequence: a shorter common prefix is not wor
 
 def chain_keys(namespace: bytes, tokens: Sequence[int], page: int, pages: int) -> list[bytes]:
     """The content keys of the first ``pages`` full pages of ``tokens``: each the hash of the page's token ids
-    chained with the previous key (the first with ``namespace``)."""
+    chained with the previous key (the first with ``namespace``); ``disk_pages.page_key`` is one link."""
     keys, prev = [], namespace
     for i in range(pages):
-        h = hashlib.blake2b(prev, digest_size=16)
-        h.update(array("q", tokens[i * page : (i + 1) * page]).tobytes())
-        prev = h.digest()
+        prev = page_key(prev, tokens[i * page : (i + 1) * page])
         keys.append(prev)
     return keys
 
@@ -76,6 +73,12 @@ class PagedKV:
         self.idle: OrderedDict[int, None] = OrderedDict()  # registered pages no sequence uses: oldest first
         self.slot_tokens: dict[int, list[int]] = {}  # one page per sequence: an idle slot's tokens
         self.hits = self.misses = 0  # pages (small pages) or tokens (slots) reused / computed
+        # Pages on disk (disk_pages.py; small pages only): written on eviction and by ``persist``, read when the
+        # walk of a prompt's pages goes past those in memory. A registered page's previous key and token ids
+        # (what its file's header holds, and what a load checks).
+        self.disk: Optional[DiskPages] = None
+        self.disk_hits = 0  # pages read from disk instead of computed
+        self.origin: dict[int, tuple[bytes, tuple[int, ...]]] = {}
 
     # -- memory --------------------------------------------------------------------------------------
     def _allocate(self, pages: int) -> None:
@@ -144,19 +147,60 @@ class PagedKV:
         if not self.paged:
             return self._attach_slot(seq, tokens)
         usable = (len(tokens) - 1) // self.page
+        keys = chain_keys(self.namespace, tokens, self.page, usable)
         taken = []
-        for key in chain_keys(self.namespace, tokens, self.page, usable):
+        for i, key in enumerate(keys):
             page = self.page_of.get(key)
+            if page is not None:
+                self.idle.pop(page, None)
+                self.refs[page] = self.refs.get(page, 0) + 1
+                self.hits += 1
+            elif self.disk is not None:  # the walk goes on with the pages on disk
+                page = self._from_disk(keys, i, tokens)
             if page is None:
                 break
             taken.append(page)
-        for page in taken:
-            self.idle.pop(page, None)
-            self.refs[page] = self.refs.get(page, 0) + 1
         self.tables[seq] = taken
-        self.hits += len(taken)
         self.misses += -(-len(tokens) // self.page) - len(taken)
         return len(taken) * self.page
+
+    def _from_disk(self, keys: list[bytes], i: int, tokens: Sequence[int]) -> Optional[int]:
+        """Page ``i`` of ``tokens`` read from disk into a fresh page, registered and taken (None: not there, or its
+        file was refused, and the rest of the prompt is computed)."""
+        key, prev = keys[i], keys[i - 1] if i else self.namespace
+        if not self.disk.has(key):
+            return None
+        page_tokens = tuple(tokens[i * self.page : (i + 1) * self.page])
+        shape = (self.layers, self.kv_heads, self.page, self.head_dim)
+        loaded = self.disk.load(key, prev, page_tokens, self.dtype, shape)
+        if loaded is None:
+            return None
+        page = self._take(1)[0]
+        self.k[:, page].copy_(loaded[0])
+        self.v[:, page].copy_(loaded[1])
+        self.key_of[page], self.page_of[key] = key, page
+        self.origin[page] = (prev, page_tokens)
+        self.refs[page] = 1
+        self.disk_hits += 1
+        return page
+
+    def persist(self) -> int:
+        """Write every registered page not on disk yet (the model is being unloaded, Redline is quitting) and wait
+        for the writes; how many pages were handed over."""
+        if self.disk is None or not self.paged:
+            return 0
+        n = 0
+        for page in list(self.idle) + [p for p in self.key_of if p not in self.idle]:
+            n += self._save(page)
+        self.disk.flush()
+        return n
+
+    def _save(self, page: int) -> int:
+        key, origin = self.key_of.get(page), self.origin.get(page)
+        if self.disk is None or key is None or origin is None:
+            return 0
+        self.disk.save(key, origin[0], origin[1], self.k[:, page], self.v[:, page])
+        return 1
 
     def _attach_slot(self, seq: int, tokens: Sequence[int]) -> int:
         best, best_len = None, 0
@@ -218,6 +262,7 @@ class PagedKV:
     def _evict_oldest(self) -> None:
         if self.paged:
             page, _ = self.idle.popitem(last=False)
+            self._save(page)  # to disk (when there is a store) before its memory is reused
             self._unregister(page)
         else:
             page = next(iter(self.slot_tokens))
@@ -225,6 +270,7 @@ class PagedKV:
         self.free.append(page)
 
     def _unregister(self, page: int) -> None:
+        self.origin.pop(page, None)
         key = self.key_of.pop(page, None)
         if key is not None and self.page_of.get(key) == page:
             del self.page_of[key]
@@ -268,6 +314,10 @@ class PagedKV:
                     self.free.append(page)
                     continue
                 self.key_of[page], self.page_of[key] = key, page
+                self.origin[page] = (
+                    keys[i - 1] if i else self.namespace,
+                    tuple(written[i * self.page : (i + 1) * self.page]),
+                )
             if page in self.key_of and self.cache_pages > 0:
                 self.idle[page] = None
                 self.idle.move_to_end(page)

@@ -84,6 +84,7 @@ class Batcher:
         check_result: Optional[Callable[[GenerationResult, object], GenerationResult]] = None,
         prefix_cache_bytes: int = 0,
         prefill_chunk: Optional[int] = None,
+        disk_pages_bytes: int = 0,
     ):
         from redline.inference.decoding.fastpath import get_decoder
 
@@ -97,7 +98,11 @@ class Batcher:
         self.pace = PrefillPace(prefill_chunk)  # prefill_chunk: a fixed chunk size (None: steered)
         self.peak: Optional[PeakMemory] = None  # watches memory while the batch is not empty
         self.kv_budget_tokens = kv_budget_tokens or self._kv_budget()
+        # Computed once, as the batcher starts on the weights loaded: what names this model's pages in memory and
+        # on disk (files changed on disk while the model is loaded must not name pages of the old weights).
+        self.namespace = cache_namespace(target, self.dec.kv.dtype)
         self.set_prefix_cache(prefix_cache_bytes)
+        self.set_disk_pages(disk_pages_bytes)
 
     def set_prefix_cache(self, nbytes: int) -> None:
         """Keep up to ``nbytes`` of computed pages no reply uses, for later prompts that start the same way (0:
@@ -107,7 +112,29 @@ class Batcher:
         pages = nbytes // max(1, kv.page_bytes) if kv.paged else (1 if nbytes > 0 else 0)
         if budget_pages is not None:
             pages = min(pages, budget_pages)
-        kv.set_cache(cache_namespace(self.target, kv.dtype), pages, budget_pages)
+        kv.set_cache(self.namespace, pages, budget_pages)
+
+    def set_disk_pages(self, nbytes: int) -> None:
+        """Keep up to ``nbytes`` of prefix-cache pages on disk across restarts (0: none; ``disk_pages.py``), where
+        reading a page beats computing it (``disk_pages_win``)."""
+        kv = self.dec.kv
+        reason = disk_pages_win(kv.paged, self.target.device)
+        if nbytes <= 0 or reason is not None:
+            if kv.disk is not None:
+                kv.disk.flush()
+            kv.disk = None
+            return
+        from redline.inference.decoding.disk_pages import DiskPages
+        from redline.inference.paths import kv_pages_dir
+
+        if kv.disk is not None and kv.disk.namespace == self.namespace:
+            kv.disk.limit_bytes = int(nbytes)
+            return
+        kv.disk = DiskPages(kv_pages_dir(), self.namespace, int(nbytes))
+
+    def persist(self) -> int:
+        """Write the prefix cache's pages to disk (the model unloads, Redline quits); pages handed over."""
+        return self.dec.kv.persist()
 
     # -- admission: what the KV cache can hold ----------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
@@ -176,6 +203,7 @@ class Batcher:
             gen.generator(self.dec.device),
             request.logits_processor,
             cached,
+            request.logprobs,
         )
         self.active.append(_Active(gen, seq))
         if len(self.active) > 1:
@@ -312,20 +340,72 @@ def _rows_beside(decoding: int) -> int:
     return max(1, GEMM_ROWS - 1 - decoding)
 
 
+def disk_pages_win(paged: bool, device) -> Optional[str]:
+    """None where prefix-cache pages on disk are used, else why not. Measured in docs/performance.md ("Warm
+    across restarts", tools/disk_pages_bench.py): on this CPU reading a page from disk (warm or cold page cache)
+    is far quicker than computing it. On a GPU the KV cache is one page per sequence (no pages to keep), and by
+    estimate a GPU prefill (thousands of tokens a second) beats reading from an NVMe drive (~3 GB/s) for
+    models of many KV bytes per token, so disk pages stay off there."""
+    if str(device).split(":")[0] != "cpu":
+        return "prefix-cache pages are kept on disk only on the CPU (a GPU computes them faster than a disk reads them)"
+    if not paged:
+        return "this KV cache keeps one page per sequence (no prefix-cache pages to keep on disk)"
+    return None
+
+
+CACHE_NAMESPACE_VERSION = 2  # what the namespace covers; a change here makes every earlier page on disk miss
+SAMPLE_BYTES = 64 * 1024  # of each model file's start and end, hashed into the namespace
+
+
 def cache_namespace(target, kv_dtype) -> bytes:
-    """What starts every page key of this model's prefix cache: the model's files (names, sizes, times), its
-    precision and the KV cache's dtype, so a page is only reused by the same model, loaded the same way."""
+    """What starts every page key of this model's prefix cache, in memory and on disk: the model's files (names,
+    sizes, times and a sample of their bytes: the first and last 64 KiB), its precision, the KV cache's dtype,
+    the device type, and the Redline and torch versions that computed the pages, so a page is only reused by the
+    same model, loaded and computed the same way. A re-downloaded file (a new time) misses: safe."""
     import hashlib
+    from pathlib import Path
+
+    import torch
+
+    from redline.inference.decoding.disk_pages import FORMAT_VERSION
 
     h = hashlib.blake2b(digest_size=16)
+    h.update(f"redline-kv:{CACHE_NAMESPACE_VERSION}:{FORMAT_VERSION}:{_redline_version()}:{torch.__version__}".encode())
     folder = getattr(target, "folder", None)
     h.update(str(folder).encode())
     try:
         for f in sorted(folder.iterdir()) if folder is not None else []:
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    h.update(fh.read(SAMPLE_BYTES))
+                    if st.st_size > 2 * SAMPLE_BYTES:
+                        fh.seek(-SAMPLE_BYTES, 2)
+                        h.update(fh.read(SAMPLE_BYTES))
     except OSError:
-        pass
+        h.update(b"<unreadable>")  # still a key of its own; a later load that can read the files misses
     h.update(target.precision.label().encode())
     h.update(str(kv_dtype).encode())
+    h.update(str(getattr(target, "device", "")).split(":")[0].encode())
+    # The code that computes the pages: the fast path's Python and the native kernels' build (its path names the
+    # build's key: sources, flags, compiler), so pages of an older build miss rather than differ by a rounding.
+    from redline.inference.decoding import fastpath
+    from redline.inference.kernels import native
+
+    kernels = native.status()
+    h.update(f"{kernels.get('variant')}:{kernels.get('path')}".encode())
+    try:
+        h.update(Path(fastpath.__file__).read_bytes())
+    except OSError:
+        pass
     return h.digest()
+
+
+def _redline_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("redline")
+    except PackageNotFoundError:
+        return "source"

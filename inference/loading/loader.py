@@ -39,6 +39,9 @@ class BatchLimits:
     # What the prefix cache may keep of pages no reply uses (a conversation's earlier turns, a shared system
     # prompt); 0 turns it off. Within the KV budget either way.
     prefix_cache_bytes: int = 256 * 1000 * 1000
+    # What of those pages may be kept on disk across restarts (written when evicted and when the model unloads or
+    # Redline quits; decoding/disk_pages.py); 0 keeps none. Used only where reading beats computing (the CPU).
+    disk_pages_bytes: int = 1000 * 1000 * 1000
 
 
 @dataclass
@@ -119,8 +122,19 @@ class LoadedModel(Backend):
                 self.limits.kv_budget_tokens,
                 self.on_result,
                 self.limits.prefix_cache_bytes,
+                disk_pages_bytes=self.limits.disk_pages_bytes,
             )
         return self._batcher
+
+    def persist_prefix_cache(self) -> int:
+        """Write the prefix cache's pages to disk (the model unloads, Redline quits): the pages handed over. A
+        disk that fails costs only the pages (a warm restart), never the unload or the quit."""
+        if self._batcher is None:
+            return 0
+        try:
+            return self._batcher.persist()
+        except Exception:
+            return 0
 
     def generate(self, request, sink, submitted: Optional[float] = None):
         from redline.inference.generation.run import run_local
@@ -129,6 +143,7 @@ class LoadedModel(Backend):
 
     def release(self) -> None:
         """Drop every tensor this object holds, so memory is freed even if something still refers to it."""
+        self.persist_prefix_cache()  # before its pages are freed with the batcher
         with returning_freed_memory():
             self._batcher = None
             self.fast_decoder = None

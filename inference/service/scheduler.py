@@ -253,6 +253,13 @@ class EngineService:
                 self._fail_batch(exc)
         for job in leftover:
             self._end_unstarted(job, "Redline is closing.")
+        # Quitting with a model loaded: its conversations stay warm for the next start (pages on disk).
+        persist = getattr(self.engine, "persist_prefix_cache", None)
+        if persist is not None:
+            try:
+                persist()
+            except Exception:  # a disk that fails costs the next start's warm cache, never the quit
+                pass
 
     def _fail_batch(self, exc: BaseException) -> None:
         batcher, self._batcher = self._batcher, None
