@@ -10,12 +10,32 @@ FINISH_REASONS = ("eos", "length", "stop", "cancelled", "error")
 
 
 @dataclass
+class TokenLogprob:
+    """One new token's log-probability (a request that asked for them: ``GenerationRequest.logprobs``): the
+    natural log of its probability under the model's own distribution at that position (log-softmax of the raw
+    logits, before temperature, top-k/top-p, penalties or a grammar: what vLLM and llama.cpp's server return by
+    default), and the ``top`` most likely tokens there as (id, text, logprob), most likely first.
+
+    ``text`` is what the reply's text shows for this token, so the texts of a reply's tokens join to its text (a
+    character split over two tokens shows with the second; an end-of-sequence token shows nothing); an
+    alternative's text is the token's own bytes (its name for a special token; a partial character as ``\\xNN``)."""
+
+    token_id: int
+    text: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)
+
+
+@dataclass
 class TokenEvent:
     index: int  # position among the new tokens, from 0
     token_id: int
     text: str  # text delta; all deltas join to the final text exactly
     time_s: float  # seconds since the generation started
     from_draft: bool = False  # proposed by the draft (or prompt lookup) and accepted
+    # A request that asked for log-probabilities: the tokens whose text this event's delta completes (a delta held
+    # back, as the start of a possible stop string, carries its tokens when it is released); None otherwise.
+    logprobs: Optional[list[TokenLogprob]] = None
 
 
 @dataclass
@@ -69,6 +89,8 @@ class GenerationResult:
     notes: list[str] = field(default_factory=list)
     # A reply that is tool calls (a remote server's, OpenAI's shape: id, type, function {name, arguments}).
     tool_calls: list[dict] = field(default_factory=list)
+    # Per new token, when the request asked for log-probabilities (None otherwise).
+    logprobs: Optional[list[TokenLogprob]] = None
 
     def to_dict(self) -> dict:
         return asdict(self)

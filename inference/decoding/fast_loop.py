@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from redline.inference.decoding.hf import CancelCriteria
+from redline.inference.decoding.logprobs import distribution, pack
 from redline.inference.decoding.options import eos_token_ids
 
 
@@ -55,6 +56,7 @@ class FastSequence:
         generator=None,
         extra_processor=None,
         cached: int = 0,
+        top_logprobs: Optional[int] = None,
     ):
         import torch
 
@@ -72,6 +74,7 @@ class FastSequence:
         self.history = torch.tensor([prompt], dtype=torch.long, device=dec.device)
         self.prefilled = cached  # prompt positions in the cache (from the prefix cache: not read again)
         self.cached = cached
+        self.top_logprobs = top_logprobs  # None: no log-probabilities (nothing computed for them)
         self.steps = 0  # new tokens chosen
         self.next_token = None  # the token the next decode step feeds (a one-element tensor on the device)
         self.done = False
@@ -122,13 +125,20 @@ class FastSequence:
         """Choose the next token from ``logits`` (fp32, [vocab]), stream it, and decide whether to go on."""
         import torch
 
+        # Log-probabilities (asked only): of the model's raw logits, before the mask below and the processors.
+        raw = distribution(logits) if self.top_logprobs is not None else None
         scores = logits[None]
         if self.steps < self.min_new and self.eos_ids is not None:  # as MinNewTokensLengthLogitsProcessor does
             scores[:, self.eos_ids] = -float("inf")  # in place: the logits are this step's own, read once
         if self.procs:
             scores = self.procs(self.history, scores)
         next_id = self.sample(scores)
-        tok = int(next_id)  # the one read of the step's result on the host (it waits for the device)
+        if raw is None:
+            tok = int(next_id)  # the one read of the step's result on the host (it waits for the device)
+        else:  # the id and its scores in one read: still one wait for the device
+            row = pack(raw, next_id, self.top_logprobs).tolist()
+            tok = int(row[0])
+            self.collector.score(row)
         self.collector.put([tok])  # the id as read: a second copy from the device would be a second transfer
         if self.procs:  # only the logits processors (penalties, a grammar) read the history
             self.history = torch.cat([self.history, next_id.view(1, 1)], dim=1)

@@ -193,6 +193,9 @@ def run_generate(
             if cancel.check():
                 return
         kwargs[name] = cache
+    raw = getattr(collector, "raw", None)  # a request's log-probabilities (logprobs.RawLogits): generate()'s own only
+    if raw is not None:
+        raw.clear()
     model.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),

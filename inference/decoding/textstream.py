@@ -28,6 +28,7 @@ class DeltaDecoder:
         self.tokenizer = tokenizer
         self.stop_strings = [s for s in stop_strings if s]
         self.emitted = ""
+        self.shown = ""  # the text the tokens so far show: cut at a stop string, no partial character, none held
         self.stopped_at_string = False
         self._anchor = 0  # the first ``_anchor`` tokens' text is ``_anchor_text``
         self._anchor_text = ""
@@ -67,9 +68,10 @@ class DeltaDecoder:
         """Return the new stable text after ``ids`` (all new tokens so far)."""
         text = self._cut_at_stop(self.text(ids))
         if self.stopped_at_string:
-            stable = text
+            stable = self.shown = text
         else:
             stable = text.rstrip("\ufffd")
+            self.shown = stable  # before the hold below: what each token's log-probability entry shows
             hold = 0
             for s in self.stop_strings:  # hold back a tail that may grow into a stop string
                 for k in range(min(len(s) - 1, len(stable)), 0, -1):

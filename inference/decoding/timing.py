@@ -10,7 +10,7 @@ import time
 from typing import Optional, Sequence
 
 from redline.inference.decoding.textstream import DeltaDecoder
-from redline.inference.events import EventFn, GenerationResult, StatsEvent, TokenEvent
+from redline.inference.events import EventFn, GenerationResult, StatsEvent, TokenEvent, TokenLogprob
 
 STATS_INTERVAL_S = 0.5
 
@@ -36,7 +36,13 @@ class TokenCollector:
     """A transformers streamer (``put``/``end``) that timestamps every token and emits our events."""
 
     def __init__(
-        self, device: str, decoder: DeltaDecoder, on_event: Optional[EventFn], speculative: bool, start: float
+        self,
+        device: str,
+        decoder: DeltaDecoder,
+        on_event: Optional[EventFn],
+        speculative: bool,
+        start: float,
+        top_logprobs: Optional[int] = None,
     ):
         self.device = device
         self.decoder = decoder
@@ -48,6 +54,22 @@ class TokenCollector:
         self.chunks: list[tuple[float, int]] = []  # (time since start, tokens in the chunk)
         self._seen_prompt = False
         self._last_stats = start
+        # Log-probabilities (a request that asked; ``decoding/logprobs.py``): None, and none of this runs, otherwise.
+        self.top_logprobs = top_logprobs
+        self.logprobs: Optional[list[TokenLogprob]] = None
+        if top_logprobs is not None:
+            from redline.inference.decoding.logprobs import Pieces
+
+            self.logprobs = []
+            self.raw = None  # transformers' generate(): a RawLogits hook on the model, set by its runner
+            self._pieces = Pieces(decoder.tokenizer)
+            self._scored: list[list[float]] = []  # the fast path's packed scores, for the tokens it puts next
+            self._waiting: list[tuple[int, TokenLogprob]] = []  # entries whose text is not streamed yet, its end
+            self._shown = 0  # characters of the reply's text given to entries so far
+
+    def score(self, row: list[float]) -> None:
+        """The fast path's scores for the token it puts next (``logprobs.pack``, read on the host)."""
+        self._scored.append(row)
 
     def put(self, value) -> None:
         if not self._seen_prompt:  # generate() first hands the streamer the prompt
@@ -56,6 +78,8 @@ class TokenCollector:
         if isinstance(value, list):  # ids read on the host already (the fast path): that read waited for them
             new = [int(t) for t in value]
         else:  # a tensor (transformers' generate()): wait for the device, so the clock measures its work
+            if self.logprobs is not None:
+                self._score_raw(value)
             sync(self.device)
             new = [int(t) for t in value.reshape(-1).tolist()]
         now = time.perf_counter()
@@ -66,11 +90,53 @@ class TokenCollector:
             self.ids.append(tok)
             self.from_draft.append(flag)
             delta = self.decoder.step(self.ids)
+            shown = self._entry(tok) if self.logprobs is not None else None
             if self.on_event is not None:
-                self.on_event(TokenEvent(len(self.ids) - 1, tok, delta, now - self.start, flag))
+                self.on_event(TokenEvent(len(self.ids) - 1, tok, delta, now - self.start, flag, shown))
         if self.on_event is not None and now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self.on_event(self.stats(now))
+
+    def _score_raw(self, value) -> None:
+        """transformers' generate() put ``value`` (one token): score it against the logits its hook kept."""
+        from redline.inference.decoding.logprobs import pack
+
+        logprobs = self.raw.take() if self.raw is not None else None
+        if logprobs is None or value.numel() != 1:
+            raise RuntimeError("log-probabilities need one forward pass per token; this strategy made several")
+        self._scored.append(pack(logprobs, value.reshape(-1), self.top_logprobs).tolist())
+
+    def _entry(self, tok: int) -> list[TokenLogprob]:
+        """Token ``tok``'s entry (its scores, the text it adds), and the entries whose text is now streamed."""
+        from redline.inference.decoding.logprobs import unpack
+
+        _, logprob, top = unpack(self._scored.pop(0))
+        shown = self.decoder.shown
+        text = shown[self._shown :]
+        self._shown = max(self._shown, len(shown))
+        entry = TokenLogprob(tok, text, logprob, [(i, self._pieces.text(i), v) for i, v in top])
+        self.logprobs.append(entry)
+        self._waiting.append((self._shown, entry))
+        streamed = len(self.decoder.emitted)
+        ready = [e for end, e in self._waiting if end <= streamed]
+        if ready:
+            self._waiting = self._waiting[len(ready) :]  # in order: the text is streamed from its start
+        return ready
+
+    def settle(self, final: str) -> None:
+        """The reply's final text (decoded whole): what it shows beyond the entries' text (a partial character at
+        its very end, held while more bytes could come) goes to the last token, so the entries join to it."""
+        if self.logprobs and len(final) > self._shown:
+            self.logprobs[-1].text += final[self._shown :]
+            self._shown = len(final)
+
+    def unstreamed(self) -> Optional[list[TokenLogprob]]:
+        """The entries not given to an event yet (the reply's last delta carries them); None when not asked."""
+        if self.logprobs is None:
+            return None
+        rest = [e for _, e in self._waiting]
+        self._waiting = []
+        return rest
 
     def stats(self, now: float) -> StatsEvent:
         window = [n for t, n in self.chunks if (now - self.start) - t <= 1.0]

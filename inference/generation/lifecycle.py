@@ -112,7 +112,9 @@ class Generation:
         self.decoder = DeltaDecoder(target.tokenizer, request.sampling.stop)
         self.cancel = hf.CancelCriteria(lambda: sink.cancelled)
         self.submitted = submitted if submitted is not None else time.perf_counter()
-        self.collector = TokenCollector(target.device, self.decoder, sink.emit, speculative, self.submitted)
+        self.collector = TokenCollector(
+            target.device, self.decoder, sink.emit, speculative, self.submitted, request.logprobs
+        )
         self.failed = False
         self.began: Optional[float] = None
 
@@ -172,12 +174,15 @@ class Generation:
         if self.decoder.stopped_at_string and r.finish_reason in ("length", "eos"):
             r.finish_reason = "stop"
         total_s = time.perf_counter() - self.submitted
-        if last_delta:
-            self.sink.emit(TokenEvent(len(new_ids), -1, last_delta, total_s, False))
+        self.collector.settle(text)
+        rest = self.collector.unstreamed()
+        if last_delta or rest:
+            self.sink.emit(TokenEvent(len(new_ids), -1, last_delta, total_s, False, rest))
         r.text = text
         r.token_ids = new_ids
         r.new_tokens = len(new_ids)
         r.from_draft = self.collector.from_draft
+        r.logprobs = self.collector.logprobs
         r.total_s = total_s
         fill_timing(r, self.collector.chunks)
         if peak is not None and not self.failed:

@@ -48,6 +48,9 @@ class GenerationRequest:
     # Made ready already (the HTTP server prepares with its own copy of the tokenizer, to answer 400 before
     # queueing): the engine runs it as it is instead of preparing it again.
     prepared: Optional[Prepared] = None
+    # Log-probabilities of the new tokens, with this many most likely alternatives per token (0 to 20); None: not
+    # computed at all (no log-softmax, no extra transfer from the device).
+    logprobs: Optional[int] = None
 
     def __post_init__(self):
         if (self.messages is None) == (self.input_ids is None):

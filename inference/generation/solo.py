@@ -31,10 +31,23 @@ def run_solo(
     speculative = options.strategy in SPECULATIVE
     gen = Generation(target, request, prepared, sink, submitted, speculative)
     gen.result.notes.extend(notes)
+    if request.logprobs is not None and speculative:
+        from redline.inference.errors import UnsupportedConfiguration
+
+        # A draft's tokens are verified several in one forward pass; the scores are kept per forward (RawLogits).
+        raise UnsupportedConfiguration(
+            f"Log-probabilities are not available with the {options.strategy} strategy.",
+            "Use the fast, kv, static or naive strategy.",
+        )
     gen_kwargs, restore = {}, []
     stats = hf.DraftStats()
     if options.strategy == "speculative":
         restore.append(hf.use_draft(target, draft, options, gen_kwargs, gen.result.notes))
+    if request.logprobs is not None:
+        from redline.inference.decoding.logprobs import RawLogits
+
+        gen.collector.raw = RawLogits(target.model)
+        restore.append(gen.collector.raw.remove)
     gen.announce()
     if speculative:
         restore.append(hf.count_draft_tokens(target.model, stats))

@@ -180,7 +180,11 @@ class Preparation:
                 text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
                 prompt["input_ids"] = await asyncio.to_thread(self.tokenizers.encode, target, text)
             request = GenerationRequest(
-                **prompt, sampling=sampling, options=DecodeOptions(self.config.strategy), client="api"
+                **prompt,
+                sampling=sampling,
+                options=DecodeOptions(self.config.strategy),
+                client="api",
+                logprobs=self._logprobs(body),
             )
             request.prepared = await asyncio.to_thread(self.tokenizers.prepare, target, request, wanted is not None)
         except ContextExceeded as exc:
@@ -218,6 +222,21 @@ class Preparation:
         if penalties is not None:
             request.logits_processor = Chain(penalties, request.logits_processor)
         return target, request, tools
+
+    def _logprobs(self, body) -> Optional[int]:
+        """The alternatives per token the request's log-probabilities come with (None: none asked), or a 400 where
+        this server's strategy cannot score its tokens."""
+        top = body.wanted_logprobs()
+        strategy = self.config.strategy
+        if top is not None and strategy in ("speculative", "prompt-lookup"):
+            raise ApiError(
+                400,
+                f"logprobs are not available with the {strategy} strategy this server runs (it checks several "
+                "tokens in one pass); serve with --strategy fast, kv, static or naive.",
+                "logprobs",
+                "unsupported_parameter",
+            )
+        return top
 
     @staticmethod
     def _penalties(target, body) -> Optional[Penalties]:

@@ -1,9 +1,9 @@
 """The OpenAI API as the server reads it: request bodies (strict: an unknown field or a wrong type is a 400
 naming it), and the error objects it answers with.
 
-Fields OpenAI defines but Redline does not do (log-probabilities, ``n`` above 1 streamed) are accepted at their neutral
-value and refused otherwise, with a sentence saying so, rather than ignored. ``user`` and ``metadata`` are accepted
-and ignored.
+Fields OpenAI defines but Redline does not do (``echo``, ``suffix``, ``best_of`` above 1) are accepted at their
+neutral value and refused otherwise, with a sentence saying so, rather than ignored. ``user`` and ``metadata`` are
+accepted and ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ class TextPart(BaseModel):
 
 MAX_STOP = 16  # stop strings a request may give
 MAX_CHOICES = 8  # n: choices one request may ask for (decoded together by the batcher)
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's limit)
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs (OpenAI's limit)
 MEDIA_PARTS = {"image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "video_url"}
 TEXT_ONLY = "the loaded model reads text only; send the content as text parts"
 
@@ -161,14 +163,10 @@ class _Sampling(BaseModel):
         """(field, sentence) for the first field asked at a value Redline does not do."""
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             return "n", f"n must be between 1 and {MAX_CHOICES} (got {self.n})."
-        if self.n not in (None, 1) and self.stream:
-            return "n", "n above 1 is answered whole: send stream: false (or several streamed requests)."
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if value is not None and not -2 <= value <= 2:
                 return name, f"{name} must be between -2 and 2 (got {value})."
-        if self.logprobs:
-            return "logprobs", "logprobs are not supported; leave logprobs out or false."
         for key, bias in (self.logit_bias or {}).items():
             if not key.isdigit():
                 return "logit_bias", f"logit_bias keys are token ids (got {key!r})."
@@ -188,6 +186,11 @@ class ChatCompletionRequest(_Sampling):
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+
+    def wanted_logprobs(self) -> Optional[int]:
+        """The alternatives per token a request asks log-probabilities with (None: it asks for none)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def choice(self) -> Union[str, dict]:
         """ "none", "auto", "required" or {"type": "function", "function": {"name": …}} (OpenAI's default: "auto"
@@ -197,6 +200,11 @@ class ChatCompletionRequest(_Sampling):
         return self.tool_choice
 
     def unsupported(self) -> Optional[tuple[str, str]]:
+        top = self.top_logprobs
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            return "top_logprobs", f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS} (got {top})."
+        if top is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true."
         for i, m in enumerate(self.messages):
             problem = m.problem(f"messages[{i}]")
             if problem is not None:
@@ -238,8 +246,14 @@ class CompletionRequest(_Sampling):
     echo: Optional[bool] = None
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+    logprobs: Optional[int] = None  # the legacy API's: the alternatives per token, 0 to 5 (chat's is a bool)
+
+    def wanted_logprobs(self) -> Optional[int]:
+        return self.logprobs
 
     def unsupported(self) -> Optional[tuple[str, str]]:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
+            return "logprobs", f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS} (got {self.logprobs})."
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) > 1:
             return "prompt", "Send one prompt per request (a list of several is not supported)."
         if self.echo:

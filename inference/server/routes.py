@@ -212,10 +212,9 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
         target, gen, tools = await api.preparation.prepare(body, chat)
         n = body.n or 1
         extra = [(await api.preparation.prepare(body, chat, choice=i))[1] for i in range(1, n)]
-        handle, queue = launch(gen, bool(body.stream))
-        runs = [(handle, queue)]
+        runs = [launch(gen, bool(body.stream))]
         try:
-            runs += [launch(g, False) for g in extra]  # decoded together by the batcher
+            runs += [launch(g, bool(body.stream)) for g in extra]  # decoded together by the batcher
         except ApiError:
             for h, _ in runs:  # a full queue for the later choices: none of them runs
                 h.cancel()
@@ -227,7 +226,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return EventSourceResponse(
-                streaming.stream(api, handle, queue, ident, created, name, chat, include_usage, tools),
+                streaming.stream(api, runs, ident, created, name, chat, include_usage, tools),
                 sep="\n",
                 ping=15,
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from redline.inference.decoding.tool_calls import CallStream, argument_pieces, parse
-from redline.inference.events import Failed, FinishedEvent, GenerationResult, TokenEvent
+from redline.inference.events import Failed, FinishedEvent, GenerationResult, TokenEvent, TokenLogprob
 from redline.inference.server.protocol import error_body
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "error"}
@@ -73,8 +73,60 @@ def failure(result: GenerationResult) -> tuple[int, str]:
     return 500, f"The generation failed: {result.error}"
 
 
+def total_usage(results: list[GenerationResult]) -> dict:
+    """``usage`` of one or more choices of one prompt: the prompt once, every choice's tokens."""
+    first = results[0]
+    total = usage(first)
+    written = sum(r.new_tokens for r in results)
+    total.update(completion_tokens=written, total_tokens=first.prompt_tokens + written)
+    return total
+
+
+# -- log-probabilities (decoding/logprobs.py computes them; TokenLogprob in events.py) -------------------------
+FLOOR = -9999.0  # what OpenAI writes for a probability of zero: JSON has no -Infinity
+
+
+def _finite(value: float) -> float:
+    return value if value > FLOOR else FLOOR  # also NaN (a comparison with NaN is false)
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict:
+    """Chat's ``logprobs``: ``content``, per token its text, log-probability, UTF-8 bytes and ``top_logprobs``."""
+
+    def item(text: str, logprob: float) -> dict:
+        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+    content = [{**item(e.text, e.logprob), "top_logprobs": [item(text, lp) for _, text, lp in e.top]} for e in entries]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict:
+    """The legacy completions' ``logprobs``: parallel lists; ``top_logprobs`` per token the ``logprobs`` best and the
+    chosen token (OpenAI's "up to logprobs + 1"); ``text_offset`` each token's start in the reply's text, from
+    ``offset`` (what the stream's earlier chunks wrote)."""
+    out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        top = {text: _finite(lp) for _, text, lp in e.top}
+        top.setdefault(e.text, _finite(e.logprob))
+        out["tokens"].append(e.text)
+        out["token_logprobs"].append(_finite(e.logprob))
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+        offset += len(e.text)
+    return out
+
+
 def _chunk(
-    ident, created, name, chat: bool, text: Optional[str], finish: Optional[str], first=False, calls=None
+    ident,
+    created,
+    name,
+    chat: bool,
+    text: Optional[str],
+    finish: Optional[str],
+    first=False,
+    calls=None,
+    index: int = 0,
+    logprobs: Optional[dict] = None,
 ) -> dict:
     if chat:
         delta: dict = {}
@@ -84,10 +136,10 @@ def _chunk(
             delta["content"] = text
         if calls is not None:
             delta["tool_calls"] = calls
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         kind = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         kind = "text_completion"
     return {"id": ident, "object": kind, "created": created, "model": name, "choices": [choice]}
 
@@ -96,83 +148,138 @@ def _data(obj: dict) -> dict:
     return {"data": json.dumps(obj, ensure_ascii=False)}
 
 
-def _call_chunks(ident, created, name, calls) -> list[dict]:
+def _call_chunks(ident, created, name, calls, choice: int = 0) -> list[dict]:
     """OpenAI's streamed calls: per call, its index, id and name first, then its arguments in pieces."""
     out = []
     for index, call in enumerate(calls):
         head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-        out.append(_chunk(ident, created, name, True, None, None, calls=[head]))
+        out.append(_chunk(ident, created, name, True, None, None, calls=[head], index=choice))
         for piece in argument_pieces(call.arguments):
-            out.append(
-                _chunk(
-                    ident, created, name, True, None, None, calls=[{"index": index, "function": {"arguments": piece}}]
-                )
-            )
+            arguments = [{"index": index, "function": {"arguments": piece}}]
+            out.append(_chunk(ident, created, name, True, None, None, calls=arguments, index=choice))
     return out
 
 
-async def stream(api, handle, queue, ident, created, name, chat, include_usage, tools=None):
-    stats = api.stats
-    result: Optional[GenerationResult] = None
-    calls: list = []
-    held = CallStream(tools.family, tools.names, tools.forced) if tools is not None else None
-    try:
+class _Choice:
+    """One choice of a stream: its held tool-call text, the log-probability entries its next chunk carries, and how
+    much text its earlier chunks wrote (the completions' ``text_offset``)."""
+
+    def __init__(self, tools):
+        self.held = CallStream(tools.family, tools.names, tools.forced) if tools is not None else None
+        self.pending: list[TokenLogprob] = []
+        self.written = 0
+        self.result: Optional[GenerationResult] = None
+
+    def logprobs(self, chat: bool) -> Optional[dict]:
+        """The pending entries, formatted for the chunk that carries them (None when there are none)."""
+        if not self.pending:
+            return None
+        entries, self.pending = self.pending, []
         if chat:
-            yield _data(_chunk(ident, created, name, chat, "", None, first=True))
+            return chat_logprobs(entries)
+        out = completion_logprobs(entries, self.written)
+        self.written += sum(len(e.text) for e in entries)
+        return out
+
+
+async def _events(runs):
+    """(choice, event) from the runs' queues as they come; one run's queue is read as it is."""
+    if len(runs) == 1:
+        queue = runs[0][1]
+        while True:
+            yield 0, await queue.get()
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, queue):
         while True:
             event = await queue.get()
+            merged.put_nowait((i, event))
+            if isinstance(event, (FinishedEvent, Failed, Closing)):
+                return
+
+    pumps = [asyncio.ensure_future(pump(i, queue)) for i, (_, queue) in enumerate(runs)]
+    try:
+        while True:
+            yield await merged.get()
+    finally:
+        for task in pumps:
+            task.cancel()
+
+
+async def stream(api, runs, ident, created, name, chat, include_usage, tools=None):
+    """The streamed answer of one or more generations (``n`` choices, each ``(handle, queue)`` in ``runs``, decoded
+    together): their chunks interleaved as their tokens come, each with its choice's ``index``; each choice ends with
+    its own ``finish_reason`` chunk; the usage chunk (``include_usage``) comes once, after the last."""
+    stats = api.stats
+    choices = [_Choice(tools) for _ in runs]
+    left = len(runs)
+    events = _events(runs)
+    try:
+        if chat:
+            for i in range(len(runs)):
+                yield _data(_chunk(ident, created, name, chat, "", None, first=True, index=i))
+        while left:
+            i, event = await events.__anext__()
+            choice = choices[i]
             if isinstance(event, TokenEvent):
                 if event.token_id >= 0:
                     stats.token()
-                text = held.feed(event.text) if held is not None and event.text else event.text
+                if event.logprobs:
+                    choice.pending.extend(event.logprobs)
+                text = choice.held.feed(event.text) if choice.held is not None and event.text else event.text
                 if text:
-                    yield _data(_chunk(ident, created, name, chat, text, None))
-            elif isinstance(event, FinishedEvent):
-                result = event.result
-                break
-            elif isinstance(event, Failed):
+                    yield _data(_chunk(ident, created, name, chat, text, None, index=i, logprobs=choice.logprobs(chat)))
+                continue
+            if isinstance(event, Failed):
                 yield _data(error_body(500, f"The generation failed: {event.message}"))
                 yield {"data": "[DONE]"}
                 return
-            elif isinstance(event, Closing):
-                handle.cancel()
+            if isinstance(event, Closing):
                 yield _data(error_body(503, closing_message(event.reason), code="server_stopped"))
                 yield {"data": "[DONE]"}
                 return
-        if result.finish_reason in ("error", "cancelled"):
-            yield _data(error_body(*failure(result)))
-            yield {"data": "[DONE]"}
-            return
-        finish = FINISH[result.finish_reason]
-        if held is not None:
-            rest, calls = held.finish()
-            if rest:
-                yield _data(_chunk(ident, created, name, chat, rest, None))
-            for chunk in _call_chunks(ident, created, name, calls):
-                yield _data(chunk)
-            if calls:
-                finish = "tool_calls"
-        last = _chunk(ident, created, name, chat, None if chat else "", finish)
-        if not include_usage:
-            last["timings"] = timings(result)
-        yield _data(last)
+            if not isinstance(event, FinishedEvent):
+                continue
+            result = choice.result = event.result
+            left -= 1
+            if result.finish_reason in ("error", "cancelled"):
+                yield _data(error_body(*failure(result)))
+                yield {"data": "[DONE]"}
+                return
+            finish = FINISH[result.finish_reason]
+            if choice.held is not None:
+                rest, calls = choice.held.finish()
+                if rest:
+                    yield _data(_chunk(ident, created, name, chat, rest, None, index=i, logprobs=choice.logprobs(chat)))
+                for chunk in _call_chunks(ident, created, name, calls, i):
+                    yield _data(chunk)
+                if calls:
+                    finish = "tool_calls"
+            scored = choice.logprobs(chat)  # the tokens no text chunk carried (an end-of-sequence token's, say)
+            last = _chunk(ident, created, name, chat, None if chat else "", finish, index=i, logprobs=scored)
+            if not include_usage:
+                last["timings"] = timings(result)
+            yield _data(last)
         if include_usage:
+            results = [c.result for c in choices]
             tail = {
                 "id": ident,
-                "object": last["object"],
+                "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": created,
                 "model": name,
                 "choices": [],
-                "usage": usage(result),
-                "timings": timings(result),
+                "usage": total_usage(results),
+                "timings": timings(results[0]),
             }
             yield _data(tail)
         yield {"data": "[DONE]"}
     finally:
-        # The client went away (this task is cancelled) or the stream ended: this request alone stops, at the
-        # engine's next decode step (a no-op once it has finished).
-        handle.cancel()
-        api.untrack(handle)
+        # The client went away (this task is cancelled) or the stream ended: this request's generations (all its
+        # choices) stop, at the engine's next decode step (a no-op for those that have finished).
+        await events.aclose()
+        for handle, _ in runs:
+            handle.cancel()
+            api.untrack(handle)
 
 
 async def collect(api, handle, queue, request):
@@ -226,15 +333,18 @@ async def collect(api, handle, queue, request):
 
 def choice_of(result: GenerationResult, index: int, chat: bool, tools=None) -> dict:
     finish = FINISH[result.finish_reason]
+    scored = result.logprobs
     if not chat:
-        return {"index": index, "text": result.text, "logprobs": None, "finish_reason": finish}
+        logprobs = completion_logprobs(scored) if scored is not None else None
+        return {"index": index, "text": result.text, "logprobs": logprobs, "finish_reason": finish}
     message: dict = {"role": "assistant", "content": result.text}
     if tools is not None:
         content, calls = parse(tools.family, result.text, tools.names)
         if calls:
             message = {"role": "assistant", "content": content or None, "tool_calls": [c.as_openai() for c in calls]}
             finish = "tool_calls"
-    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+    logprobs = chat_logprobs(scored) if scored is not None else None
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
 
 async def whole(api, runs, request, ident, created, name, chat, tools=None):
@@ -247,9 +357,7 @@ async def whole(api, runs, request, ident, created, name, chat, tools=None):
                 handle.cancel()
             return result
     first = results[0]
-    total = usage(first)
-    written = sum(r.new_tokens for r in results)
-    total.update(completion_tokens=written, total_tokens=first.prompt_tokens + written)
+    total = total_usage(results)
     return {
         "id": ident,
         "object": "chat.completion" if chat else "text_completion",
