@@ -413,3 +413,61 @@ def test_estimate_cli_shows_speed(capsys, tmp_path, monkeypatch):
     assert main(["estimate", "starter", "--free-gb", "16", "--draft", "starter"]) == 0
     out = capsys.readouterr().out
     assert "tok/s at 8192" in out and "auto: " in out and "draft: Slower" in out
+
+
+# --------------------------------------------------------------------------- a turn whose prefix is cached
+def test_a_cached_prefix_shortens_the_predicted_ttft_to_the_new_tokens():
+    spec = parse_precision("q8")
+    fresh = predict(STARTER, spec, "fast", CPU, 1000, 64)
+    turn = predict(STARTER, spec, "fast", CPU, 1000, 64, cached_tokens=870)
+    new_only = predict(STARTER, spec, "fast", CPU, 130, 64)
+    assert turn.cached_tokens == 870 and fresh.cached_tokens == 0
+    # 130 tokens read, attending to 870 cached ones: dearer than 130 fresh tokens, far cheaper than 1,000.
+    assert new_only.ttft_ms < turn.ttft_ms < fresh.ttft_ms / 3
+    # The decode speed does not depend on where the prompt came from.
+    assert turn.tokens_per_s == pytest.approx(fresh.tokens_per_s)
+    # At least the last prompt token is always read (its logits are the reply's first); kv keeps no cache.
+    assert predict(STARTER, spec, "fast", CPU, 100, 64, cached_tokens=500).cached_tokens == 99
+    assert predict(STARTER, spec, "kv", CPU, 1000, 64, cached_tokens=870).cached_tokens == 0
+
+
+def test_a_cached_turn_teaches_the_calibration_against_its_own_prefill(tiny_model_dir, tmp_path, monkeypatch):
+    """A turn read mostly from the prefix cache is compared with the prediction for what it really read: against a
+    whole prompt's prefill its short TTFT would make every later prediction too low."""
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+    from redline.inference.engine import Engine
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    engine = Engine("cpu")
+    engine.load(str(tiny_model_dir), parse_precision("fp32"))
+    sampling = SamplingSettings(max_new_tokens=12, min_new_tokens=12, temperature=0)
+    history = [{"role": "user", "content": "Tell me about the sea " * 8}]
+    first = engine.chat(history, sampling, DecodeOptions(strategy="fast"))
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And the sky?"}]
+    second = engine.chat(history, sampling, DecodeOptions(strategy="fast"))
+    assert second.cached_tokens > 0
+    records = json.loads((tmp_path / "speed-calibration.json").read_text())["devices"]["cpu"]["fast:fp32"]
+    assert [r["cached_tokens"] for r in records] == [0, second.cached_tokens]
+    from redline.inference.speed.arithmetic import this_machine
+
+    shape = engine.target.estimate_shape
+    expected = predict(
+        shape, engine.target.precision, "fast", this_machine("cpu"), second.prompt_tokens, second.new_tokens,
+        cached_tokens=second.cached_tokens,
+    )  # fmt: skip
+    assert records[1]["predicted_ttft_ms"] == pytest.approx(expected.uncorrected_ttft_ms, rel=1e-3)
+    assert records[1]["ttft_ratio"] == pytest.approx(second.ttft_ms / records[1]["predicted_ttft_ms"], rel=1e-2)
+
+
+def test_estimate_shows_the_next_turns_ttft(capsys, tmp_path, monkeypatch):
+    from redline.app.cli import main
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    assert main(["estimate", "starter", "--free-gb", "16", "--json"]) == 0
+    rows = {(r["precision"], r["strategy"]): r for r in json.loads(capsys.readouterr().out)["speed"]["predictions"]}
+    fast, kv = rows[("q8", "fast")], rows[("q8", "kv")]
+    assert fast["next_turn_cached_tokens"] > 0 and kv["next_turn_cached_tokens"] == 0
+    assert fast["ttft_ms_next_turn"] < fast["ttft_ms_full_context"] / 3  # the cache holds all but the message
+    assert kv["ttft_ms_next_turn"] == pytest.approx(kv["ttft_ms_full_context"])  # kv reads it all again
+    assert main(["estimate", "starter", "--free-gb", "16"]) == 0
+    assert "TTFT next turn" in capsys.readouterr().out

@@ -16,7 +16,9 @@ model's speed. The strategies differ in how many tokens a step processes and how
 - ``speculative``: ``k`` draft steps and one verification step of ``k + 1`` tokens yield
   ``(1 − α^(k+1)) ÷ (1 − α)`` tokens on average, α being the per-token acceptance (Leviathan et al., 2023).
 
-Time to first token is the prefill (the prompt in one step) plus the call's set-up.
+Time to first token is the prefill (the prompt in one step) plus the call's set-up. A turn whose prompt
+starts with pages the prefix cache holds (a conversation's next turn) reads only the rest: a prefill of
+``prompt − cached`` tokens with ``cached`` positions already in the cache (attention reads them).
 
 The efficiencies and overheads below are defaults, reasoned from the kernels and the measurements in
 docs/performance.md; every machine differs, so the prediction is multiplied by a factor learned from this
@@ -280,6 +282,7 @@ class SpeedPrediction:
     acceptance_measured: bool = False
     draft_cost_ratio: Optional[float] = None  # speculative: draft step ÷ target step
     notes: list[str] = field(default_factory=list)
+    cached_tokens: int = 0  # of the prompt, held by the prefix cache (the TTFT reads only the rest)
 
     @property
     def tokens_per_s(self) -> float:
@@ -334,8 +337,12 @@ def predict(
     compile: Optional[bool] = None,
     config: str = "",
     kernels: Optional[bool] = None,
+    cached_tokens: int = 0,
 ) -> SpeedPrediction:
     """The uncorrected prediction for one configuration (``SpeedModel.predict`` applies the learned factors).
+
+    ``cached_tokens``: the prompt's first positions the prefix cache already holds (the fast path only; at
+    least the last prompt token is always read).
 
     ``acceptance`` (speculative): the measured acceptance rate, accepted ÷ proposed draft tokens; None
     assumes ``ASSUMED_ACCEPTANCE`` per token and says so. ``kernels`` (a CPU's fast path): whether Redline's CPU
@@ -353,7 +360,8 @@ def predict(
     kernels = True if kernels is None else kernels
     average = prompt_tokens + new_tokens // 2  # the cache a decode step reads, on average
     decode = step_cost(shape, spec, machine, path, 1, average, kernels=kernels)
-    prefill = step_cost(shape, spec, machine, path, prompt_tokens, 0, kernels=kernels)
+    cached = max(0, min(int(cached_tokens), prompt_tokens - 1)) if strategy == "fast" else 0
+    prefill = step_cost(shape, spec, machine, path, prompt_tokens - cached, cached, kernels=kernels)
     ttft_s = prefill.seconds + CALL_OVERHEAD_S[path]
     pred_acceptance = draft_ratio = None
     measured_acc = False
@@ -414,6 +422,7 @@ def predict(
         acceptance_measured=measured_acc,
         draft_cost_ratio=draft_ratio,
         notes=notes,
+        cached_tokens=cached,
     )
 
 

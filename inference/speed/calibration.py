@@ -132,6 +132,7 @@ class SpeedCalibration:
             "model": model,
             "source": source,  # "chat" | "lab" | "acceptance"
             "prompt_tokens": prediction.prompt_tokens,
+            "cached_tokens": prediction.cached_tokens,
             "new_tokens": prediction.new_tokens,
             "predicted_tokens_per_s": round(prediction.uncorrected_tokens_per_s, 3),
             "measured_tokens_per_s": measured_tokens_per_s,
@@ -213,6 +214,7 @@ def predict_generation(
     compile: Optional[bool] = None,
     calibration: Optional[SpeedCalibration] = None,
     config: str = "",
+    cached_tokens: int = 0,
 ):
     """The speed model's prediction for a model the engine has loaded (uncorrected, then with the factors in
     force now): returns (prediction with factors applied, device key)."""
@@ -236,6 +238,7 @@ def predict_generation(
         acceptance=acceptance,
         compile=compile,
         config=config,
+        cached_tokens=cached_tokens,
     )
     cal.apply(pred, key, loaded.name)
     return pred, key, cal
@@ -258,6 +261,9 @@ def check_generation(loaded, result, options, draft=None, save: bool = True, sou
         k=options.num_draft_tokens,
         acceptance=result.acceptance_rate if speculative else None,
         compile=options.compile,
+        # A turn read partly from the prefix cache is predicted as such: compared with a whole prompt's prefill,
+        # its short TTFT would teach the calibration that prefills are faster than they are.
+        cached_tokens=result.cached_tokens or 0,
     )
     if save:
         cal.record(pred, key, loaded.name, result.tokens_per_s, result.ttft_ms, source)

@@ -38,10 +38,12 @@ class SpeedModel:
         compile: Optional[bool] = None,
         config: str = "",
         kernels: Optional[bool] = None,
+        cached_tokens: int = 0,
     ) -> SpeedPrediction:
         """Predicted decode tokens/s and TTFT with the factors learned here. Speculative: ``acceptance`` (the
         rate, accepted ÷ proposed) defaults to the one measured for this pair, if any. ``kernels``: with or
-        without Redline's CPU kernels (None: as they will run here)."""
+        without Redline's CPU kernels (None: as they will run here). ``cached_tokens``: the prompt's first
+        tokens the prefix cache holds (a conversation's next turn)."""
         spec = self.spec(precision)
         dspec = self.spec(draft_precision) if draft_precision is not None else None
         if strategy == "speculative" and acceptance is None and draft is not None:
@@ -60,6 +62,7 @@ class SpeedModel:
             compile=compile,
             config=config,
             kernels=kernels,
+            cached_tokens=cached_tokens,
         )
         return self.calibration.apply(pred, self.machine.calibration_key, shape.name)
 

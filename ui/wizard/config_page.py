@@ -47,10 +47,14 @@ PACKED_SHOWN = (AS_FILE, "bf16", "fp16", "fp32", "q8", "q4")
 DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)
 MIN_CONTEXT = 256
 
-COLUMNS = ("precision", "weights", "KV cache", "activations", "overhead", "loading", "total", "fits", "speed")
+COLUMNS = (
+    "precision", "weights", "KV cache", "activations", "overhead", "loading", "total", "fits", "speed", "first token",
+)  # fmt: skip
 FITS_COLUMN, SPEED_COLUMN = COLUMNS.index("fits"), COLUMNS.index("speed")
+FIRST_TOKEN_COLUMN = COLUMNS.index("first token")
 # The reply a speed figure is for: a 256-token reply to a 64-token prompt (as `redline estimate`).
 PROMPT_TOKENS, NEW_TOKENS = 64, 256
+NEXT_TURN_TOKENS = 130  # a conversation's next message, read while the prefix cache holds the rest
 
 
 class ConfigPage(QWizardPage):
@@ -150,6 +154,9 @@ class ConfigPage(QWizardPage):
         self.priority.setCurrentIndex(max(0, self.priority.findData(self.wiz.priority)))
         self._filling = False
         self._user_row = None
+        found = getattr(self.wiz, "found_precision", None)  # the model browser's predicted precision
+        if found and found[0] == self.wiz.model_page.picker.spec():
+            self._user_row = found[1]
         self.shown = SHOWN  # the precisions in the table, in its order
         start = self.wiz.context or min(top, DEFAULT_CONTEXT_CAP)
         t = self.wiz.target
@@ -188,11 +195,12 @@ class ConfigPage(QWizardPage):
         self.estimates = [planner.estimate(parse_precision(p), ctx) for p in self.shown]
         self.suggestion = suggest(planner, ctx)
         speed = self.speed_model()
-        self.speeds, self.choice = {}, None
+        self.speeds, self.turns, self.choice = {}, {}, None
         if speed is not None:
             shape = self.wiz.model.shape
             for p in self.shown:
                 self.speeds[p] = fastest(speed, shape, p, ctx)
+                self.turns[p] = next_turn(speed, shape, p, self.speeds[p], ctx)
             self.choice = choose(
                 shape, planner, speed, ctx, self.priority.currentData(), "auto", "auto", PROMPT_TOKENS, NEW_TOKENS
             )
@@ -209,6 +217,7 @@ class ConfigPage(QWizardPage):
                 format_bytes(e.total_bytes),
                 fit_text(e),
                 speed_text(self.speeds.get(self.shown[row])),
+                first_token_text(self.speeds.get(self.shown[row]), self.turns.get(self.shown[row])),
             )
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -221,6 +230,8 @@ class ConfigPage(QWizardPage):
                     item.setBackground(QColor(PALE[color]))
                 if col == SPEED_COLUMN:
                     item.setToolTip(speed_tip(self.speeds.get(self.shown[row]), ctx))
+                if col == FIRST_TOKEN_COLUMN:
+                    item.setToolTip(first_token_tip(self.speeds.get(self.shown[row]), self.turns.get(self.shown[row])))
                 self.table.setItem(row, col, item)
         self._filling = False
         s = self.suggestion
@@ -239,7 +250,7 @@ class ConfigPage(QWizardPage):
             self.fix_button.show()
         else:
             self.fix_button.hide()
-        want = self._user_row or (suggested if fits_now else None)
+        want = self._user_row if self._user_row in self.shown else (suggested if fits_now else None)
         self._select(want)
 
     def _select(self, precision: Optional[str]) -> None:
@@ -329,6 +340,49 @@ def fastest(speed: SpeedModel, shape, precision: str, context: int):
         if best is None or p.tokens_per_s > best.tokens_per_s:
             best = p
     return best
+
+
+def next_turn(speed: SpeedModel, shape, precision: str, pred, context: int):
+    """The TTFT of a late turn: the conversation near ``context`` tokens, the fast path's prefix cache holding all
+    but the new message (kv and static read the whole conversation again)."""
+    if pred is None:
+        return None
+    prompt = max(1, context - NEW_TOKENS)
+    cached = max(0, prompt - NEXT_TURN_TOKENS) if pred.strategy == "fast" else 0
+    spec = parse_precision(precision)
+    return speed.predict(shape, spec, pred.strategy, prompt, NEW_TOKENS, cached_tokens=cached)
+
+
+def fmt_ms(ms: float) -> str:
+    return f"{ms / 1000:.1f} s" if ms >= 1000 else f"{ms:.0f} ms"
+
+
+def first_token_text(pred, turn) -> str:
+    """ "≈ 150 ms · next turn ≈ 60 ms"."""
+    if pred is None:
+        return "—"
+    text = f"≈ {fmt_ms(pred.ttft_ms)}"
+    if turn is not None:
+        text += f" · next turn ≈ {fmt_ms(turn.ttft_ms)}"
+    return text
+
+
+def first_token_tip(pred, turn) -> str:
+    if pred is None:
+        return "The time to first token is predicted once this machine's bandwidth has been measured."
+    tip = f"Time to first token for a new {PROMPT_TOKENS}-token prompt: ≈ {fmt_ms(pred.ttft_ms)}."
+    if turn is not None and turn.cached_tokens:
+        tip += (
+            f" Next turn: a {NEXT_TURN_TOKENS}-token message in a conversation of {turn.prompt_tokens} tokens, "
+            f"the other {turn.cached_tokens} read from the prefix cache (kept from the turns before): "
+            f"≈ {fmt_ms(turn.ttft_ms)}."
+        )
+    elif turn is not None:
+        tip += (
+            f" Next turn in a conversation of {turn.prompt_tokens} tokens: ≈ {fmt_ms(turn.ttft_ms)}, the whole "
+            f"conversation read again ({turn.strategy} keeps no cache between replies)."
+        )
+    return tip
 
 
 def speed_text(pred) -> str:
