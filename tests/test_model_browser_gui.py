@@ -172,4 +172,8 @@ def test_model_menu_and_wizard_open_the_browser(qtbot, hub, tiny_files, monkeypa
     gguf = str(tiny_files[1])
     browser.chosen.emit(gguf, "gguf", "kv")
     assert page.picker.spec() == gguf
-    wiz.reject()
+    # A fetched folder, predicted at q8: the configuration page starts on that row, not on its own suggestion.
+    folder = str(tiny_files[0])
+    page.find_model().chosen.emit(folder, "q8", "fast")
+    assert page.picker.spec() == folder and wiz.found_precision == (folder, "q8")
+    wiz.reject()  # the configuration page starting on that row: tests/test_wizard.py

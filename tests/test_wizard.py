@@ -61,6 +61,14 @@ def test_wizard_end_to_end_on_starter(qtbot, starter_dir):
     assert cfg.why.text().startswith(f"auto: {choice.strategy} · {choice.precision} — fastest that fits with 8-bit")
     speeds = [cfg.table.item(r, 8).text() for r in range(8)]
     assert all(t.startswith("≈ ") and " tok/s (" in t for t in speeds), speeds
+    # The first token: a new prompt's, and a late turn's (the fast path reads only the new message there).
+    firsts = {cfg.shown[r]: cfg.table.item(r, 9).text() for r in range(8)}
+    assert all(t.startswith("≈ ") and " · next turn ≈ " in t for t in firsts.values()), firsts
+    q8_turn, q8_first = cfg.turns["q8"], cfg.speeds["q8"]
+    if q8_first.strategy == "fast":
+        assert (
+            q8_turn.cached_tokens > 0 and "from the prefix cache" in cfg.table.item(cfg.shown.index("q8"), 9).toolTip()
+        )
     fastest = max(
         (c for c in choice.candidates if c.fits and c.precision in ("fp32", best, "q8", "int8")),
         key=lambda c: c.tokens_per_s,
@@ -239,6 +247,26 @@ def test_config_table_lists_every_engine_precision(qtbot, tiny_model_dir):
     assert [cfg.table.item(r, 0).text() for r in range(cfg.table.rowCount())] == everything_but_as_file
     draft = wiz.draft_page.draft_precision
     assert [draft.itemText(i) for i in range(draft.count())] == everything_but_as_file
+    wiz.reject()
+    window.shutdown()
+
+
+def test_the_precision_the_model_browser_fetched_is_the_configuration_row(qtbot, tiny_model_dir):
+    window = open_window(qtbot)
+    wiz = window.open_wizard()
+    wiz.model_page._found(str(tiny_model_dir), "q4")  # what a fetch from the browser hands over
+    next_page(qtbot, wiz)
+    qtbot.waitUntil(lambda: wiz.machine is not None, timeout=60_000)
+    next_page(qtbot, wiz)
+    cfg = wiz.config_page
+    own = {cfg.choice.precision, cfg.suggestion.precision}  # what the page itself would start on
+    assert cfg.selected_precision() == "q4" and "q4" not in own  # the browser's, not the page's own
+    wiz.back()
+    wiz.back()
+    type_into(qtbot, wiz.model_page.picker.folder, str(tiny_model_dir) + "/")  # another choice forgets it
+    next_page(qtbot, wiz)
+    next_page(qtbot, wiz)
+    assert cfg.selected_precision() in own
     wiz.reject()
     window.shutdown()
 

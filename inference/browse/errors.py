@@ -24,6 +24,24 @@ def check_online() -> None:
         raise ModelSourceError(OFFLINE_TEXT, "Unset HF_HUB_OFFLINE to search the hub.")
 
 
+PROBE_TIMEOUT_S = 5.0
+
+
+def check_reachable(what: str) -> None:
+    """One quick request to the hub, without retries, before a call that would retry: huggingface_hub's backoff
+    tries a failed connection five more times with growing waits (about 30 s on a machine without network),
+    where a user deserves the sentence at once. Any HTTP answer means the hub is reachable."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().get(
+            f"{constants.ENDPOINT}/api/models", params={"limit": 1}, timeout=PROBE_TIMEOUT_S, follow_redirects=True
+        )
+    except Exception as exc:
+        raise explain(what, exc) from exc
+
+
 def explain(what: str, exc: BaseException) -> ModelSourceError:
     """``exc`` (raised while ``what``, e.g. "searching the hub") as one sentence a user can act on."""
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError

@@ -15,7 +15,7 @@ import functools
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from redline.inference.browse.errors import check_online, explain
+from redline.inference.browse.errors import check_online, check_reachable, explain
 
 SORTS = {"downloads": "downloads", "trending": "trending_score", "likes": "likes"}
 EXPAND = ["downloads", "likes", "trendingScore", "gated", "tags", "cardData", "safetensors", "gguf", "config"]
@@ -113,6 +113,7 @@ def search(query: str, sort: str = "downloads", limit: int = 20, kind: Optional[
     if sort not in SORTS:
         raise ValueError(f"sort must be one of {', '.join(SORTS)}")
     check_online()
+    check_reachable("searching the hub")
     try:
         infos = list(
             HfApi().list_models(

@@ -43,11 +43,14 @@ class ModelPage(QWizardPage, CheckedPicker):
         settings = self.wiz.host.settings
         recent = self.wiz.presets.recent_models() if self.wiz.presets else []
         self.browser = ModelsDialog(self, getattr(settings, "priority", "balanced"), recent)
-        self.browser.chosen.connect(lambda model, _precision, _strategy: self._found(model))
+        self.browser.chosen.connect(lambda model, precision, _strategy: self._found(model, precision))
         self.browser.open()
         return self.browser
 
-    def _found(self, model: str) -> None:
+    def _found(self, model: str, precision: str = "") -> None:
+        # The precision the browser predicted for it (and fetched it for) becomes the configuration page's row,
+        # as if the user had picked it there; choosing another model there forgets it.
+        self.wiz.found_precision = (model, precision) if precision else None
         self.picker.set_spec(model)
         emit(self.picker.changed)
 

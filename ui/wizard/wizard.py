@@ -63,6 +63,7 @@ class ConfigWizard(QWizard):
         self.calibration = SpeedCalibration()  # the speed factors learned on this machine (read once)
         self.priority = getattr(host.settings, "priority", DEFAULT_PRIORITY)
         self.plain_strategy = "kv"  # the fastest strategy for the precision chosen on page 3
+        self.found_precision: Optional[tuple[str, str]] = None  # (model, precision) the model browser fetched
         self.precision: Optional[str] = None
         self.context: Optional[int] = None
         self.batch = 1
