@@ -32,6 +32,8 @@ DEFAULT_CONTEXT = 32768  # when the server does not say
 UNKNOWN_TOKEN = -2  # TokenEvent.token_id for a remote token: the server sends text, not ids
 _CONTEXT_REFUSAL = "The server's context cannot hold that many new tokens: "
 
+SERVER_STOPS = 4  # stop strings a request gives an OpenAI-compatible server (OpenAI refuses more)
+
 
 class RemoteError(RedlineError):
     """A server could not be used: unreachable, refused the key, has no such model, failed."""
@@ -273,22 +275,26 @@ class RemoteModel(Backend):
             if value is not None:
                 body[key] = value
         if sampling.stop:
-            body["stop"] = list(sampling.stop)[:4]
+            # OpenAI's API takes at most 4 stop strings (and refuses more), as do servers that follow it; the rest
+            # are applied here, on the streamed text.
+            body["stop"] = list(sampling.stop)[:SERVER_STOPS]
         if tools:
             body["tools"] = list(tools)
-        result = self._stream("/chat/completions", body, on_event, should_cancel)
+        extra = tuple(sampling.stop[SERVER_STOPS:])
+        result = self._stream("/chat/completions", body, on_event, should_cancel, extra)
         if result.error and result.error.startswith(_CONTEXT_REFUSAL) and not result.text:
             # More new tokens than the server's context leaves after the prompt (which only the server can
             # count): ask again without a limit, so the server writes up to the end of its context.
             del body["max_tokens"]
-            result = self._stream("/chat/completions", body, on_event, should_cancel)
+            result = self._stream("/chat/completions", body, on_event, should_cancel, extra)
             result.notes.append(
                 f"max new tokens ({sampling.max_new_tokens}) did not fit the server's context after the prompt; "
                 "the server wrote up to the end of its context"
             )
         return result
 
-    def _stream(self, path: str, body: dict, on_event, should_cancel) -> GenerationResult:
+    def _stream(self, path: str, body: dict, on_event, should_cancel, stops: tuple = ()) -> GenerationResult:
+        """``stops``: stop strings the server was not given; the reply ends at the first of them here."""
         httpx = _http()
         result = GenerationResult(
             text="",
@@ -310,6 +316,7 @@ class RemoteModel(Backend):
         done = threading.Event()
         start = time.perf_counter()
         mid_stream = False
+        local_stop = False  # the reply reached one of ``stops``
         response_box: list = []
 
         def watch():  # closes the stream when the request is cancelled, even while the server is silent
@@ -366,6 +373,15 @@ class RemoteModel(Backend):
                                 server_finish = choice["finish_reason"]
                             for piece in delta.get("tool_calls") or []:
                                 _add_call_piece(calls, piece)
+                            if text and stops:
+                                before = "".join(pieces)
+                                at = first_stop(before + text, stops, len(before))
+                                if at is not None:
+                                    text = text[: max(0, at - len(before))]
+                                    if at < len(before):  # the stop string began in pieces already received
+                                        pieces[:] = [before[:at]]
+                                    server_finish, local_stop = "stop", True
+                                    cancelled.set()  # the rest of the reply is not wanted
                             if text:
                                 mid_stream = True
                                 now = time.perf_counter() - start
@@ -373,7 +389,9 @@ class RemoteModel(Backend):
                                 pieces.append(text)
                                 if on_event is not None:
                                     on_event(TokenEvent(len(chunks) - 1, UNKNOWN_TOKEN, text, now))
-            if cancelled.is_set():
+            if local_stop:
+                result.finish_reason = "stop"
+            elif cancelled.is_set():
                 result.finish_reason = "cancelled"
             else:
                 result.finish_reason = {"stop": "stop", "length": "length"}.get(server_finish or "", "eos")
@@ -423,6 +441,17 @@ class RemoteModel(Backend):
                 result.draft_accepted = accepted if isinstance(accepted, int) else None
                 if result.draft_accepted is not None:
                     result.acceptance_rate = result.draft_accepted / proposed
+
+
+def first_stop(text: str, stops: Sequence[str], new_from: int) -> Optional[int]:
+    """Where the first of ``stops`` starts in ``text``, counting only those that end after ``new_from`` (the text
+    before it was checked already); None if none is there."""
+    found = []
+    for stop in stops:
+        at = text.find(stop, max(0, new_from - len(stop) + 1))
+        if at >= 0:
+            found.append(at)
+    return min(found) if found else None
 
 
 def _message(m: dict) -> dict:
