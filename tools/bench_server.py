@@ -10,6 +10,10 @@ level's wall time) as the median over rounds, and the median of the per-round ra
 
     python tools/bench_server.py                      # the starter, bf16, 1/4/8 clients, 3 rounds
     python tools/bench_server.py --clients 1,4 --rounds 2 --max-tokens 32 --markdown
+    python tools/bench_server.py --versus /tmp/before   # this checkout against another checkout's Redline
+
+With ``--versus DIR`` the second server is Redline from the checkout in DIR (an earlier commit, e.g. a
+``git worktree``), run by this venv's Python with ``redline`` imported from DIR: a same-run before/after.
 
 Only loopback traffic; every request has a timeout and every loop a bound.
 """
@@ -24,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,21 +78,45 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float, name: str) -
     raise RuntimeError(f"{name} did not answer within {timeout_s:.0f} s")
 
 
+def importable(root: Path) -> str:
+    """A folder to put first on PYTHONPATH so that ``import redline`` finds the checkout at ``root`` (a link named
+    ``redline``), whichever checkout the venv's editable install points at."""
+    shim = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    (shim / "redline").symlink_to(Path(root).resolve())
+    return str(shim)
+
+
 def start_servers(args, model_dir: str) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     bindir = Path(sys.executable).parent
     servers = {}
     port = free_port()
-    redline = [str(bindir / "redline"), "serve", "--model", model_dir, "--precision", args.precision,
+    redline = [sys.executable, "-m", "redline", "serve", "--model", model_dir, "--precision", args.precision,
                "--host", "127.0.0.1", "--port", str(port), "--max-tokens", str(args.max_tokens),
                "--parallel", str(args.parallel)]  # fmt: skip
-    servers["redline"] = (subprocess.Popen(redline, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
+    renv = dict(env, PYTHONPATH=importable(ROOT))
+    servers["redline"] = (subprocess.Popen(redline, env=renv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
     port = free_port()
+    if args.versus:
+        # The other checkout's package, found first on sys.path.
+        other = list(redline)
+        other[other.index("--port") + 1] = str(port)
+        benv = dict(env, PYTHONPATH=importable(Path(args.versus)))
+        proc = subprocess.Popen(other, env=benv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        servers["baseline"] = (proc, port)
+        return servers
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.precision]
     hf = [str(bindir / "transformers"), "serve", "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
           "--device", "cpu", "--dtype", dtype, model_dir]  # fmt: skip
-    servers["transformers"] = (subprocess.Popen(hf, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
+    servers["baseline"] = (subprocess.Popen(hf, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port)
     return servers
+
+
+def baseline_label(args) -> str:
+    if not args.versus:
+        return "transformers"
+    sha = subprocess.run(["git", "-C", args.versus, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"Redline {sha.stdout.strip() or Path(args.versus).name}"
 
 
 async def one_request(client, base: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> dict:
@@ -163,6 +192,7 @@ def main() -> int:
     parser.add_argument(
         "--parallel", type=int, default=4, help="Redline's replies decoded together at most (redline serve --parallel)"
     )
+    parser.add_argument("--versus", help="a checkout of Redline to run as the baseline instead of transformers serve")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
@@ -222,19 +252,20 @@ def main() -> int:
             }
         ratios = [
             a["tokens_per_s"] / b["tokens_per_s"]
-            for a, b in zip(figures["redline"][c], figures["transformers"][c])
+            for a, b in zip(figures["redline"][c], figures["baseline"][c])
             if b["tokens_per_s"]
         ]
         row["ratio"] = statistics.median(ratios) if ratios else float("nan")
         rows.append(row)
     command = "python tools/bench_server.py " + " ".join(sys.argv[1:])
+    other = baseline_label(args)
     lines = [
         "| clients | Redline TTFT p50 / p95 (ms) | Redline tok/s "
-        "| transformers TTFT p50 / p95 (ms) | transformers tok/s | Redline ÷ transformers (median of rounds) |",
+        f"| {other} TTFT p50 / p95 (ms) | {other} tok/s | Redline ÷ {other} (median of rounds) |",
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
-        a, b = row["redline"], row["transformers"]
+        a, b = row["redline"], row["baseline"]
         lines.append(
             f"| {row['clients']} | {a['ttft_p50_ms']:.0f} / {a['ttft_p95_ms']:.0f} | {a['tokens_per_s']:.1f} "
             f"| {b['ttft_p50_ms']:.0f} / {b['ttft_p95_ms']:.0f} | {b['tokens_per_s']:.1f} | {row['ratio']:.2f}× |"
@@ -245,7 +276,7 @@ def main() -> int:
         f"Redline --parallel {args.parallel}, "
         f"load average {load_before[0]:.2f} before and {load_after[0]:.2f} after (1 min), "
         f"errors: Redline {sum(r['redline']['errors'] for r in rows)}, "
-        f"transformers {sum(r['transformers']['errors'] for r in rows)}."
+        f"{other} {sum(r['baseline']['errors'] for r in rows)}."
     )
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "raw": figures, "load": [load_before, load_after]}, indent=1))

@@ -8,6 +8,9 @@
 
 Each side runs in its own process with a PATH that has no compiler for the wheel (so it can only use what it
 ships) and says which kernels it ran (the machine line's ``cpu_kernels``).
+
+``--bundle dist/redline/redline`` puts the desktop bundle (``make dist``) in the checkout's place: the bundle
+against the wheel, both with a PATH without a compiler.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ CONFIGS = "fast:bf16,fast:q8,fast:q4"
 
 
 def bench(python: str, env: dict, args) -> tuple[dict, str]:
-    cmd = [python, "-m", "redline", "bench", "--model", "starter", "--configs", args.configs, "--max-prompts", "1"]
+    program = [python] if Path(python).name == "redline" else [python, "-m", "redline"]  # a bundle, or a Python
+    cmd = [*program, "bench", "--model", "starter", "--configs", args.configs, "--max-prompts", "1"]
     cmd += ["--new-tokens", str(args.new_tokens), "--samples", str(args.samples), "--warmup", "1", "--json"]
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=1800)
@@ -41,6 +45,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel-python", required=True)
     ap.add_argument("--checkout-python", default=sys.executable)
+    ap.add_argument("--bundle", help="the bundle's executable (dist/redline/redline), measured instead of the checkout")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -53,6 +58,8 @@ def main(argv=None) -> int:
         "wheel": (args.wheel_python, dict(base, PATH=os.pathsep.join([str(Path(args.wheel_python).parent), bare]))),
         "checkout": (args.checkout_python, dict(base)),
     }
+    if args.bundle:
+        sides["checkout"] = (str(Path(args.bundle).resolve()), dict(base, PATH=bare))
     rates: dict = {side: [] for side in sides}
     kernels: dict = {}
     before = os.getloadavg()
@@ -64,9 +71,10 @@ def main(argv=None) -> int:
             print(f"round {r + 1} {side}: " + ", ".join(f"{c} {v:.1f}" for c, v in got.items()), file=sys.stderr)
     after = os.getloadavg()
     print(f"{args.rounds} rounds, A B / B A; load average {before[0]:.2f} → {after[0]:.2f}")
-    print(f"kernels: wheel {kernels['wheel']}; checkout {kernels['checkout']}")
+    other = "bundle" if args.bundle else "checkout"
+    print(f"kernels: wheel {kernels['wheel']}; {other} {kernels['checkout']}")
     print()
-    print("| config | wheel tok/s (median) | checkout tok/s (median) | wheel ÷ checkout (median of per-round ratios) |")
+    print(f"| config | wheel tok/s (median) | {other} tok/s (median) | wheel ÷ {other} (median of per-round ratios) |")
     print("|---|---|---|---|")
     for config in args.configs.split(","):
         w = [x[config] for x in rates["wheel"]]

@@ -1,0 +1,117 @@
+"""How close is the speed model's time to first token, on a model it was not calibrated on? Including a turn
+whose prefix is cached.
+
+With a fresh speed calibration (a temporary ``REDLINE_DATA_DIR``), the starter answers prompts of several
+lengths at each precision on the fast path (its replies teach the calibration, as a user's chats would). Then
+another model (e.g. the 1B-shaped folder of ``tools/make_shaped_model.py``) answers:
+
+- fresh prompts of the same lengths (no page of them cached);
+- a conversation's next turn: the prompt of the longest length, answered once, then sent again with ~130 new
+  tokens after it, so the cache holds all but the new part.
+
+Before each of those replies the calibrated prediction is taken (with the cached tokens the engine reports for
+that turn), and compared with the TTFT the reply measured. Every reply's measurement also feeds the
+calibration, as in the app, but the prediction is always taken before the reply runs. Usage:
+
+    python tools/ttft_accuracy.py --model /tmp/models/llama-1b [--precisions bf16,q8,q4] [--lengths 44,300,900]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="the model to predict (a folder)")
+    ap.add_argument("--calibrate-on", default="starter")
+    ap.add_argument("--precisions", default="bf16,q8,q4")
+    ap.add_argument("--lengths", default="44,300,900")
+    ap.add_argument("--turn-tokens", type=int, default=130)
+    ap.add_argument("--samples", type=int, default=2, help="replies per length and model")
+    ap.add_argument("--keep-calibration", action="store_true", help="use (and feed) this machine's own calibration")
+    args = ap.parse_args(argv)
+    if not args.keep_calibration:
+        os.environ["REDLINE_DATA_DIR"] = tempfile.mkdtemp(prefix="redline-ttft-accuracy-")
+
+    from redline.inference import Engine, resolve_precision
+    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+    from redline.inference.speed.calibration import predict_generation
+
+    lengths = [int(x) for x in args.lengths.split(",")]
+    precisions = args.precisions.split(",")
+    sampling = SamplingSettings(max_new_tokens=16, temperature=0, min_new_tokens=16)
+    engine = Engine()
+    engine.record_memory = False
+    text_ids: list[int] = []
+    salt = [0]
+
+    def prompt(n: int) -> list[int]:
+        # Real text (the tokenizer's ids of a long passage), started by a different token each time so that no
+        # page of it is in the prefix cache: a fresh prompt.
+        salt[0] += 1
+        return [100 + salt[0] % 20000] + (text_ids * (1 + n // max(1, len(text_ids))))[: n - 1]
+
+    def reply(ids: list[int], options: DecodeOptions, cached: int = 0):
+        pred, _key, _cal = predict_generation(engine.target, "fast", len(ids), 16, cached_tokens=cached)
+        result = engine.generate_ids(ids, sampling, options)
+        return pred, result
+
+    rows = []
+    load_start = os.getloadavg()[0]
+    for model in (args.calibrate_on, args.model):
+        for precision in precisions:
+            engine.load(model, resolve_precision(precision, engine.device))
+            if not text_ids:
+                passage = " ".join(["The lighthouse keeper wrote in his log every evening about the sea."] * 80)
+                text_ids.extend(engine.target.tokenizer(passage)["input_ids"])
+            options = DecodeOptions(strategy="fast")
+            engine.generate_ids(prompt(32), sampling, options)  # warm-up: first-call costs are nobody's TTFT
+            for n in lengths:
+                for _ in range(args.samples):
+                    pred, result = reply(prompt(n), options)
+                    rows.append((model, precision, n, 0, pred.ttft_ms, result.ttft_ms, pred.calibration))
+            # The next turn of a conversation: the same prompt again with new tokens after it.
+            for _ in range(args.samples):
+                first = prompt(max(lengths))
+                engine.generate_ids(first, sampling, options)
+                turn = first + text_ids[: args.turn_tokens]
+                # What the cache will hold of it: the full pages of the first turn's prompt (the engine reports
+                # the figure afterwards; the prediction must be made before).
+                pred, result = reply(turn, options, cached=(len(first) // 64) * 64)
+                rows.append(
+                    (model, precision, len(turn), result.cached_tokens, pred.ttft_ms, result.ttft_ms, pred.calibration)
+                )
+            print(f"{model} {precision} done, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+            engine.unload()
+    load_end = os.getloadavg()[0]
+    print(f"calibrated on {args.calibrate_on}; load average {load_start:.2f} → {load_end:.2f}")
+    print()
+    print("| model | precision | prompt tokens | cached | predicted TTFT ms | measured TTFT ms | error |")
+    print("|---|---|---|---|---|---|---|")
+    groups: dict = {}
+    for model, precision, n, cached, pred, meas, _cal in rows:
+        groups.setdefault((model, precision, n, cached > 0), []).append((pred, meas, cached))
+    errors = []
+    for (model, precision, n, was_cached), xs in groups.items():
+        pred = statistics.median(x[0] for x in xs)
+        meas = statistics.median(x[1] for x in xs)
+        err = 100.0 * (pred - meas) / meas
+        if model == args.model:
+            errors.append(abs(err))
+        name = os.path.basename(str(model).rstrip("/"))
+        print(
+            f"| {name} | {precision} | {n} | {max(x[2] for x in xs) if was_cached else 0} | {pred:.0f} | "
+            f"{meas:.0f} | {err:+.0f} % |"
+        )
+    if errors:
+        print(f"\nworst error on {args.model}: {max(errors):.0f} %, median {statistics.median(errors):.0f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
