@@ -285,3 +285,19 @@ def test_without_logprobs_none_are_computed(tiny_server, client):
         reply = ask(client, temperature=0, max_tokens=4)
     assert reply.choices[0].logprobs is None
     assert handles[0].result(TIMEOUT).logprobs is None
+
+
+def test_a_stop_string_cuts_the_tokens_text_as_it_cuts_the_reply(client):
+    """The token that holds the stop string shows only the text before it; held-back text comes with its tokens."""
+    free = ask(client, temperature=0, max_tokens=16).choices[0].message.content
+    stop = free[len(free) // 2 : len(free) // 2 + 2]
+    assert len(stop) == 2 and stop.strip()  # a cut in the middle of the reply, not at its start
+    whole = ask(client, temperature=0, max_tokens=16, stop=[stop], logprobs=True)
+    content = whole.choices[0].logprobs.content
+    text = whole.choices[0].message.content
+    assert stop not in text and free.startswith(text) and len(text) < len(free)
+    assert "".join(t.token for t in content) == text
+    chunks = list(ask(client, temperature=0, max_tokens=16, stop=[stop], logprobs=True, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text

@@ -112,6 +112,8 @@ class TokenCollector:
 
         _, logprob, top = unpack(self._scored.pop(0))
         shown = self.decoder.shown
+        if len(shown) < self._shown:  # a stop string completed: the text it cut is no earlier token's any more
+            self._trim(len(shown))
         text = shown[self._shown :]
         self._shown = max(self._shown, len(shown))
         entry = TokenLogprob(tok, text, logprob, [(i, self._pieces.text(i), v) for i, v in top])
@@ -123,9 +125,24 @@ class TokenCollector:
             self._waiting = self._waiting[len(ready) :]  # in order: the text is streamed from its start
         return ready
 
+    def _trim(self, length: int) -> None:
+        """The reply now shows ``length`` characters, fewer than the entries were given: take the rest off the last
+        entries. They were not streamed yet: the text a stop string may still cut is held back (``DeltaDecoder``)."""
+        excess = self._shown - length
+        for entry in reversed(self.logprobs):
+            if excess <= 0:
+                break
+            cut = min(excess, len(entry.text))
+            entry.text = entry.text[: len(entry.text) - cut]
+            excess -= cut
+        self._shown = length
+        self._waiting = [(min(end, length), e) for end, e in self._waiting]
+
     def settle(self, final: str) -> None:
         """The reply's final text (decoded whole): what it shows beyond the entries' text (a partial character at
         its very end, held while more bytes could come) goes to the last token, so the entries join to it."""
+        if self.logprobs and len(final) < self._shown:
+            self._trim(len(final))
         if self.logprobs and len(final) > self._shown:
             self.logprobs[-1].text += final[self._shown :]
             self._shown = len(final)
