@@ -22,6 +22,10 @@ and an evicted page are simply recomputed. With one page per sequence, a sequenc
 cached with its tokens, and a new sequence takes over the idle slot whose tokens share the longest prefix
 with its prompt (the way llama.cpp reuses a slot).
 
+With small pages the cache also outlives the process: ``disk`` (``disk_pages.py``) takes a page as it is
+evicted and every registered page on ``persist`` (the model unloads, Redline quits), and a prompt's walk that
+passes the pages in memory goes on with the files on disk, each checked before it is copied into a fresh page.
+
 The key of a pool is its model's: one pool belongs to one loaded model at one precision and KV dtype (the
 decoder's), and ``namespace`` (the model's content, precision and KV dtype) starts every chain, so keys from
 another model never match.
