@@ -5,7 +5,6 @@ download loaded in the configuration predicted, the local library and Delete."""
 from __future__ import annotations
 
 import json
-
 import time
 
 import pytest
