@@ -317,6 +317,8 @@ class RemoteModel(Backend):
         start = time.perf_counter()
         mid_stream = False
         local_stop = False  # the reply reached one of ``stops``
+        tail_keep = max((len(x) for x in stops), default=1) - 1  # characters a stop string can begin before a piece
+        tail = ""
         response_box: list = []
 
         def watch():  # closes the stream when the request is cancelled, even while the server is silent
@@ -374,14 +376,18 @@ class RemoteModel(Backend):
                             for piece in delta.get("tool_calls") or []:
                                 _add_call_piece(calls, piece)
                             if text and stops:
-                                before = "".join(pieces)
-                                at = first_stop(before + text, stops, len(before))
+                                # Only the last few characters received can begin a stop string: the reply so far is
+                                # not joined again at every piece.
+                                at = first_stop(tail + text, stops, len(tail))
                                 if at is not None:
-                                    text = text[: max(0, at - len(before))]
-                                    if at < len(before):  # the stop string began in pieces already received
-                                        pieces[:] = [before[:at]]
+                                    text = text[: max(0, at - len(tail))]
+                                    if at < len(tail):  # the stop string began in pieces already received
+                                        full = "".join(pieces)
+                                        pieces[:] = [full[: len(full) - (len(tail) - at)]]
                                     server_finish, local_stop = "stop", True
                                     cancelled.set()  # the rest of the reply is not wanted
+                                else:
+                                    tail = (tail + text)[-tail_keep:] if tail_keep else ""
                             if text:
                                 mid_stream = True
                                 now = time.perf_counter() - start

@@ -101,9 +101,10 @@ class ConfigPage(QWizardPage):
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
-        self.table.horizontalHeader().setSectionResizeMode(FITS_COLUMN, QHeaderView.ResizeToContents)
-        self.table.horizontalHeader().setSectionResizeMode(SPEED_COLUMN, QHeaderView.ResizeToContents)
+        # Every column as wide as its text (a stretched column cut "activation" and the speed's measured figure);
+        # the last one takes what is left.
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
         self.table.setTabKeyNavigation(False)  # Tab leaves the table; the arrow keys move between rows
         v.addWidget(self.table, 1)
         self.why = wrap_label(name="suggestionText")
@@ -154,7 +155,7 @@ class ConfigPage(QWizardPage):
         self.priority.setCurrentIndex(max(0, self.priority.findData(self.wiz.priority)))
         self._filling = False
         self._user_row = None
-        found = getattr(self.wiz, "found_precision", None)  # the model browser's predicted precision
+        found = self.wiz.found_precision  # the model browser's predicted precision
         if found and found[0] == self.wiz.model_page.picker.spec():
             self._user_row = found[1]
         self.shown = SHOWN  # the precisions in the table, in its order
@@ -358,12 +359,12 @@ def fmt_ms(ms: float) -> str:
 
 
 def first_token_text(pred, turn) -> str:
-    """ "≈ 150 ms · next turn ≈ 60 ms"."""
+    """ "≈ 150 ms · next turn 60 ms" (the tooltip says what each is)."""
     if pred is None:
         return "—"
     text = f"≈ {fmt_ms(pred.ttft_ms)}"
     if turn is not None:
-        text += f" · next turn ≈ {fmt_ms(turn.ttft_ms)}"
+        text += f" · next turn {fmt_ms(turn.ttft_ms)}"
     return text
 
 
@@ -386,7 +387,7 @@ def first_token_tip(pred, turn) -> str:
 
 
 def speed_text(pred) -> str:
-    """ "≈ 41 tok/s (fast) · measured here 40.6"."""
+    """ "≈ 41 tok/s (fast) · measured here 41" (a decimal below 10 tok/s only, so the column fits)."""
     if pred is None:
         return "—"
     text = (
@@ -395,7 +396,8 @@ def speed_text(pred) -> str:
         else (f"≈ {pred.tokens_per_s:.0f} tok/s ({pred.strategy})")
     )
     if pred.measured_tokens_per_s is not None:
-        text += f" · measured here {pred.measured_tokens_per_s:.1f}"
+        m = pred.measured_tokens_per_s
+        text += f" · measured here {m:.1f}" if m < 10 else f" · measured here {m:.0f}"
     return text
 
 
