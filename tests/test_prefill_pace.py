@@ -90,3 +90,19 @@ def test_a_prompt_read_beside_a_streaming_reply_changes_neither_answer(target, n
     assert newcomer.result.token_ids == expected_long
     assert mixed and sum(mixed) == len(long)  # the whole prompt was read in mixed steps, in paced chunks
     assert len(mixed) > 1 and max(mixed) < ops.GEMM_ROWS
+
+
+def test_a_short_rest_is_read_whole_beside_streaming_replies_and_a_long_one_is_paced():
+    from redline.inference.generation.batch import WHOLE_PROMPT_S
+
+    pace = PrefillPace()
+    assert pace.next_chunk(True, rest=40) == 16  # nothing measured yet: paced
+    pace.measured_rows(44, 44 * 0.002)  # a prompt read alone: 2 ms a token
+    assert pace.next_chunk(True, rest=40) == 40  # 80 ms: read whole
+    assert pace.next_chunk(True, most=30, rest=40) == 30  # never more rows than the step can take
+    long = int(WHOLE_PROMPT_S / 0.002) + 1
+    assert pace.next_chunk(True, rest=long) == 16  # over WHOLE_PROMPT_S: paced chunks
+    pace.measured_step(0.010)
+    pace.measured_wait(16, 0.010 + 16 * 0.004, mixed=True)  # the mixed pass's own share: 4 ms a token
+    assert pace.row_s == pytest.approx(0.003)  # averaged with the 2 ms measured before
+    assert pace.next_chunk(True, rest=40) < 40

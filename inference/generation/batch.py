@@ -29,6 +29,11 @@ KV_SHARE = 0.8  # of the memory free when the batch starts, what its KV cache ma
 # While a prompt is read beside streaming replies, their longest gap between tokens may be this many of their
 # normal steps (issue 27.5's bound is 3; the margin absorbs one chunk's overshoot). tools/prefill_stall_bench.py.
 GAP_STEPS = 2.5
+# A prompt whose rest reads in this long (at the rate its chunks measured) is read whole even beside streaming
+# replies: they see one gap this long at most, not a stutter, and splitting a short prompt costs a pass over
+# the weights per chunk, which delayed its first token and cut the server's throughput at 4 clients to 0.89×
+# (tools/bench_server.py). Long prompts are still paced.
+WHOLE_PROMPT_S = 0.1
 
 
 class PrefillPace:
@@ -42,20 +47,34 @@ class PrefillPace:
         self.fixed = fixed
         self.step_s: Optional[float] = None  # a decode step with no prompt beside it, exponentially averaged
         self.chunk = 16  # the size to read beside streaming replies, steered from here
+        self.row_s: Optional[float] = None  # seconds a prompt token adds to a chunk, as the last chunks measured
 
-    def next_chunk(self, others_streaming: bool, most: int = PREFILL_CHUNK) -> int:
+    def next_chunk(self, others_streaming: bool, most: int = PREFILL_CHUNK, rest: Optional[int] = None) -> int:
+        """``rest``: the prompt tokens still to read (None: unknown)."""
         if self.fixed is not None:
             return self.fixed
         if not others_streaming:
             return PREFILL_CHUNK
+        if rest is not None and self.row_s is not None and rest * self.row_s <= WHOLE_PROMPT_S:
+            return max(1, min(rest, most))
         return max(1, min(self.chunk, most))
 
     def measured_step(self, seconds: float) -> None:
         self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
 
+    def measured_rows(self, tokens: int, seconds: float) -> None:
+        """A chunk of ``tokens`` prompt tokens took ``seconds`` of its own (a decode step beside it not counted)."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = seconds / tokens
+        self.row_s = rate if self.row_s is None else 0.5 * self.row_s + 0.5 * rate
+
     def measured_wait(self, tokens: int, waited: float, mixed: bool) -> None:
         """The streaming replies waited ``waited`` seconds for a chunk of ``tokens`` (and, ``mixed``, their own
         step in the same pass; otherwise their step comes after the chunk)."""
+        if self.fixed is None:
+            own = waited - (self.step_s or 0.0) if mixed else waited
+            self.measured_rows(tokens, own)
         if self.fixed is not None or self.step_s is None or waited <= 0:
             return
         budget = GAP_STEPS * self.step_s - (0 if mixed else self.step_s)
@@ -69,6 +88,7 @@ class _Active:
     gen: Generation
     seq: FastSequence
     alone: bool = True  # decoded with no other reply beside it from start to end
+    split: bool = False  # its prompt is being read in paced chunks (its last one is paced too)
 
     @property
     def sink(self) -> Sink:
@@ -245,7 +265,7 @@ class Batcher:
     def _prefill(self, a: _Active, others_streaming: bool) -> None:
         if a.gen.cancel.check():
             return
-        chunk = self.pace.next_chunk(others_streaming)
+        chunk = self.pace.next_chunk(others_streaming, rest=self._whole(a))
         started, before = time.perf_counter(), a.seq.prefilled
         a.seq.prefill(chunk)
         if others_streaming:
@@ -254,8 +274,17 @@ class Batcher:
 
                 torch.cuda.synchronize(self.dec.device)  # the chunk's time, not its launch's
             self.pace.measured_wait(a.seq.prefilled - before, time.perf_counter() - started, mixed=False)
+        elif self.dec.device.type == "cpu":  # alone: the time is the chunk's own (a GPU's would be its launch's)
+            self.pace.measured_rows(a.seq.prefilled - before, time.perf_counter() - started)
+        a.split = a.split or a.seq.prefilling
         if len(a.seq.prompt) > chunk:
             a.sink.emit(PrefillProgress(a.seq.prefilled, len(a.seq.prompt)))
+
+    @staticmethod
+    def _whole(a: _Active) -> Optional[int]:
+        """The prompt tokens ``a`` has to read, for the pace to read whole if they are few; None once its prompt
+        is split, so a long prompt's last chunk keeps the pace too."""
+        return None if a.split else len(a.seq.prompt) - a.seq.prefilled
 
     def _mixed(self, a: _Active, batch: list[_Active]) -> None:
         """A chunk of ``a``'s prompt and one token for every reply in ``batch``, in one pass over the weights."""
@@ -264,7 +293,7 @@ class Batcher:
         if a.gen.cancel.check():
             return self._decode(batch)
         seq = a.seq
-        chunk = self.pace.next_chunk(True, most=_rows_beside(len(batch)))
+        chunk = self.pace.next_chunk(True, most=_rows_beside(len(batch)), rest=self._whole(a))
         end = min(len(seq.prompt), seq.prefilled + chunk)
         ids = torch.tensor(seq.prompt[seq.prefilled : end], dtype=torch.long, device=self.dec.device)
         tokens = torch.cat([b.seq.next_token.view(1) for b in batch])
@@ -276,6 +305,7 @@ class Batcher:
             b.seq.accept(logits[i])
         self.pace.measured_wait(end - seq.prefilled, time.perf_counter() - started, mixed=True)
         seq.read_to(end, first)
+        a.split = a.split or seq.prefilling
         if len(seq.prompt) > chunk:
             a.sink.emit(PrefillProgress(seq.prefilled, len(seq.prompt)))
 
