@@ -41,6 +41,16 @@ def test_the_variant_follows_the_cpu_flags(monkeypatch):
     monkeypatch.setattr(build, "machine", lambda: "x86_64")
     monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx", "avx2", "fma", "f16c"})
     assert native.variants_here() == ["avx2", "generic"]
+    avx2 = {"sse2", "avx", "avx2", "fma", "f16c"}
+    monkeypatch.setattr(native, "_cpu_flags", lambda: avx2 | {"avx_vnni"})  # Alder Lake, Zen 5 without AVX-512
+    assert native.variants_here() == ["avx2-vnni", "avx2", "generic"]
+    zen4 = avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # Zen 4, Ice Lake: AVX512-VNNI only
+    monkeypatch.setattr(native, "_cpu_flags", lambda: zen4)
+    assert native.variants_here() == ["avx512-vnni", "avx2", "generic"]
+    monkeypatch.setattr(native, "_cpu_flags", lambda: zen4 | {"avx_vnni"})  # Sapphire Rapids: both
+    assert native.variants_here() == ["avx512-vnni", "avx2-vnni", "avx2", "generic"]
+    monkeypatch.setattr(native, "_cpu_flags", lambda: avx2 | {"avx512f", "avx512_vnni"})  # no VL: no 256-bit VNNI
+    assert native.variants_here() == ["avx2", "generic"]
     monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx", "f16c"})  # Ivy Bridge: AVX, no AVX2
     assert native.variants_here() == ["generic"]
     monkeypatch.setattr(build, "machine", lambda: "aarch64")
@@ -114,6 +124,35 @@ def test_every_build_gives_the_reference_results(builds):
             got = k.attend(qkv, cos, sin, kp, vp, pages, pos, heads, kv_heads, dim**-0.5)
             want = reference.attend(qkv, cos, sin, kr, vr, pages, pos, heads, kv_heads, dim**-0.5)
         assert rel_error(got, want) < 1e-5 and torch.equal(kp, kr), variant
+
+
+def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
+    """The VNNI builds change only how the byte products are summed (one vpdpbusd for maddubs and madd: the
+    same integers), and avx512-vnni tiles bf16 rows four by four or six (each output still one 8-lane sum in
+    order), so products of every size, a batch and a prompt of many rows, are the AVX2 build's bits."""
+    vnni = [v for v in builds if v.endswith("-vnni")]
+    if "avx2" not in builds or not vnni:
+        pytest.skip("this CPU has no VNNI (avx_vnni, or avx512_vnni with avx512vl)")
+    avx2 = builds["avx2"]
+    torch.manual_seed(2)
+    wq = torch.randn(98, 576) * 0.05
+    wq[0, :32] = -wq[0, :32].abs().max()  # a block whose every weight is the most negative: -127 in Q8_0
+    b8, b4, b4s = block_quant.quantize_q8(wq), block_quant.quantize_q4(wq), block_quant.quantize_q4(wq, True)
+    empty = b4s.scales.new_empty(0)
+    dense = (torch.randn(962, 576) * 0.05).bfloat16()  # 962: a remainder past the groups of four rows
+    for rows in (1, 2, 3, 4, 5, 6, 7, 9, 10, 20, 44):
+        x = torch.randn(rows, 576) * 3
+        want = avx2.linear_bf16(x, dense)
+        for variant in vnni:
+            assert torch.equal(builds[variant].linear_bf16(x, dense), want), (variant, rows)
+        want8 = avx2.linear_q8(x, b8.qweight, b8.scales)
+        want4 = avx2.linear_q4(x, b4.qweight, b4.scales, b4.mins)
+        want4s = avx2.linear_q4(x, b4s.qweight, b4s.scales, empty)
+        for variant in vnni:
+            k = builds[variant]
+            assert torch.equal(k.linear_q8(x, b8.qweight, b8.scales), want8), (variant, rows)
+            assert torch.equal(k.linear_q4(x, b4.qweight, b4.scales, b4.mins), want4), (variant, rows)
+            assert torch.equal(k.linear_q4(x, b4s.qweight, b4s.scales, empty), want4s), (variant, rows)
 
 
 @pytest.mark.slow

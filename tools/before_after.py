@@ -4,6 +4,7 @@ before/after for a change that must keep behaviour and speed.
     git worktree add /tmp/before <commit>
     python tools/before_after.py --before /tmp/before --rounds 3                 # redline bench, fast configs
     python tools/before_after.py --before /tmp/before --rounds 2 --concurrency   # + tools/concurrency_bench.py
+    python tools/before_after.py --before . --before-env REDLINE_KERNELS_VARIANT=avx2   # two kernel builds
 
 Each round runs ``redline bench`` (the starter, one short prompt, greedy) from one side and then the other,
 alternating which goes first (A B, B A, …); the table gives each side's median tokens/s and TTFT and the median
@@ -76,9 +77,22 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--configs", default=CONFIGS)
     ap.add_argument("--concurrency", action="store_true", help="also tools/concurrency_bench.py, 4 requests")
+    ap.add_argument(
+        "--before-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set for the before side only, e.g. --before . --before-env REDLINE_KERNELS_VARIANT=avx2 (one "
+        "checkout, two kernel builds)",
+    )
+    ap.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args(argv)
 
     sides = {"after": (side_env(args.after), args.after), "before": (side_env(args.before), args.before)}
+    for side, extra in (("after", args.after_env), ("before", args.before_env)):
+        for item in extra:
+            name, _, value = item.partition("=")
+            sides[side][0][name] = value
     got: dict = {side: [] for side in sides}
     conc: dict = {side: [] for side in sides}
     load_before = os.getloadavg()
@@ -93,6 +107,8 @@ def main(argv=None) -> int:
                 conc[side].append(concurrency(env, root, args))
     load_after = os.getloadavg()
     sha, here = short_sha(args.before), short_sha(args.after)
+    here += "".join(f" {e}" for e in args.after_env)
+    sha += "".join(f" {e}" for e in args.before_env)
     print(
         f"after = {here}, before = {sha}; {args.rounds} rounds A B / B A; "
         f"load average {load_before[0]:.2f} → {load_after[0]:.2f}"

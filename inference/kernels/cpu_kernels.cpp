@@ -26,7 +26,13 @@
 #include <vector>
 
 #if defined(REDLINE_AVX2)
+#if defined(REDLINE_AVX512_VNNI)
+#define REDLINE_VARIANT "avx512-vnni"
+#elif defined(REDLINE_AVX_VNNI)
+#define REDLINE_VARIANT "avx2-vnni"
+#else
 #define REDLINE_VARIANT "avx2"
+#endif
 #elif defined(REDLINE_NEON) && defined(REDLINE_DOTPROD)
 #define REDLINE_VARIANT "neon-dotprod"
 #elif defined(REDLINE_NEON)

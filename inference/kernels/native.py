@@ -100,7 +100,14 @@ def variants_here() -> list[str]:
         return [forced] if forced in known else []
     flags = _cpu_flags()
     if machine == "x86_64":
-        return (["avx2"] if {"avx2", "fma", "f16c"} <= flags else []) + ["generic"]
+        if not {"avx2", "fma", "f16c"} <= flags:
+            return ["generic"]
+        # VNNI (one instruction for the byte products of q8 and q4) where the CPU has it, in either encoding.
+        return (
+            (["avx512-vnni"] if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags else [])
+            + (["avx2-vnni"] if "avx_vnni" in flags else [])
+            + ["avx2", "generic"]
+        )
     if machine == "aarch64":
         # NEON (asimd) is part of every ARMv8-A CPU; the dot products are ARMv8.2's optional 'asimddp'.
         return (["neon-dotprod"] if "asimddp" in flags else []) + ["neon"]
@@ -175,8 +182,7 @@ def _found() -> Optional[tuple[str, Path, str]]:
         path = shipped_library(variant)
         if path is not None:
             return variant, path, "shipped"
-    variant = variants_here()[0] if variants_here() else None
-    if variant is not None:
+    for variant in variants_here():
         path = cached_library(variant)
         if path is not None:
             return variant, path, "cache"
@@ -274,12 +280,9 @@ def _load_or_build() -> None:
         missing = missing_build_tools()
         if missing is not None:
             raise RuntimeError(missing)
-        variant = variants_here()[0]
         compiler = recipe.find_compiler()
-        path = build_folder(variant, compiler) / recipe.library_name(variant)
-        recipe.compile_library(variant, path, compiler)
+        found = _build_best(compiler)
         _state.update(build_seconds=round(time.perf_counter() - started, 1), from_cache=False)
-        found = (variant, path, "built")
         started = time.perf_counter()
     else:
         _state.update(from_cache=found[2] == "cache", build_seconds=None)
@@ -288,6 +291,20 @@ def _load_or_build() -> None:
     _state.update(
         variant=variant, source=source, path=str(path), load_ms=round((time.perf_counter() - started) * 1e3, 1)
     )
+
+
+def _build_best(compiler: str) -> tuple[str, Path, str]:
+    """Build the best variant this CPU runs that the compiler can build: an older compiler without, say,
+    -mavxvnni (GCC before 11) gets the plain AVX2 build rather than none. Raises the first failure if none builds."""
+    first = None
+    for variant in variants_here():
+        path = build_folder(variant, compiler) / recipe.library_name(variant)
+        try:
+            recipe.compile_library(variant, path, compiler)
+            return variant, path, "built"
+        except RuntimeError as exc:
+            first = first or exc
+    raise first or RuntimeError("no variant to build")
 
 
 def library_for(variant: str, extra_flags: tuple = ()) -> "Kernels":

@@ -333,6 +333,21 @@ inline void dense_group(const W* w, int64_t stride, int R, const float* x, int64
   for (int64_t t = 0; t < T;) {
     const int64_t left = T - t;
     const bool pf = prefetch && t == 0;
+#if defined(REDLINE_AVX512_VNNI)
+    // 32 vector registers (the EVEX encoding): the four weight rows against four activation rows in one tile, 16
+    // accumulators, so each weight vector loaded serves four rows and each activation vector four (two tiles of
+    // 2 x 4 load the activations twice). Every output is still one 8-lane sum in order: the same bits.
+    if (R == 4 && left >= 6) {
+      dense_tile_at<W, 4, 6, P16>(w, stride, x, K, t, 0, pf, emit);
+      t += 6;
+      continue;
+    }
+    if (R == 4 && left >= 4) {
+      dense_tile_at<W, 4, 4, P16>(w, stride, x, K, t, 0, pf, emit);
+      t += 4;
+      continue;
+    }
+#endif
     if (R == 1) {
       if (left >= 4) dense_tile_at<W, 1, 4, P16>(w, stride, x, K, t, 0, false, emit), t += 4;
       else dense_tile_at<W, 1, 1, P16>(w, stride, x, K, t, 0, false, emit), t += 1;

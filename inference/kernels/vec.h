@@ -1,7 +1,8 @@
 // The vector operations Redline's kernels are written in, for each CPU family the library is built for:
 //
 //   REDLINE_AVX2   x86-64 with AVX2, FMA and F16C: an F8 is one 256-bit register (the intrinsics the kernels were
-//                  first written in, unchanged);
+//                  first written in, unchanged); with REDLINE_AVX_VNNI or REDLINE_AVX512_VNNI the byte products
+//                  take one vpdpbusd instead of two instructions (the same integers);
 //   REDLINE_NEON   ARM64 (AArch64) NEON, two 128-bit registers; with REDLINE_DOTPROD the int8 dot products use
 //                  ARMv8.2's SDOT, without it widening multiplies and pairwise adds (any ARMv8-A CPU);
 //   neither        plain C++ for any CPU (on x86-64 the compiler's SSE2): the portable build.
@@ -180,15 +181,25 @@ inline I8x32 i8_nibbles(const uint8_t* p) {
   return _mm256_and_si256(_mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1),
                           _mm256_set1_epi8(0x0F));
 }
+// Four unsigned × signed byte products summed into each int32 lane. With VNNI one instruction (vpdpbusd: AVX-VNNI's
+// VEX form, or AVX512-VNNI's EVEX form on 256 bits); without, maddubs (pairs into int16) then madd (pairs into
+// int32). The sums are the same integers: no pair here reaches maddubs' int16 saturation (an unsigned operand is
+// at most 128 and a signed one at most 127 in magnitude: 2 · 128 · 127 < 32767), so every build gives the same bits.
+inline __m256i i32_dot4(__m256i u, __m256i s) {
+#if defined(REDLINE_AVX512_VNNI)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(REDLINE_AVX_VNNI)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
 // Lane j = Σ over bytes 4j..4j+3 of x·y, as a float: 32 int8 × int8 products (|x| as unsigned, y with x's sign)
 inline F8 f8_dot_i8(I8x32 x, I8x32 y) {
-  const __m256i dot = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)));
+  return _mm256_cvtepi32_ps(i32_dot4(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
 }
 // The same for u in 0..127 (4-bit weights) × int8
-inline F8 f8_dot_u8_i8(I8x32 u, I8x32 s) {
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
+inline F8 f8_dot_u8_i8(I8x32 u, I8x32 s) { return _mm256_cvtepi32_ps(i32_dot4(u, s)); }
 
 // 32 activations quantised to int8: d = max|x| / 127, q = round(x / d), s = d · Σq.
 inline void quantize_block(const float* v, int8_t* q, float* dx, float* sx) {
