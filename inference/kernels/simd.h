@@ -380,14 +380,74 @@ inline void dense_span(const W* w, int64_t stride, int64_t n0, int64_t n1, const
   }
 }
 
+#if defined(REDLINE_AVX512_VNNI)
+// R Q8_0 rows against TT activation rows in one tile (a prompt, a batch), out[t][r]: each weight vector loaded and
+// its offset share computed once for TT rows, each activation vector offset once for R rows, one vpdpbusd per pair
+// (vec.h f8_dot_from) and the scale products stored once per eight blocks and broadcast from memory. Every (t, r)
+// runs q8_rows' operations in q8_rows' order on the same integers and scales: the same bits as q8_rows<R>.
+template <int R, int TT>
+inline void q8_tile(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_t nb, const int8_t* qx,
+                    const float* dx, int64_t K, bool prefetch, float (*out)[R]) {
+  F8 acc[TT][R];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = f8_zero();
+  alignas(32) float ds[TT][R][8];
+  const bool pf = prefetch && prefetching();
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    if (pf)
+      for (int r = 0; r < R; ++r) {
+        prefetch_lines(w + (AHEAD + r) * wstride + b * BLOCK, 8 * BLOCK);
+        redline_kernels::prefetch(sc + (AHEAD + r) * nb + b);
+      }
+    for (int r = 0; r < R; ++r) {
+      const F8 s = f8_from_f16(sc + r * nb + b);
+      for (int t = 0; t < TT; ++t) f8_store(ds[t][r], f8_mul(s, f8_load(dx + t * nb + b)));
+    }
+    for (int j = 0; j < 8; ++j) {
+      I8x32 wv[R];
+      __m256i neg[R];
+      for (int r = 0; r < R; ++r) {
+        wv[r] = i8_load(w + r * wstride + (b + j) * BLOCK);
+        neg[r] = i32_neg_offset(wv[r]);
+      }
+      for (int t = 0; t < TT; ++t) {
+        const __m256i u = i8_offset(i8_load(qx + t * K + (b + j) * BLOCK));
+        for (int r = 0; r < R; ++r) acc[t][r] = f8_madd(f8_set1(ds[t][r][j]), f8_dot_from(neg[r], u, wv[r]), acc[t][r]);
+      }
+    }
+  }
+  for (; b < nb; ++b)
+    for (int t = 0; t < TT; ++t) {
+      const I8x32 q = i8_load(qx + t * K + b * BLOCK);
+      for (int r = 0; r < R; ++r)
+        acc[t][r] = f8_madd(f8_set1(f16(sc[r * nb + b]) * dx[t * nb + b]),
+                            f8_dot_i8(i8_load(w + r * wstride + b * BLOCK), q), acc[t][r]);
+    }
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < R; ++r) out[t][r] = f8_hsum(acc[t][r]);
+}
+#endif
+
 // Q8_0 rows (int8, `wstride` bytes apart, fp16 scales `nb` a row): each activation row in turn against a group of
 // four; the group is read from memory by the first row (which prefetches the next group) and from the cache after.
+// On avx512-vnni, four activation rows at a time in one tile (q8_tile), the rest row by row.
 template <typename Emit>
 inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_t nb, int64_t n0, int64_t n1,
                     const int8_t* qx, const float* dx, int64_t T, int64_t K, Emit emit) {
   float out[4];
   for (int64_t n = n0; n < n1; n += 4)
     for (int64_t t = 0; t < T; ++t) {
+#if defined(REDLINE_AVX512_VNNI)
+      if (n + 4 <= n1 && t + 4 <= T) {
+        float tile[4][4];
+        q8_tile<4, 4>(w + n * wstride, wstride, sc + n * nb, nb, qx + t * K, dx + t * nb, K, t == 0, tile);
+        for (int u = 0; u < 4; ++u)
+          for (int r = 0; r < 4; ++r) emit(t + u, n + r, tile[u][r]);
+        t += 3;
+        continue;
+      }
+#endif
       const int8_t* q = qx + t * K;
       const float* d = dx + t * nb;
       if (n + 4 <= n1) {

@@ -194,6 +194,21 @@ inline __m256i i32_dot4(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
 }
+#if defined(REDLINE_AVX512_VNNI)
+// For tiles of q8 rows against several activation rows (simd.h q8_tile): the signed × signed dot as one vpdpbusd
+// per pair, the activations offset to unsigned once (q + 128, as bytes q ^ 0x80) and the offset's share taken
+// out beforehand, once per weight vector: neg_offset(w) = −128 · Σw per lane, so dot_from(neg_offset(w),
+// offset(q), w) = Σ (q + 128)·w − 128·Σw = Σ q·w, the same integers as f8_dot_i8 (vpdpbusd adds in int32: no
+// saturation).
+inline __m256i i8_offset(I8x32 q) { return _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))); }
+inline __m256i i32_neg_offset(I8x32 w) {
+  return _mm256_sub_epi32(_mm256_setzero_si256(),
+                          _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), w));
+}
+inline F8 f8_dot_from(__m256i neg_offset, __m256i u, I8x32 w) {
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(neg_offset, u, w));
+}
+#endif
 // Lane j = Σ over bytes 4j..4j+3 of x·y, as a float: 32 int8 × int8 products (|x| as unsigned, y with x's sign)
 inline F8 f8_dot_i8(I8x32 x, I8x32 y) {
   return _mm256_cvtepi32_ps(i32_dot4(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
