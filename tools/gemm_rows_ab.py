@@ -1,7 +1,10 @@
-"""TTFT of the fast path in bf16 with the kernel/BLAS crossover (``kernels.ops.GEMM_ROWS``) at two values,
-interleaved on one engine (A B A B …), the median of the per-round ratios:
+"""TTFT of the fast path with the crossover from the whole step to the operator-by-operator prefill
+(``kernels.ops.GEMM_ROWS``; in bf16 also the kernel/BLAS crossover of the products) at two values, interleaved
+on one engine (A B A B …), the median of the per-round ratios:
 
-    python tools/gemm_rows_ab.py [--old 32] [--new 128] [--rounds 5]
+    python tools/gemm_rows_ab.py [--old 32] [--new 128] [--rounds 5] [--precision q8] [--prompt-tokens 200]
+
+``--prompt-tokens N``: the first N tokens of the long prompt set's first prompt instead of the short chat prompt.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ def main(argv=None) -> int:
     ap.add_argument("--old", type=int, default=32)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--prompt-tokens", type=int, default=0)
     args = ap.parse_args(argv)
 
     from redline.inference import Engine, SamplingSettings, load_prompt_set, resolve_precision
@@ -26,9 +31,12 @@ def main(argv=None) -> int:
 
     engine = Engine()
     engine.record_memory = False
-    engine.load("starter", resolve_precision("bf16", engine.device))
+    engine.load("starter", resolve_precision(args.precision, engine.device))
     target = engine.target
     ids = build_prompt(target.tokenizer, load_prompt_set("short").prompts[0].messages, 4096, 64).input_ids
+    if args.prompt_tokens:
+        long_ids = build_prompt(target.tokenizer, load_prompt_set("long").prompts[0].messages, 4096, 64).input_ids
+        ids = long_ids[: args.prompt_tokens]
     sampling = SamplingSettings(max_new_tokens=16, temperature=0, min_new_tokens=16)
     generate(target, ids, sampling, DecodeOptions(strategy="fast"))  # warm-up
     before = os.getloadavg()
@@ -39,7 +47,7 @@ def main(argv=None) -> int:
             ttft[rows].append(generate(target, ids, sampling, DecodeOptions(strategy="fast")).ttft_ms)
     ratio = statistics.median(a / b for a, b in zip(ttft[args.old], ttft[args.new]))
     print(
-        f"prompt {len(ids)} tokens; TTFT ms by GEMM_ROWS: "
+        f"{args.precision}, prompt {len(ids)} tokens; TTFT ms by GEMM_ROWS: "
         + "; ".join(f"{k}: {[round(x) for x in v]}" for k, v in ttft.items())
     )
     print(f"median ratio {args.old}/{args.new}: {ratio:.2f}; load average {before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
