@@ -1,7 +1,8 @@
 """Builds Redline's native CPU kernels into the wheel (everything else about the package is in pyproject.toml).
 
 ``python -m build --wheel`` compiles inference/kernels/ once per CPU variant of this machine's architecture
-(``inference/kernels/build.py``: avx512-vnni, avx2-vnni, avx2 and generic on x86-64, neon-dotprod and neon on ARM64) into
+(``inference/kernels/build.py``: avx512-vnni, avx2-vnni, avx2 and generic on x86-64, neon-dotprod and neon on
+ARM64) into
 ``redline/inference/kernels/prebuilt/``, with the OpenMP runtime they link (GCC's libgomp.so.1) beside them, so an
 installed Redline never compiles anything. The wheel is tagged ``py3-none-<platform>`` (the library uses no Python
 API, so one wheel serves every Python 3.11+); on Linux the platform is ``manylinux_2_N_<arch>``, N the newest glibc
