@@ -124,7 +124,14 @@ def test_window_unload_then_reload(qtbot, tiny_model_dir):
             w.unload_model()
         gc.collect()
         assert w.loaded is None and w.engine.engine.target is None
-        assert model() is None  # nothing in the window (last result, widgets, tasks) kept the weights alive
+        # Nothing in the window (last result, widgets, tasks) keeps the weights alive. A queued signal or the
+        # engine thread's last frame can hold them for a moment after model_unloaded (seen once in a full run,
+        # not alone): give them a bounded moment, and name the holders if they stay.
+        deadline = time.monotonic() + 5
+        while model() is not None and time.monotonic() < deadline:
+            qtbot.wait(50)
+            gc.collect()
+        assert model() is None, [type(r).__name__ for r in gc.get_referrers(model())]
         assert "No model loaded" in w.model_label.text()
         assert w.last_result is not None  # the figures of the last reply are kept, the tensors are not
         with qtbot.waitSignal(w.model_loaded, timeout=60_000):
