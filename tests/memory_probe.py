@@ -35,6 +35,7 @@ def main() -> None:
                 "generation_peak_bytes": result.peak_memory_bytes,
                 "prompt_tokens": result.prompt_tokens,
                 "new_tokens": result.new_tokens,
+                "tokens_per_s": result.tokens_per_s,
                 "finish_reason": result.finish_reason,
                 "error": result.error,
             }

@@ -1,6 +1,7 @@
 """Prediction before download vs measurement after, for the model browser (docs/models.md reports the numbers).
 
     python -m tests.model_browser_accuracy [--context 256] [--precisions bf16,fp32,q8,q4] [--quants F16,Q8_0,Q4_0]
+        [--calibrate 3]
 
 Serves from the stand-in hub (tests/hub_server.py, on 127.0.0.1): the starter's folder as a safetensors
 repository, GGUF files of the starter written with the ``gguf`` package (tests/gguf_helpers.py), and generated
@@ -9,6 +10,9 @@ Find page does (this machine's target and speed model), downloads it, then loads
 configuration in a fresh process (tests/memory_probe.py: load, a short greedy reply, peak RSS over both) and
 prints one JSON line per variant: predicted and measured bytes, the error and the estimator's margin, the
 predicted and measured decode tok/s. The starter's folder must be fetched (``redline models pull starter``).
+``--calibrate N``: first N short replies of the starter at each of ``--precisions`` (in fresh processes, as a
+user's first chats would), so the speed model's per-machine factors are learned before anything is predicted
+(``REDLINE_DATA_DIR`` holds them: point it at an empty folder for a run from the defaults).
 """
 
 from __future__ import annotations
@@ -89,6 +93,13 @@ def main() -> int:
     ap.add_argument("--precisions", default="bf16,fp32,q8,q4")
     ap.add_argument("--quants", default="F16,Q8_0,Q4_0")
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--calibrate", type=int, default=0, help="starter replies per precision before predicting")
+    ap.add_argument(
+        "--extra-gguf",
+        action="append",
+        default=[],
+        help="a GGUF file to serve too, in the repository local/extra-GGUF (e.g. tools/make_shaped_model.py's)",
+    )
     args = ap.parse_args()
 
     from gguf_helpers import write_llama_gguf
@@ -100,6 +111,11 @@ def main() -> int:
     if not (starter / "config.json").is_file():
         print("The starter is not fetched: run `redline models pull starter` first.", file=sys.stderr)
         return 2
+    probe_env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for _ in range(args.calibrate):
+        for precision in args.precisions.split(","):
+            cmd = [sys.executable, "-m", "tests.memory_probe", str(starter), precision, str(args.new_tokens)]
+            subprocess.run(cmd, cwd=ROOT, env=probe_env, capture_output=True, text=True, timeout=1200, check=True)
     work = Path(tempfile.mkdtemp(prefix="redline-browse-accuracy-"))
     files = {p.name: p.read_bytes() for p in starter.iterdir() if p.is_file() and not p.name.startswith(".")}
     repos = {"starter/SmolLM2-135M": Repo(files=files, lfs={n for n in files if n.endswith(".safetensors")})}
@@ -110,6 +126,9 @@ def main() -> int:
         path = write_llama_gguf(f32, work / f"SmolLM2-135M.{q}.gguf", kinds)
         ggufs[path.name] = path.read_bytes()
     repos["starter/SmolLM2-135M-GGUF"] = Repo(files=ggufs, lfs=set(ggufs), sha="2" * 40)
+    if args.extra_gguf:
+        extra = {Path(f).name: Path(f).read_bytes() for f in args.extra_gguf}
+        repos["local/extra-GGUF"] = Repo(files=extra, lfs=set(extra), sha="4" * 40)
     for rid, (*shape, params) in SHAPES.items():
         repos[rid] = Repo(
             files={"config.json": json.dumps(config(*shape)).encode(), "model.safetensors": b"\0"},
@@ -175,6 +194,9 @@ def main() -> int:
                     row["error_bytes"] = p.total_bytes - m["measured_bytes"]
                     row["within_margin"] = abs(row["error_bytes"]) <= max(0.1 * m["measured_bytes"], 300e6)
                     row["engine_predicted_bytes"] = m["predicted_bytes"]
+                    row["measured_tok_s"] = round(m["tokens_per_s"] or 0, 1)
+                    if m["tokens_per_s"]:
+                        row["tok_s_error_pct"] = round(100 * (row["predicted_tok_s"] / m["tokens_per_s"] - 1), 1)
                 print(json.dumps(row), flush=True)
     return 0
 
