@@ -1,7 +1,7 @@
 """Run in a fresh process by test_estimator_accuracy: load a model, generate briefly, print predicted vs measured.
 
 A fresh process per precision, so one precision's memory cannot pollute the next's.
-Usage: python -m tests.memory_probe MODEL PRECISION [MAX_NEW_TOKENS]
+Usage: python -m tests.memory_probe MODEL PRECISION [MAX_NEW_TOKENS] [STRATEGY]
 """
 
 import json
@@ -15,13 +15,14 @@ def main() -> None:
 
     model, precision = sys.argv[1], sys.argv[2]
     max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 16
+    options = DecodeOptions(strategy=sys.argv[4]) if len(sys.argv) > 4 else DecodeOptions()
     engine = Engine("cpu")
     engine.record_memory = False
     engine.load(model, parse_precision(precision))
     result = engine.chat(
         [{"role": "user", "content": "Write one sentence about the sea."}],
         SamplingSettings(max_new_tokens=max_new, temperature=0),
-        DecodeOptions(),
+        options,
     )
     check = engine.memory_check
     print(
@@ -36,6 +37,7 @@ def main() -> None:
                 "prompt_tokens": result.prompt_tokens,
                 "new_tokens": result.new_tokens,
                 "tokens_per_s": result.tokens_per_s,
+                "strategy": result.strategy,
                 "finish_reason": result.finish_reason,
                 "error": result.error,
             }

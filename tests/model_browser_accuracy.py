@@ -12,7 +12,9 @@ prints one JSON line per variant: predicted and measured bytes, the error and th
 predicted and measured decode tok/s. The starter's folder must be fetched (``redline models pull starter``).
 ``--calibrate N``: first N short replies of the starter at each of ``--precisions`` (in fresh processes, as a
 user's first chats would), so the speed model's per-machine factors are learned before anything is predicted
-(``REDLINE_DATA_DIR`` holds them: point it at an empty folder for a run from the defaults).
+(``REDLINE_DATA_DIR`` holds them: point it at an empty folder for a run from the defaults). ``--strategy
+predicted`` measures each variant in the strategy the Find page predicted (the fast path, as the app runs it)
+rather than DecodeOptions' default (kv).
 """
 
 from __future__ import annotations
@@ -95,6 +97,13 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--calibrate", type=int, default=0, help="starter replies per precision before predicting")
     ap.add_argument(
+        "--strategy",
+        choices=("kv", "predicted"),
+        default="kv",
+        help="the strategy each variant is measured in: kv (DecodeOptions' default, what the memory test has always "
+        "checked) or predicted (what the Find page predicted, as the app would run it: usually fast)",
+    )
+    ap.add_argument(
         "--extra-gguf",
         action="append",
         default=[],
@@ -115,6 +124,7 @@ def main() -> int:
     for _ in range(args.calibrate):
         for precision in args.precisions.split(","):
             cmd = [sys.executable, "-m", "tests.memory_probe", str(starter), precision, str(args.new_tokens)]
+            cmd += ["auto"] if args.strategy == "predicted" else []
             subprocess.run(cmd, cwd=ROOT, env=probe_env, capture_output=True, text=True, timeout=1200, check=True)
     work = Path(tempfile.mkdtemp(prefix="redline-browse-accuracy-"))
     files = {p.name: p.read_bytes() for p in starter.iterdir() if p.is_file() and not p.name.startswith(".")}
@@ -179,7 +189,8 @@ def main() -> int:
                     continue
                 got = fetch_variant(rv, v, p)
                 proc = subprocess.run(
-                    [sys.executable, "-m", "tests.memory_probe", got.model, got.precision, str(args.new_tokens)],
+                    [sys.executable, "-m", "tests.memory_probe", got.model, got.precision, str(args.new_tokens)]
+                    + ([p.strategy] if args.strategy == "predicted" else []),
                     cwd=ROOT,
                     env=dict(env, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")),
                     capture_output=True,
@@ -195,6 +206,7 @@ def main() -> int:
                     row["within_margin"] = abs(row["error_bytes"]) <= max(0.1 * m["measured_bytes"], 300e6)
                     row["engine_predicted_bytes"] = m["predicted_bytes"]
                     row["measured_tok_s"] = round(m["tokens_per_s"] or 0, 1)
+                    row["measured_strategy"] = m["strategy"]
                     if m["tokens_per_s"]:
                         row["tok_s_error_pct"] = round(100 * (row["predicted_tok_s"] / m["tokens_per_s"] - 1), 1)
                 print(json.dumps(row), flush=True)
