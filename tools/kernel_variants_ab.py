@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     ws = [torch.randn(*s) * 0.05 for s in shapes]
     q8 = [block_quant.quantize_q8(w) for w in ws]
     q4 = [block_quant.quantize_q4(w) for w in ws]
-    bf16 = {v: [libs[v].bind_bf16(w.bfloat16()) for w in ws] for v in variants}
     wf = [w.bfloat16() for w in ws]
+    bf16 = {v: [libs[v].bind_bf16(w) for w in wf] for v in variants}
 
     def products(v: str, kind: str, x):
         parts = [x[:, : s[1]].contiguous() for s in shapes]
@@ -67,7 +67,6 @@ def main(argv=None) -> int:
                     times[v].append(timed(lambda v=v, kind=kind, x=x: products(v, kind, x), n))
                 if kind == "bf16":
                     parts = [x[:, : s[1]] for s in shapes]
-                    fp32 = [torch.nn.functional.linear(p, w.float()) for p, w in zip(parts, wf)]  # noqa: F841 - warm
                     blas.append(
                         timed(lambda ps=parts: [torch.nn.functional.linear(p, w.float()) for p, w in zip(ps, wf)], n)
                     )

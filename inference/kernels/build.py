@@ -27,6 +27,7 @@ quantisers round exactly as ``block_quant.py`` does and every build computes in 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -136,15 +137,21 @@ def link_flags(compiler: str, openmp: bool = True) -> list[str]:
     return ["-shared", "-Wl,-Bsymbolic", "-Wl,-rpath,$ORIGIN"] + (["-fopenmp"] if openmp else [])
 
 
+@functools.lru_cache(maxsize=None)
+def compiler_version(compiler: str) -> tuple[str, ...]:
+    """The compiler's first ``--version`` line (a subprocess: asked once per compiler, not once per variant, as
+    looking for a cached build of each of four variants at start-up would)."""
+    try:
+        out = subprocess.run([*compiler.split(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(out.splitlines()[:1])
+
+
 def build_key(variant: str, compiler: str) -> str:
     """What a first-use build in the cache is keyed by: the sources, flags, compiler and ABI (not torch: the
     library does not use it)."""
-    try:
-        version = subprocess.run(
-            [*compiler.split(), "--version"], capture_output=True, text=True, timeout=30
-        ).stdout.splitlines()[:1]
-    except (OSError, subprocess.SubprocessError):
-        version = []
+    version = compiler_version(compiler)
     text = "\n".join([source_text(), variant, compiler, *version, " ".join(flags(variant, compiler)), str(ABI_VERSION)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -436,18 +436,17 @@ template <typename Emit>
 inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_t nb, int64_t n0, int64_t n1,
                     const int8_t* qx, const float* dx, int64_t T, int64_t K, Emit emit) {
   float out[4];
-  for (int64_t n = n0; n < n1; n += 4)
-    for (int64_t t = 0; t < T; ++t) {
+  for (int64_t n = n0; n < n1; n += 4) {
+    int64_t t = 0;
 #if defined(REDLINE_AVX512_VNNI)
-      if (n + 4 <= n1 && t + 4 <= T) {
-        float tile[4][4];
-        q8_tile<4, 4>(w + n * wstride, wstride, sc + n * nb, nb, qx + t * K, dx + t * nb, K, t == 0, tile);
-        for (int u = 0; u < 4; ++u)
-          for (int r = 0; r < 4; ++r) emit(t + u, n + r, tile[u][r]);
-        t += 3;
-        continue;
-      }
+    float tile[4][4];
+    for (; n + 4 <= n1 && t + 4 <= T; t += 4) {
+      q8_tile<4, 4>(w + n * wstride, wstride, sc + n * nb, nb, qx + t * K, dx + t * nb, K, t == 0, tile);
+      for (int u = 0; u < 4; ++u)
+        for (int r = 0; r < 4; ++r) emit(t + u, n + r, tile[u][r]);
+    }
 #endif
+    for (; t < T; ++t) {
       const int8_t* q = qx + t * K;
       const float* d = dx + t * nb;
       if (n + 4 <= n1) {
@@ -460,6 +459,7 @@ inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
         }
       }
     }
+  }
 }
 
 // 4-bit rows (`row_bytes` apart; scales, and mins for Q4_1, `nb` a row) in groups of four, single rows for a remainder.
