@@ -153,8 +153,8 @@ def run_search(args) -> int:
 
 def run_show(args) -> int:
     try:
-        rv = repo_variants(args.repo)
         target, speed, correction = machine_target()
+        rv = repo_variants(args.repo, target.device)
         preds = predict_repo(rv, args.context, _priority(args), target, speed, correction)
     except RedlineError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -178,7 +178,9 @@ def run_pull(args) -> int:
     progress = TerminalProgress()
     try:
         if args.variant:
-            rv = repo_variants(args.model)
+            from redline.inference import default_device
+
+            rv = repo_variants(args.model, default_device())  # the variants this machine offers
             variant = next((v for v in rv.variants if v.name.lower() == args.variant.lower()), None)
             if variant is None:
                 names = ", ".join(v.name for v in rv.variants)

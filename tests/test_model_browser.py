@@ -37,7 +37,8 @@ def tiny_files(tmp_path_factory):
     q4 = write_llama_gguf(folder, root / "tiny-chat.Q4_0.gguf", {"attn": "Q4_0", "ffn": "Q4_0"})
     big = build_tiny_model(root / "wide", layers=4, hidden=256)
     wide = write_llama_gguf(big, root / "wide-F32.gguf", {"attn": "F32", "ffn": "F32"})
-    return folder, q8, q4, wide
+    f16 = write_llama_gguf(folder, root / "tiny-chat.F16.gguf", {"attn": "F16", "ffn": "F16"})
+    return folder, q8, q4, wide, f16
 
 
 def shaped_config(layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int, vocab: int) -> dict:
@@ -58,7 +59,7 @@ def shaped_config(layers: int, hidden: int, intermediate: int, heads: int, kv_he
 
 
 def repos(tiny_files) -> dict[str, Repo]:
-    folder, q8, q4, wide = tiny_files
+    folder, q8, q4, wide, f16 = tiny_files
     st_info = {
         **TEXT_GEN,
         "downloads": 900,
@@ -86,6 +87,7 @@ def repos(tiny_files) -> dict[str, Repo]:
             sha="1111111111111111111111111111111111111111",
             info=gguf_info,
         ),
+        "me/half-GGUF": Repo(files={f16.name: f16.read_bytes()}, lfs={f16.name}, info={**gguf_info, "downloads": 2}),
         "me/wide-GGUF": Repo(files={wide.name: wide.read_bytes()}, lfs={wide.name}, info={**gguf_info, "downloads": 1}),
         "me/tiny-chat-gated": Repo(
             files=files, lfs={"model.safetensors"}, gated=True, gated_files_only=True, info={**st_info, "downloads": 10}
@@ -177,8 +179,9 @@ def test_safetensors_repository_variants_read_only_the_config(hub):
     rv = variants.repo_variants("me/tiny-chat")
     assert rv.kind == "safetensors" and rv.commit == Repo(files={}).sha
     names = [v.name for v in rv.variants]
-    assert names[:3] == ["fp32", "fp16", "bf16"] and "q8" in names and "q4" in names
+    assert names[:2] == ["fp32", "bf16"] and "q8" in names and "q4" in names
     assert "int8" not in names  # bitsandbytes runs on CUDA only
+    assert "fp16" not in names  # on a CPU: bf16's memory at an eighth of its speed (no fp16 kernel)
     import fnmatch
 
     from redline.inference.sources.hub import MODEL_FILES
@@ -195,6 +198,20 @@ def test_safetensors_repository_variants_read_only_the_config(hub):
     assert [p.name for p in preds if p.recommended] == ["fp32"]
     again = variants.repo_variants("me/tiny-chat")
     assert again.from_cache and [v.name for v in again.variants] == names  # the same commit: from the cache
+    on_gpu = variants.repo_variants("me/tiny-chat", "cuda:0")  # the device kind is part of the cache's key
+    assert not on_gpu.from_cache and [v.name for v in on_gpu.variants][:3] == ["fp32", "fp16", "bf16"]
+    assert variants.repo_variants("me/tiny-chat", "cuda").from_cache
+
+
+def test_a_float16_gguf_loads_as_bf16_on_a_cpu_and_as_fp16_on_a_gpu(hub):
+    (v,) = variants.repo_variants("me/half-GGUF").variants
+    assert v.name == "F16" and v.model_shape().stored_dtype == "float16" and not v.model_shape().packed
+    assert v.precision == "bf16"  # no CPU kernel multiplies fp16 weights: they are cast once, at load
+    (gpu,) = variants.repo_variants("me/half-GGUF", "cuda").variants
+    assert gpu.precision == "fp16"
+    assert variants.repo_variants("me/half-GGUF").variants[0].precision == "bf16"  # each from its cache
+    assert variants.float_gguf_precision("float32", "cpu") == "fp32"
+    assert variants.float_gguf_precision("bfloat16", "cuda") == "bf16"
 
 
 def test_gguf_repository_variants_by_quant_type_from_their_headers(hub):

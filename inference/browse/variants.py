@@ -6,7 +6,14 @@
   tensor table, read by range requests (``gguf_header``), never its weights.
 
 One ``repo_info`` call gives the commit and the files' sizes; everything read for that commit (the variants and
-their shapes) is cached in ``<cache>/browse/<repo>@<commit>.json``, so a second look costs one request.
+their shapes) is cached in ``<cache>/browse/<repo>@<commit>.<cpu|cuda>.json``, so a second look costs one
+request. The device kind is part of the key because the variants depend on it: bitsandbytes precisions on CUDA
+only, and no fp16 on a CPU (below).
+
+On a CPU, fp16 is never offered: no CPU kernel of Redline's multiplies fp16 weights, so fp16 runs through
+torch's generic path at about an eighth of bf16's speed for the same memory (the starter's F16 GGUF: 9.4 against
+81.5 tok/s, docs/models.md). A float16 GGUF loads as bf16 there: each fp16 weight is cast once at load, and the
+many F16 files converted from bf16 checkpoints get their original values back exactly.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from redline.inference.errors import ModelSourceError, RedlineError
 from redline.inference.memory.estimator import ModelShape
 from redline.inference.paths import cache_dir
 
-CACHE_VERSION = 2  # 2: a float GGUF's precision is its float dtype
+CACHE_VERSION = 3  # 2: a float GGUF's precision is its float dtype; 3: keyed by the device kind
 WEIGHT_FILES = (".safetensors",)
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 # Quant types by the bits per weight they keep (what "best quality" ranks by), from the file name when the
@@ -73,12 +80,16 @@ GGUF_BITS.update({"Q3_K_S": 3.5, "Q2_K": 3.4, "IQ4_XS": 4.3, "IQ4_NL": 4.5})
 FLOAT_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
-def _cache_file(repo_id: str, commit: str) -> Path:
-    return cache_dir() / "browse" / f"{repo_id.replace('/', '--')}@{commit}.json"
+def _device_kind(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
 
 
-def _load_cache(repo_id: str, commit: str) -> Optional[RepoVariants]:
-    path = _cache_file(repo_id, commit)
+def _cache_file(repo_id: str, commit: str, device: str) -> Path:
+    return cache_dir() / "browse" / f"{repo_id.replace('/', '--')}@{commit}.{_device_kind(device)}.json"
+
+
+def _load_cache(repo_id: str, commit: str, device: str) -> Optional[RepoVariants]:
+    path = _cache_file(repo_id, commit, device)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("version") != CACHE_VERSION:
@@ -90,8 +101,8 @@ def _load_cache(repo_id: str, commit: str) -> Optional[RepoVariants]:
         return None
 
 
-def _save_cache(rv: RepoVariants) -> None:
-    path = _cache_file(rv.repo_id, rv.commit)
+def _save_cache(rv: RepoVariants, device: str) -> None:
+    path = _cache_file(rv.repo_id, rv.commit, device)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -114,7 +125,15 @@ def _safetensors_precisions(shape: ModelShape, device: str) -> list[str]:
     out = precisions_for(shape)
     if not (device.startswith("cuda") and bitsandbytes_available()):
         out = [p for p in out if p not in QUANTISED]  # bitsandbytes runs on CUDA only
+    if _device_kind(device) == "cpu":
+        out = [p for p in out if p != "fp16"]  # bf16's memory at an eighth of its speed (the module's docstring)
     return out
+
+
+def float_gguf_precision(stored_dtype: str, device: str) -> str:
+    """What a float GGUF (nothing quantised) loads as on ``device``: its float dtype, but bf16 for fp16 on a CPU."""
+    precision = FLOAT_PRECISION.get(stored_dtype, "bf16")
+    return "bf16" if precision == "fp16" and _device_kind(device) == "cpu" else precision
 
 
 def _safetensors_variants(repo_id: str, commit: str, siblings, device: str) -> list[Variant]:
@@ -167,7 +186,7 @@ def _gguf_bits(shape: ModelShape, quant: str) -> float:
     return 0.0
 
 
-def _gguf_variants(repo_id: str, commit: str, siblings, should_stop=None) -> list[Variant]:
+def _gguf_variants(repo_id: str, commit: str, siblings, device: str, should_stop=None) -> list[Variant]:
     from redline.inference.browse.gguf_header import read_header
 
     out = []
@@ -202,8 +221,8 @@ def _gguf_variants(repo_id: str, commit: str, siblings, should_stop=None) -> lis
                 read = read_header(repo_id, name, commit, size, Path(tmp) / Path(name).name)
                 shape = _gguf_shape(read.path, f"{repo_id}/{name}", size)
                 bits = _gguf_bits(shape, quant)
-                # A float GGUF keeps nothing quantised: it loads at its float dtype, not as the file is (gguf).
-                precision = "gguf" if shape.packed else FLOAT_PRECISION.get(shape.stored_dtype, "bf16")
+                # A float GGUF keeps nothing quantised: it loads at a float precision, not as the file is (gguf).
+                precision = "gguf" if shape.packed else float_gguf_precision(shape.stored_dtype, device)
                 out.append(Variant(quant, precision, files, size, bits, shape.to_dict(), "", read.bytes_read))
                 read.path.unlink()
             except RedlineError as exc:
@@ -214,7 +233,8 @@ def _gguf_variants(repo_id: str, commit: str, siblings, should_stop=None) -> lis
 
 
 def repo_variants(repo_id: str, device: str = "cpu", use_cache: bool = True) -> RepoVariants:
-    """``repo_id``'s variants and their shapes, from the cache when this commit was read before."""
+    """``repo_id``'s variants and their shapes on ``device`` (a target's, "cpu" or "cuda…"), from the cache when this
+    commit was read before for that kind of device."""
     from huggingface_hub import HfApi
 
     check_online()
@@ -224,14 +244,14 @@ def repo_variants(repo_id: str, device: str = "cpu", use_cache: bool = True) -> 
         raise explain(f"reading {repo_id}", exc) from exc
     commit = info.sha or "unknown"
     if use_cache:
-        cached = _load_cache(repo_id, commit)
+        cached = _load_cache(repo_id, commit, device)
         if cached is not None:
             return cached
     siblings = list(info.siblings or [])
     names = {s.rfilename for s in siblings}
     gated = bool(info.gated) and info.gated != "False"
     if any(n.endswith(".gguf") for n in names):
-        rv = RepoVariants(repo_id, commit, "gguf", gated, _gguf_variants(repo_id, commit, siblings))
+        rv = RepoVariants(repo_id, commit, "gguf", gated, _gguf_variants(repo_id, commit, siblings, device))
     elif "config.json" in names and any(n.endswith(WEIGHT_FILES) for n in names):
         rv = RepoVariants(
             repo_id, commit, "safetensors", gated, _safetensors_variants(repo_id, commit, siblings, device)
@@ -243,5 +263,5 @@ def repo_variants(repo_id: str, device: str = "cpu", use_cache: bool = True) -> 
             "Choose a GGUF or safetensors repository.",
         )
     if rv.variants and any(v.shape for v in rv.variants):
-        _save_cache(rv)
+        _save_cache(rv, device)
     return rv

@@ -221,8 +221,8 @@ class FindModelPage(QWidget):
         def job():
             if self._machine is None:
                 self._machine = self._machine_fn()
-            rv = repo_variants(repo_id)
             target, speed, correction = self._machine
+            rv = repo_variants(repo_id, target.device)
             return rv, predict_repo(rv, context, priority, target, speed, correction, self._baseline())
 
         self.work.run("variants", job, self._show_variants, lambda exc: self._variants_failed(repo_id, exc))
