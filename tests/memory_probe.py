@@ -2,9 +2,12 @@
 
 A fresh process per precision, so one precision's memory cannot pollute the next's.
 Usage: python -m tests.memory_probe MODEL PRECISION [MAX_NEW_TOKENS] [STRATEGY]
+With REDLINE_PROBE_RECORDS=1 the load's memory check is recorded, as the app records a user's (the per-machine
+correction learns from it: tests/model_browser_accuracy.py --calibrate); otherwise nothing is learned.
 """
 
 import json
+import os
 import sys
 
 
@@ -17,7 +20,7 @@ def main() -> None:
     max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 16
     options = DecodeOptions(strategy=sys.argv[4]) if len(sys.argv) > 4 else DecodeOptions()
     engine = Engine("cpu")
-    engine.record_memory = False
+    engine.record_memory = os.environ.get("REDLINE_PROBE_RECORDS") == "1"
     engine.load(model, parse_precision(precision))
     result = engine.chat(
         [{"role": "user", "content": "Write one sentence about the sea."}],

@@ -11,7 +11,9 @@ configuration in a fresh process (tests/memory_probe.py: load, a short greedy re
 prints one JSON line per variant: predicted and measured bytes, the error and the estimator's margin, the
 predicted and measured decode tok/s. The starter's folder must be fetched (``redline models pull starter``).
 ``--calibrate N``: first N short replies of the starter at each of ``--precisions`` (in fresh processes, as a
-user's first chats would), so the speed model's per-machine factors are learned before anything is predicted
+user's first chats would), so the speed model's per-machine factors and the memory estimate's per-machine
+correction (what the runtime of this install holds beyond the estimator's defaults) are learned before anything
+is predicted
 (``REDLINE_DATA_DIR`` holds them: point it at an empty folder for a run from the defaults). ``--strategy
 predicted`` measures each variant in the strategy the Find page predicted (the fast path, as the app runs it)
 rather than DecodeOptions' default (kv).
@@ -121,6 +123,7 @@ def main() -> int:
         print("The starter is not fetched: run `redline models pull starter` first.", file=sys.stderr)
         return 2
     probe_env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    probe_env["REDLINE_PROBE_RECORDS"] = "1"  # the calibration replies teach the memory correction, as a user's do
     for _ in range(args.calibrate):
         for precision in args.precisions.split(","):
             cmd = [sys.executable, "-m", "tests.memory_probe", str(starter), precision, str(args.new_tokens)]
@@ -164,7 +167,7 @@ def main() -> int:
         # the CPU baseline, as the window's own process is for the Find page.
         baseline = fresh_process_rss(env)
         for rid in repos:
-            rv = repo_variants(rid, use_cache=False)
+            rv = repo_variants(rid, target.device, use_cache=False)
             preds = predict_repo(rv, args.context, "balanced", target, speed, correction, baseline)
             wanted = set(args.precisions.split(",")) if rv.kind == "safetensors" else set(args.quants.split(","))
             for v, p in zip(rv.variants, preds):

@@ -516,3 +516,38 @@ def test_gguf_metadata_source(tmp_path, monkeypatch):
     assert shape.stored_dtype == "bfloat16"  # Redline converts a float32 GGUF to bf16 unless asked for fp32
     assert shape.packed == [] and shape.file_types == {"F32": 1}  # nothing quantised to keep
     assert not any((tmp_path / "cache").rglob("*.safetensors"))
+
+
+def test_the_fast_paths_fused_weights_are_counted_where_they_add_to_a_mapped_checkpoint(tiny_model_dir):
+    """The fast path concatenates q/k/v and gate/up once; beside a checkpoint mapped in its own dtype (weights
+    that are views of the file) those copies are new memory, and the estimate counts exactly them."""
+    from redline.inference.decoding.fastpath import get_decoder
+    from redline.inference.engine import Engine
+    from redline.inference.memory.calibration import loaded_shape, predict_loaded
+    from redline.inference.memory.estimator import fast_path_copy_bytes
+
+    engine = Engine("cpu")
+    loaded = engine.load(str(tiny_model_dir), parse_precision("fp32"))  # the tiny folder is stored in fp32
+    shape = loaded_shape(loaded)
+    assert shape.stored_dtype == "float32"
+    before = predict_loaded(loaded, 64)
+    assert before.fast_path_bytes == 0
+    get_decoder(loaded, 64)
+    layers = loaded.model.model.layers
+    fused = sum(
+        layer.self_attn.q_proj.weight.untyped_storage().nbytes() + layer.mlp.gate_proj.weight.untyped_storage().nbytes()
+        for layer in layers
+    )
+    wb = weights_bytes(shape, parse_precision("fp32"))
+    assert fast_path_copy_bytes(shape, parse_precision("fp32"), "cpu", wb) == fused
+    after = predict_loaded(loaded, 64)  # once the fast path has run, its copies stay with the model
+    assert after.fast_path_bytes == fused and after.total_bytes == before.total_bytes + fused
+    engine.unload()
+    # Where the weights are copies already, or not float, or on a GPU, the fusion adds nothing.
+    bf16 = parse_precision("bf16")
+    assert fast_path_copy_bytes(shape, bf16, "cpu", weights_bytes(shape, bf16)) == 0  # converted: copies
+    assert fast_path_copy_bytes(shape, parse_precision("fp32"), "cuda", wb) == 0
+    q8 = parse_precision("q8")
+    assert fast_path_copy_bytes(shape, q8, "cpu", weights_bytes(shape, q8)) == 0
+    est = estimate(shape, parse_precision("fp32"), 64, strategy="fast")
+    assert est.fast_path_bytes == fused and estimate(shape, parse_precision("fp32"), 64).fast_path_bytes == 0

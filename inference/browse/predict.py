@@ -100,6 +100,8 @@ def predict_variant(
     speed_of = pick
     if pick.tokens_per_s is None and pick.candidates:  # it does not fit: its fastest strategy's speed still says
         speed_of = pick.candidates[0]
+    if speed_of.strategy == "fast":  # its memory as it would run (the fused weights beside a mapped checkpoint)
+        est = planner.estimate(_spec(variant.precision), ctx, strategy="fast")
     if baseline_bytes is not None and target.device == "cpu":
         from redline.inference.memory.estimator import CPU_BASELINE_BYTES, accuracy_margin
 

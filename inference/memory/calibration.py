@@ -163,6 +163,8 @@ def predict_loaded(
         correction_bytes=correction,
         prefill_tokens=prompt_tokens,
         baseline_bytes=getattr(loaded, "baseline_rss_bytes", None),
+        # Once the fast path has run, its fused weights stay for the model's life (decoding/fastpath.get_decoder).
+        strategy="fast" if getattr(loaded, "fast_decoder", None) is not None else None,
     )
 
 

@@ -197,7 +197,9 @@ class Planner:
         self.shape, self.target, self.batch = shape, target, batch
         self.draft, self.draft_spec, self.correction = draft, draft_spec, correction_bytes
 
-    def estimate(self, spec: PrecisionSpec, context: int, with_draft: bool = True) -> Estimate:
+    def estimate(
+        self, spec: PrecisionSpec, context: int, with_draft: bool = True, strategy: Optional[str] = None
+    ) -> Estimate:
         return estimate(
             self.shape,
             spec,
@@ -208,6 +210,7 @@ class Planner:
             draft_spec=self.draft_spec,
             correction_bytes=self.correction,
             available_bytes=self.target.available_bytes,
+            strategy=strategy,
         )
 
     def fits(self, spec: PrecisionSpec, context: int, with_draft: bool = True) -> bool:

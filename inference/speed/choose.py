@@ -135,6 +135,8 @@ def choose(
         for s in strategies:
             if s == "fast" and spec.name in QUANTISED:
                 continue
+            # The fast path's fused weights can add to a mapped checkpoint (estimator.fast_path_copy_bytes).
+            s_est = planner.estimate(spec, context, strategy=s) if s == "fast" else est
             # A pinned strategy whose speed depends on a draft or the text ranks the precisions as kv does.
             rank = "kv" if s in ("speculative", "prompt-lookup") else s
             pred = speed.predict(shape, spec, rank, prompt_tokens, new_tokens)
@@ -144,8 +146,8 @@ def choose(
                     s,
                     pred.tokens_per_s,
                     pred.ttft_ms,
-                    bool(est.fits),
-                    est.total_bytes,
+                    bool(s_est.fits),
+                    s_est.total_bytes,
                     pred.measured_tokens_per_s,
                     pred.calibration,
                 )
