@@ -63,6 +63,36 @@ def test_q8_q4_bytes_are_gguf_blocks_on_a_cpu():
         assert weights_read_bytes(STARTER, parse_precision(p)) == wb.total - V * H * 2 + H * 2
 
 
+def test_a_gguf_as_the_file_is_predicted_and_learned_with_the_kernels_that_run_it():
+    """A Q8_0 GGUF runs on the q8 block kernels, a Q4_0 one on the q4 ones: their rates and their calibration
+    class follow (both were the 4-bit ones' before, whatever the file held)."""
+    import dataclasses
+
+    from redline.inference.speed.arithmetic import MEMORY_EFFICIENCY, class_key, gguf_kernels
+
+    def as_gguf(bits):
+        linears = [[name, fan_in, fan_out, bits, False] for name, fan_in, fan_out, *_ in STARTER.linears]
+        return dataclasses.replace(STARTER, packed=linears)
+
+    q8_file, q4_file, gguf = as_gguf(8), as_gguf(4), parse_precision("gguf")
+    assert gguf_kernels(q8_file) == "q8" and gguf_kernels(q4_file) == "q4" and gguf_kernels(STARTER) == "q4"
+    assert class_key("fast", gguf, q8_file) == "fast:q8" and class_key("fast", gguf, q4_file) == "fast:q4"
+    assert class_key("fast", gguf) == "fast:gguf"  # no shape: nothing to tell the kernels by
+    p8, p4 = predict(q8_file, gguf, "fast", CPU), predict(q4_file, gguf, "fast", CPU)
+    assert p8.class_key == "fast:q8" and p4.class_key == "fast:q4"
+    rates = MEMORY_EFFICIENCY[("cpu", "fast")]
+    # Decode is bandwidth-bound here: bytes ÷ (bandwidth × the kernels' efficiency) plus the same overheads.
+    over = p8.weights_read_bytes + p8.kv_read_bytes
+    step8 = over / (CPU.bandwidth_bytes_per_s * rates["q8"])
+    step_as_q4 = over / (CPU.bandwidth_bytes_per_s * rates["q4"])
+    assert 1 / p8.uncorrected_tokens_per_s - step8 == pytest.approx(
+        1 / p4.uncorrected_tokens_per_s
+        - (p4.weights_read_bytes + p4.kv_read_bytes) / (CPU.bandwidth_bytes_per_s * rates["q4"]),
+        rel=1e-6,
+    )
+    assert step8 < step_as_q4
+
+
 def test_bitsandbytes_bytes_follow_the_estimator():
     spec = parse_precision("nf4")
     wb = weights_bytes(STARTER, spec, "cpu")
@@ -227,6 +257,15 @@ def test_unmeasured_class_borrows_the_device_factor(tmp_path):
     q4 = SpeedModel(CPU, cal).predict(STARTER, "q4", "fast", 32, 64)
     assert q4.calibration == "device" and q4.decode_factor == pytest.approx(0.5)
     assert q4.measured_tokens_per_s is None
+    # Only from its own strategy: the code paths err differently before correction.
+    pred = predict(STARTER, parse_precision("bf16"), "fast", CPU, 32, 64)
+    for _ in range(3):
+        cal.record(pred, "cpu", STARTER.name, pred.uncorrected_tokens_per_s * 3, None, "lab")
+    assert SpeedModel(CPU, cal).predict(STARTER, "q8", "fast", 32, 64).decode_factor == pytest.approx(3)  # newest 3
+    assert SpeedModel(CPU, cal).predict(STARTER, "q8", "kv", 32, 64).decode_factor == pytest.approx(0.5)
+    only_fast = SpeedCalibration(tmp_path / "f.json")
+    only_fast.record(pred, "cpu", STARTER.name, pred.uncorrected_tokens_per_s * 3, None, "lab")
+    assert SpeedModel(CPU, only_fast).predict(STARTER, "fp32", "kv", 32, 64).calibration == "none"
     # Another device's file entries do not apply; a hypothetical card has none.
     card = SpeedModel(Machine("cuda", 360e9, None, "a card", None), cal).predict(STARTER, "bf16", "kv")
     assert card.calibration == "none"

@@ -94,10 +94,21 @@ SPECULATIVE_STEP_OVERHEAD_S = {"cpu": 4e-3, "cuda": 2e-3}  # assisted decoding's
 ASSUMED_ACCEPTANCE = 0.6  # per-token acceptance used for a pair until one is measured (said so in the result)
 
 
-def _rate_key(spec: PrecisionSpec) -> str:
+def _rate_key(spec: PrecisionSpec, shape: Optional[ModelShape] = None) -> str:
     if spec.name == "gguf":  # a GGUF's own Q4/Q8 blocks run on the same block kernels as q4/q8
-        return "q4"
+        return gguf_kernels(shape)
     return "fp4" if spec.name == "fp4" else spec.name
+
+
+def gguf_kernels(shape: Optional[ModelShape]) -> str:
+    """Which block kernels run a GGUF's layers, as the file is: "q8" where most of its packed weights (by count)
+    are 8-bit, else "q4". A Q8_0 file was predicted with the 4-bit kernels' rates and factors before, 28-36 %
+    too slow after calibration (docs/models.md)."""
+    packed = getattr(shape, "packed", None) or []
+    weights = {8: 0, 4: 0}
+    for _name, fan_in, fan_out, bits, *_ in packed:
+        weights[8 if bits >= 6 else 4] += int(fan_in) * int(fan_out)
+    return "q8" if weights[8] > weights[4] else "q4"
 
 
 def _kind(device: str) -> str:
@@ -190,7 +201,7 @@ def step_cost(
     if kind == "cpu" and path == "fast" and not kernels:
         path = "fast-torch"
     rates = MEMORY_EFFICIENCY.get((kind, path)) or MEMORY_EFFICIENCY[(kind, "hf")]
-    key = _rate_key(spec)
+    key = _rate_key(spec, shape)
     e_mem = rates.get(key) or MEMORY_EFFICIENCY[(kind, "hf")].get(key, 0.25)
     kv = kv_read_bytes(shape, spec, machine.device, path, context_before) if cache else 0
     read = weights_read_bytes(shape, spec, machine.device) + kv
@@ -314,9 +325,11 @@ def fmt_rate(value: float) -> str:
     return f"{value:.1f}"
 
 
-def class_key(strategy: str, spec: PrecisionSpec) -> str:
-    """The calibration class of a configuration: ``strategy:precision`` (weight-only with fp32 compute apart)."""
-    name = spec.name
+def class_key(strategy: str, spec: PrecisionSpec, shape: Optional[ModelShape] = None) -> str:
+    """The calibration class of a configuration: ``strategy:precision`` (weight-only with fp32 compute apart).
+    A GGUF as the file is learns with the precision whose block kernels run it (``gguf_kernels``): a Q8_0 file
+    and q8 are the same Q8_0 blocks on the same kernels, so a user's q8 replies correct its prediction too."""
+    name = _rate_key(spec, shape) if spec.name == "gguf" and shape is not None else spec.name
     if name in WEIGHT_ONLY and spec.compute_dtype == "fp32":
         name += "+fp32"
     return f"{strategy}:{name}"
@@ -406,7 +419,7 @@ def predict(
         strategy=strategy,
         precision=spec.label(),
         path=path,
-        class_key=class_key(strategy, spec),
+        class_key=class_key(strategy, spec, shape),
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
         weights_read_bytes=weights,
