@@ -355,3 +355,42 @@ def test_starter_gguf_converts_to_bf16_within_the_bound(tmp_path):
     ids = ids if torch.is_tensor(ids) else ids["input_ids"]
     out = answer.model.generate(ids, max_new_tokens=12, do_sample=False)
     assert "Paris" in answer.tokenizer.decode(out[0, ids.shape[1] :])
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's mappings (Linux)")
+def test_a_converted_gguf_loads_as_views_of_its_files_and_the_estimate_counts_them_once(tmp_path):
+    """safetensors hands out tensors backed by its mapping and the blocks are used as stored, so a converted
+    GGUF at ``gguf`` holds its weights once: the estimate adds no load copy, only the fast path's fused blocks
+    (copies beside the mapped originals). Both facts are checked here, so a loader that starts copying fails."""
+    from conftest import build_tiny_model
+
+    from redline.inference.cost import weights_bytes
+    from redline.inference.decoding.fastpath import get_decoder
+    from redline.inference.memory.calibration import loaded_shape, predict_loaded
+    from redline.inference.memory.estimator import fast_path_copy_bytes, loading_bytes, packed_views
+
+    folder = build_tiny_model(tmp_path / "tiny", hidden=128, layers=2, heads=4, kv_heads=2)
+    path = write_llama_gguf(folder, tmp_path / "tiny.Q8_0.gguf", {"attn": "Q8_0", "ffn": "Q8_0"})
+    loaded = load(path, "gguf")
+    mapped = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 5 and parts[5].endswith(".safetensors"):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            mapped.append((lo, hi))
+    q = loaded.model.model.layers[0].self_attn.q_proj.blocks
+    assert any(lo <= q.qweight.data_ptr() < hi for lo, hi in mapped)  # a view of the file, not a copy
+    shape, spec = loaded_shape(loaded), loaded.precision
+    wb = weights_bytes(shape, spec, "cpu")
+    assert packed_views(shape, spec, "cpu") and loading_bytes(shape, spec, "cpu", wb, 0) == 0
+    assert predict_loaded(loaded, 32).fast_path_bytes == 0
+    get_decoder(loaded, 32)
+    fused = 0
+    for layer in loaded.model.model.layers:
+        for module in (layer.self_attn.q_proj, layer.mlp.gate_proj):  # views into the fused blocks
+            fused += module.blocks.qweight.untyped_storage().nbytes() + module.blocks.scales.untyped_storage().nbytes()
+    assert fast_path_copy_bytes(shape, spec, "cpu", wb) == fused
+    assert predict_loaded(loaded, 32).fast_path_bytes == fused
+    # De-quantised to a float precision, every layer is a copy: the old rule (the mapping's pages on top).
+    bf16 = resolve_precision("bf16", "cpu")
+    assert not packed_views(shape, bf16, "cpu") and loading_bytes(shape, bf16, "cpu", weights_bytes(shape, bf16), 0)
