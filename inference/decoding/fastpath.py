@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from redline.inference.cost import fast_path_refusal
 from redline.inference.decoding.kv_cache import PagedKV
 from redline.inference.kernels import ops, reference
-from redline.inference.memory.policy import weights_in_own_mappings
+from redline.inference.memory.policy import release_pages, weights_in_own_mappings
 
 
 def supports(model) -> Optional[str]:
@@ -124,12 +124,16 @@ def _fuse_linears(modules) -> tuple[Callable[[torch.Tensor], torch.Tensor], Opti
             return PackedLinear.fuse(modules), None
         blocks, bias = joined
         return _with_bias(ops.bind_blocks(blocks), bias), _blocks_spec(blocks, bias)
-    weight = torch.cat([m.weight.data for m in modules], dim=0)
+    originals = [m.weight.data for m in modules]
+    weight = torch.cat(originals, dim=0)
     offset = 0
     for m in modules:
         rows = m.weight.shape[0]
         m.weight.data = weight[offset : offset + rows]
         offset += rows
+    # Views of a mapped checkpoint leave the pages the copy read resident: give them back (memory/policy.py, 3.).
+    release_pages(originals)
+    del originals
     biases = [m.bias for m in modules]
     bias = None
     if any(b is not None for b in biases):

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from redline.inference.loading import block_quant
 from redline.inference.loading.block_quant import BlockWeights
+from redline.inference.memory.policy import release_pages
 
 INT4_GROUP = 32
 INT4_INNER_K_TILES = 2
@@ -160,6 +161,8 @@ class PackedLinear(nn.Module):
                 None if mins is None else fused.mins[offset : offset + n],
             )
             offset += n
+        # A converted GGUF's blocks are views of its files: the pages this copy read go back (memory/policy.py).
+        release_pages([t for p in parts for t in (p.qweight, p.scales, p.mins)])
         if not any(m.bias is not None for m in modules):
             return fused, None
         device = fused.qweight.device

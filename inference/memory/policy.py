@@ -23,6 +23,15 @@ ends near where it started. Two things on CPU builds of torch keep memory that n
    conversation at 1024 entries, 20 MB at 32: tools/memory_policy_bench.py --part caches) and survive unloading.
    Redline bounds both to ``KERNEL_CACHE_ENTRIES``, enough for every shape one decoding step uses (the
    projections at one token, a draft's and a verify step's), unless the user set the variables themselves.
+
+3. A checkpoint's pages the fast path copied. Weights in the file's own dtype are views of its memory mapping;
+   the fast path concatenates q/k/v and gate/up into copies (``decoding/fastpath._fuse_linears``), and the
+   pages its reads brought in stayed resident beside them (starter, bf16: 140 MB; a 7B model in bf16 about
+   9 GB of its 13.5). ``release_pages`` asks Linux to page them out (``MADV_PAGEOUT``, kernel 5.4+): the
+   contents are kept (a clean page of a file is read again if touched, anything else swapped), so it is safe
+   whatever else maps them; it only gives the memory back. Measured (starter bf16, after a fast reply): RSS
+   1,393 → 1,253 MB, replies unchanged. Elsewhere it does nothing and the estimator counts the copies
+   (``estimator.fast_path_copy_bytes``).
 """
 
 from __future__ import annotations
@@ -117,6 +126,67 @@ def collector() -> Optional[Callable[[], None]]:
 def collect_garbage() -> None:
     """``gc.collect()``, on the thread the installed collector chooses."""
     (_collector or gc.collect)()
+
+
+MADV_PAGEOUT = 21  # linux/mman.h (5.4+)
+_advise = None
+
+
+def _madvise():
+    global _advise
+    if _advise is None:
+        _advise = False
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL(None, use_errno=True)
+                lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                lib.madvise.restype = ctypes.c_int
+                _advise = lib.madvise
+            except (OSError, AttributeError):
+                _advise = False
+    return _advise
+
+
+def releases_pages() -> bool:
+    """Whether ``release_pages`` can give pages back here (Linux); the estimator asks."""
+    return bool(_madvise())
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of files (``/proc/self/maps``), sorted."""
+    out = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    lo, _, hi = parts[0].partition("-")
+                    out.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        return []
+    return sorted(out)
+
+
+def release_pages(tensors) -> int:
+    """Page out the whole pages inside each CPU tensor's storage that lie in a mapping of a file (the caller stops
+    using them); the bytes asked for. Only file mappings: anonymous memory about to be freed would be written to
+    swap for nothing. Contents are kept (see 3. above); a kernel without MADV_PAGEOUT refuses: nothing changes."""
+    advise = _madvise()
+    if not advise:
+        return 0
+    tensors = [t for t in tensors if t is not None and t.device.type == "cpu"]
+    files = _file_mappings() if tensors else []
+    page = os.sysconf("SC_PAGE_SIZE")
+    asked = 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+        if not any(lo <= start and start + size <= hi for lo, hi in files):
+            continue
+        lo, hi = -(-start // page) * page, (start + size) // page * page
+        if hi > lo and advise(lo, hi - lo, MADV_PAGEOUT) == 0:
+            asked += hi - lo
+    return asked
 
 
 def trim() -> None:
