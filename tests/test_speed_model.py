@@ -3,6 +3,7 @@ the per-machine calibration (learned, persisted, bounded), speculative advice, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -510,3 +511,40 @@ def test_estimate_shows_the_next_turns_ttft(capsys, tmp_path, monkeypatch):
     assert kv["ttft_ms_next_turn"] == pytest.approx(kv["ttft_ms_full_context"])  # kv reads it all again
     assert main(["estimate", "starter", "--free-gb", "16"]) == 0
     assert "TTFT next turn" in capsys.readouterr().out
+
+
+def test_ttft_is_fitted_in_two_parts_from_replies_of_several_lengths(tmp_path):
+    """A per-FLOP part and a fixed part, fitted from replies at 44 and 300 tokens, carry to another model where
+    one factor cannot: the fixed part does not grow with the prompt."""
+    from redline.inference.speed.calibration import FIT_SPAN
+
+    cal = SpeedCalibration(tmp_path / "s.json")
+    bf16 = parse_precision("bf16")
+    alpha, beta = 0.1, 2.5
+
+    def truth(p):
+        return alpha * p.ttft_compute_ms + beta * p.ttft_fixed_ms
+
+    first = predict(STARTER, bf16, "fast", CPU, 44, 16)
+    cal.record(first, "cpu", STARTER.name, 50.0, truth(first), "chat")
+    assert cal.ttft_fit("cpu", "fast:bf16") is None  # one length: a fixed cost and a per-FLOP one look alike
+    near = predict(STARTER, bf16, "fast", CPU, 44 * FIT_SPAN - 1, 16)
+    cal.record(near, "cpu", STARTER.name, 50.0, truth(near), "chat")
+    assert cal.ttft_fit("cpu", "fast:bf16") is None  # still too close together
+    for n in (300, 44, 300):
+        p = predict(STARTER, bf16, "fast", CPU, n, 16)
+        cal.record(p, "cpu", STARTER.name, 50.0, truth(p), "chat")
+    fit = cal.ttft_fit("cpu", "fast:bf16")
+    assert fit == pytest.approx((alpha, beta), rel=1e-3)
+    wide = dataclasses.replace(STARTER, layers=16, hidden=2048, intermediate=8192, heads=32, kv_heads=8, head_dim=64)
+    wide.parameters = 1_235_814_400
+    got = SpeedModel(CPU, cal).predict(wide, "bf16", "fast", 44, 16)
+    assert got.ttft_fit == pytest.approx((alpha, beta), rel=1e-3)
+    assert got.ttft_ms == pytest.approx(truth(got), rel=1e-3)
+    # The single factor (the median of measured / predicted) would have been off on the other model.
+    assert abs(got.uncorrected_ttft_ms * got.ttft_factor - truth(got)) > 0.05 * truth(got)
+    # A class without several lengths keeps its single factor.
+    q8 = predict(STARTER, parse_precision("q8"), "fast", CPU, 44, 16)
+    cal.record(q8, "cpu", STARTER.name, 50.0, 2 * q8.uncorrected_ttft_ms, "chat")
+    one = SpeedModel(CPU, cal).predict(STARTER, "q8", "fast", 44, 16)
+    assert one.ttft_fit is None and one.ttft_ms == pytest.approx(2 * one.uncorrected_ttft_ms)

@@ -294,6 +294,12 @@ class SpeedPrediction:
     draft_cost_ratio: Optional[float] = None  # speculative: draft step ÷ target step
     notes: list[str] = field(default_factory=list)
     cached_tokens: int = 0  # of the prompt, held by the prefix cache (the TTFT reads only the rest)
+    # The prefill's two parts, uncorrected: its products' arithmetic, and what does not grow with the prompt (a
+    # read of every weight, the per-layer and per-call overheads). A fit of both from replies of several prompt
+    # lengths (``SpeedCalibration.ttft_fit``) corrects each apart; one factor cannot follow the curve.
+    ttft_compute_ms: float = 0.0
+    ttft_fixed_ms: float = 0.0
+    ttft_fit: Optional[tuple[float, float]] = None  # learned (per-FLOP, fixed) factors; None: ttft_factor
 
     @property
     def tokens_per_s(self) -> float:
@@ -301,6 +307,8 @@ class SpeedPrediction:
 
     @property
     def ttft_ms(self) -> float:
+        if self.ttft_fit is not None:
+            return self.ttft_fit[0] * self.ttft_compute_ms + self.ttft_fit[1] * self.ttft_fixed_ms
         return self.uncorrected_ttft_ms * self.ttft_factor
 
     def to_dict(self) -> dict:
@@ -430,6 +438,9 @@ def predict(
         roofline_tokens_per_s=machine.bandwidth_bytes_per_s / (weights + kv),
         uncorrected_tokens_per_s=tps,
         uncorrected_ttft_ms=1000.0 * ttft_s,
+        ttft_compute_ms=1000.0 * prefill.compute_s,
+        # The call's set-up (and a draft's own prefill) is fixed too: what ttft_s holds beyond the prefill step.
+        ttft_fixed_ms=1000.0 * (prefill.memory_s + prefill.overhead_s + ttft_s - prefill.seconds),
         bound=bound,
         acceptance=pred_acceptance,
         acceptance_measured=measured_acc,

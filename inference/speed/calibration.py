@@ -27,6 +27,7 @@ from redline.inference.speed.arithmetic import SpeedPrediction
 
 CLASS_HISTORY = 20  # records kept per class and device
 LEARN_FROM = 10  # a class's factor is the median ratio of its last N records
+FIT_SPAN = 3  # the longest prompt of a class's replies over its shortest, for a two-part TTFT fit
 DEVICE_LEARN_FROM = 20  # an unmeasured class borrows the median of the device's last N records
 MIN_FACTOR, MAX_FACTOR = 0.02, 20.0  # the factor's bounds: a busy 2-core CPU measured 0.05
 BROKEN_RATIO = 100.0  # a ratio beyond 100× either way is a broken measurement: not recorded
@@ -98,6 +99,34 @@ class SpeedCalibration:
     def ttft_factor(self, key: Optional[str], cls: str) -> Factor:
         return self._factor(key, cls, "ttft_ratio")
 
+    def ttft_fit(self, key: Optional[str], cls: str) -> Optional[tuple[float, float]]:
+        """Factors for the prefill's two parts (``SpeedPrediction.ttft_compute_ms``, ``ttft_fixed_ms``) that fit
+        this class's replies best in relative error, when they span prompt lengths at least FIT_SPAN apart (one
+        length cannot tell a per-FLOP cost from a fixed one) and both factors come out positive; else None (the
+        single factor then applies). Why two: the starter's bf16 prefill took 3.6 ms a token at 44 tokens and 1.9
+        at 300, which one factor per class cannot follow (a 1B-shaped model's TTFT was 42 % off)."""
+        rows = [
+            r
+            for r in self._records(key).get(cls, [])[-LEARN_FROM:]
+            if r.get("measured_ttft_ms") and r.get("predicted_ttft_compute_ms") is not None
+        ]
+        lengths = [max(1, r.get("prompt_tokens", 0) - r.get("cached_tokens", 0)) for r in rows]
+        if len(rows) < 2 or max(lengths) < FIT_SPAN * min(lengths):
+            return None
+        # Minimise the sum of ((alpha C + beta F) / M - 1)^2: the 2 x 2 normal equations.
+        saa = sab = sbb = sa = sb = 0.0
+        for r in rows:
+            m = float(r["measured_ttft_ms"])
+            a, b = r["predicted_ttft_compute_ms"] / m, r["predicted_ttft_fixed_ms"] / m
+            saa, sab, sbb, sa, sb = saa + a * a, sab + a * b, sbb + b * b, sa + a, sb + b
+        det = saa * sbb - sab * sab
+        if det <= 1e-12 * max(1.0, saa * sbb):
+            return None
+        alpha, beta = (sa * sbb - sb * sab) / det, (sb * saa - sa * sab) / det
+        if not (MIN_FACTOR <= alpha <= MAX_FACTOR and MIN_FACTOR <= beta <= MAX_FACTOR):
+            return None
+        return alpha, beta
+
     def measured(self, key: Optional[str], cls: str, model: str) -> tuple[Optional[float], int]:
         """The median decode tokens/s measured here for this model and class, and how many records."""
         values = [
@@ -119,6 +148,7 @@ class SpeedCalibration:
         d = self.decode_factor(key, prediction.class_key)
         t = self.ttft_factor(key, prediction.class_key)
         prediction.decode_factor, prediction.ttft_factor = d.value, t.value
+        prediction.ttft_fit = self.ttft_fit(key, prediction.class_key)
         prediction.calibration, prediction.calibration_samples = d.source, d.samples
         prediction.measured_tokens_per_s, prediction.measured_samples = self.measured(key, prediction.class_key, model)
         return prediction
@@ -143,6 +173,8 @@ class SpeedCalibration:
             "predicted_tokens_per_s": round(prediction.uncorrected_tokens_per_s, 3),
             "measured_tokens_per_s": measured_tokens_per_s,
             "predicted_ttft_ms": round(prediction.uncorrected_ttft_ms, 2),
+            "predicted_ttft_compute_ms": round(prediction.ttft_compute_ms, 3),
+            "predicted_ttft_fixed_ms": round(prediction.ttft_fixed_ms, 3),
             "measured_ttft_ms": measured_ttft_ms,
             "time": time.time(),
         }
