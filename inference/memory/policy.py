@@ -1,5 +1,6 @@
 """How the process holds memory between models, so that a long day of loading, chatting and unloading
-ends near where it started. Two things on CPU builds of torch keep memory that no model owns:
+ends near where it started. Two things on CPU builds of torch keep memory that no model owns (1, 2), and one
+kept a model's weights twice (3):
 
 1. The C heap. On Linux, glibc serves allocations under a threshold from its heaps (arenas) and larger ones
    from mappings of their own. The threshold is dynamic: it rises to the size of each large block freed, up to
@@ -179,8 +180,8 @@ def release_pages(tensors) -> int:
     page = os.sysconf("SC_PAGE_SIZE")
     asked = 0
     for t in tensors:
-        storage = t.untyped_storage()
-        start, size = storage.data_ptr(), storage.nbytes()
+        # The tensor's own bytes, not its storage's: a storage may be a whole file's, other tensors live in it.
+        start, size = t.data_ptr(), t.numel() * t.element_size() if t.is_contiguous() else 0
         if not any(lo <= start and start + size <= hi for lo, hi in files):
             continue
         lo, hi = -(-start // page) * page, (start + size) // page * page
