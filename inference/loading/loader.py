@@ -198,10 +198,24 @@ def _oom_cause(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def estimate_shape(folder: Path, name: str):
+    """The estimator's shape of ``folder``, or None where it cannot be read (the load then says why itself).
+    Read before the weights: building it (the architecture on the meta device, the first time a config is seen)
+    needs memory that a load which ran out has taken, and the out-of-memory message is built from it (without it
+    test_oom's message lost its figures on a machine whose shape cache was empty)."""
+    try:
+        from redline.inference.memory.model_shapes import shape_for_folder
+
+        return shape_for_folder(folder, name)
+    except Exception:
+        return None
+
+
 def out_of_memory(
-    source: ModelSource, precision: PrecisionSpec, device: str, folder: Optional[Path], exc
+    source: ModelSource, precision: PrecisionSpec, device: str, folder: Optional[Path], exc, shape=None
 ) -> OutOfMemory:
-    """Say that memory ran out, what the estimator says this load needs, and what fits instead."""
+    """Say that memory ran out, what the estimator says this load needs, and what fits instead. ``shape``: read
+    before the load (``estimate_shape``), so nothing need be built while memory is short."""
     message = f"Ran out of memory while loading {source.name} in {precision.label()} on {device} ({_oom_cause(exc)})."
     generic = "Choose a smaller precision (q4, nf4 or int8), close other programs, or pick a smaller model."
     if folder is None:
@@ -211,7 +225,7 @@ def out_of_memory(
         from redline.inference.memory.model_shapes import shape_for_folder
         from redline.inference.units import format_bytes
 
-        shape = shape_for_folder(folder, source.name)
+        shape = shape or shape_for_folder(folder, source.name)
         context = min(shape.max_positions, 4096)
         target = detect_target(device="cpu" if device == "cpu" else device)
         planner = Planner(shape, target)
@@ -506,6 +520,10 @@ def load_model(
         notes.append(f"Quantised layers from the GGUF: {file_bits(manifest)} ({len(manifest['modules'])} layers).")
     tokenizer = load_tokenizer(folder, trust_remote_code)
     check_cancel(should_cancel)
+    shape = estimate_shape(folder, source.name)  # before the weights (its docstring says why)
+    from redline.inference import units  # noqa: F401
+    from redline.inference.memory import fit  # noqa: F401 - the out-of-memory message's, imported while memory is there
+
     kwargs = from_pretrained_kwargs(precision, device) if manifest is None else {}
     rss_before = process_rss()
     model = None
@@ -539,7 +557,7 @@ def load_model(
             model = None
             free_memory(device)
         if is_oom(exc):
-            raise out_of_memory(source, precision, device, folder, exc) from exc
+            raise out_of_memory(source, precision, device, folder, exc, shape) from exc
         raise ModelLoadError(
             f"Could not load the weights of {source.name} ({type(exc).__name__}: {exc}).",
             "The weight files may be truncated or corrupt; download the model again.",
@@ -563,4 +581,5 @@ def load_model(
         peak_memory_bytes=peak.peak_bytes,
         notes=notes,
         baseline_rss_bytes=baseline_rss,
+        estimate_shape=shape,  # read once, before the weights (memory.calibration.loaded_shape reuses it)
     )
