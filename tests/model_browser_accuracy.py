@@ -69,10 +69,15 @@ def float32_copy(folder: Path, dest: Path) -> Path:
     return dest
 
 
+# What the probe's process holds when its weights start to load: the engine, and what a load imports before them
+# (the architecture's module and safetensors' torch side: 177 MB more than the engine alone here, with torch
+# 2.14.1's CUDA build), as the engine's own baseline is taken inside the load. Without them the browser's
+# prediction was 224-267 MB under for the starter (bf16, Q8_0), near the 300 MB margin.
 BASELINE = """
 import psutil, torch, transformers, tokenizers
 from redline.inference.engine import Engine
 from redline.inference.loading import loader
+import safetensors.torch, transformers.models.llama.modeling_llama
 Engine("cpu")
 print(psutil.Process().memory_info().rss)
 """
