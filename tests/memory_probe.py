@@ -36,6 +36,7 @@ def main() -> None:
                 "measured_bytes": check.measured_bytes if check else None,
                 "error_pct": check.error_pct if check else None,
                 "load_peak_bytes": engine.target.peak_memory_bytes,
+                "baseline_bytes": engine.target.baseline_rss_bytes,  # the engine's own, taken inside the load
                 "generation_peak_bytes": result.peak_memory_bytes,
                 "prompt_tokens": result.prompt_tokens,
                 "new_tokens": result.new_tokens,

@@ -213,6 +213,7 @@ def main() -> int:
                     row["error_bytes"] = p.total_bytes - m["measured_bytes"]
                     row["within_margin"] = abs(row["error_bytes"]) <= max(0.1 * m["measured_bytes"], 300e6)
                     row["engine_predicted_bytes"] = m["predicted_bytes"]
+                    row["engine_baseline_bytes"] = m["baseline_bytes"]
                     row["measured_tok_s"] = round(m["tokens_per_s"] or 0, 1)
                     row["measured_strategy"] = m["strategy"]
                     if m["tokens_per_s"]:

@@ -37,7 +37,11 @@ def test_prediction_before_download_is_within_the_margin_of_the_measurement(star
     }, rows
     for r in measured:
         assert r["within_margin"], r
-        assert abs(r["predicted_bytes"] - r["engine_predicted_bytes"]) <= 0.02 * r["engine_predicted_bytes"], r
+        # The same estimate as the engine's once loaded, apart from the baseline: the browser's is a fresh process
+        # with what a load imports, the engine's is taken inside its load before the architecture's module.
+        browser = r["predicted_bytes"] - r["baseline_bytes"]
+        engine = r["engine_predicted_bytes"] - r["engine_baseline_bytes"]
+        assert abs(browser - engine) <= 0.02 * r["engine_predicted_bytes"], r
         if r["header_bytes_read"]:
             assert r["header_bytes_read"] <= 8_000_000 < r["download_bytes"] or r["download_bytes"] <= 8_000_000
     shapes = [r for r in rows if r["repo"].startswith("shapes/")]
