@@ -54,9 +54,23 @@ DECODE_TRIM_BYTES = 2 * DECODE_MMAP_BYTES  # what glibc sets beside it when the 
 KERNEL_CACHE_ENTRIES = 32
 KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN, ideep
 
+_c = None
 _libc = None
 _lock = threading.Lock()
 _depth = {"weights": 0, "release": 0}  # nesting: a load inside a release window, an unload inside a load
+
+
+def _linux_libc():
+    """This process's C library on Linux (read once), with errno; False elsewhere or where it cannot be opened."""
+    global _c
+    if _c is None:
+        _c = False
+        if sys.platform.startswith("linux"):
+            try:
+                _c = ctypes.CDLL(None, use_errno=True)
+            except OSError:
+                _c = False
+    return _c
 
 
 def _glibc():
@@ -64,14 +78,14 @@ def _glibc():
     global _libc
     if _libc is None:
         _libc = False
-        if sys.platform.startswith("linux"):
-            try:
-                lib = ctypes.CDLL("libc.so.6")
+        lib = _linux_libc()
+        try:
+            if lib:
                 lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
                 lib.malloc_trim.argtypes = [ctypes.c_size_t]
                 _libc = lib
-            except (OSError, AttributeError):  # musl and others: no libc.so.6 or no malloc_trim
-                _libc = False
+        except AttributeError:  # musl and others: no malloc_trim
+            _libc = False
     return _libc
 
 
@@ -137,14 +151,14 @@ def _madvise():
     global _advise
     if _advise is None:
         _advise = False
-        if sys.platform.startswith("linux"):
-            try:
-                lib = ctypes.CDLL(None, use_errno=True)
+        lib = _linux_libc()
+        try:
+            if lib:
                 lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
                 lib.madvise.restype = ctypes.c_int
                 _advise = lib.madvise
-            except (OSError, AttributeError):
-                _advise = False
+        except AttributeError:
+            _advise = False
     return _advise
 
 
