@@ -20,8 +20,10 @@ def cache_dir(create: bool = True) -> Path:
 
 
 def models_dir(create: bool = True) -> Path:
-    """``create=False`` only names the folder (the About dialog shows it without touching the disk)."""
-    path = cache_dir(create) / "models"
+    """``create=False`` only names the folder (the About dialog shows it without touching the disk).
+    ``REDLINE_MODELS_DIR`` moves it alone (models on another disk; a benchmark's converted files in its own folder)."""
+    override = os.environ.get("REDLINE_MODELS_DIR")
+    path = Path(override) if override else cache_dir(create) / "models"
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,9 +119,6 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    from gguf_helpers import write_llama_gguf
-    from hub_server import FakeHub, Repo
-
     from redline.inference.sources.starter import starter_folder
 
     starter = starter_folder()
@@ -135,6 +133,16 @@ def main() -> int:
             cmd += ["auto"] if args.strategy == "predicted" else []
             subprocess.run(cmd, cwd=ROOT, env=probe_env, capture_output=True, text=True, timeout=1200, check=True)
     work = Path(tempfile.mkdtemp(prefix="redline-browse-accuracy-"))
+    try:
+        return _run(args, starter, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the served copies, the hub cache and the converted GGUFs
+
+
+def _run(args, starter: Path, work: Path) -> int:
+    from gguf_helpers import write_llama_gguf
+    from hub_server import FakeHub, Repo
+
     files = {p.name: p.read_bytes() for p in starter.iterdir() if p.is_file() and not p.name.startswith(".")}
     repos = {"starter/SmolLM2-135M": Repo(files=files, lfs={n for n in files if n.endswith(".safetensors")})}
     ggufs = {}
@@ -155,6 +163,9 @@ def main() -> int:
         )
     with FakeHub(repos) as hub:
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(work / "hf"), HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        # What the probes convert (a GGUF's blocks, 0.1-2 GB each) goes to the work folder, not the user's models
+        # folder: five runs had left 26 GB there. The rest of the cache (kernels, measurements) is the user's.
+        env["REDLINE_MODELS_DIR"] = str(work / "models")
         env.pop("HF_HUB_OFFLINE", None)  # the stand-in hub is on 127.0.0.1 (a test run sets it offline)
         os.environ.update(env)
         os.environ.pop("HF_HUB_OFFLINE", None)

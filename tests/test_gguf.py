@@ -395,3 +395,15 @@ def test_a_converted_gguf_loads_as_views_of_its_files_and_the_estimate_counts_th
     # De-quantised to a float precision, every layer is a copy: the old rule (the mapping's pages on top).
     bf16 = resolve_precision("bf16", "cpu")
     assert not packed_views(shape, bf16, "cpu") and loading_bytes(shape, bf16, "cpu", weights_bytes(shape, bf16), 0)
+
+
+def test_conversions_go_where_redline_models_dir_says(tmp_path, monkeypatch):
+    # A benchmark converts into its own folder (tests/model_browser_accuracy.py), never into the user's models.
+    from redline.inference.sources.gguf import cache_folder_for
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("REDLINE_MODELS_DIR", str(tmp_path / "elsewhere"))
+    assert cache_folder_for(gguf).parent == tmp_path / "elsewhere" / "gguf"
+    monkeypatch.delenv("REDLINE_MODELS_DIR")
+    assert cache_folder_for(gguf).parent.parent != tmp_path / "elsewhere"
