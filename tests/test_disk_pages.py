@@ -75,6 +75,17 @@ def test_persisted_pages_are_read_back_after_a_restart(tmp_path):
     assert kv.attach(3, TOKENS) == 3 * P and kv.disk_hits == 3  # now registered in memory: no second read
 
 
+def test_pages_are_read_back_into_a_pool_that_grew_during_a_step(tmp_path):
+    # A pool that grew inside a step (inference mode) holds inference tensors; the walk that reads pages from disk
+    # runs before the request's first step, outside it (a second engine in one process failed here).
+    kv = restarted(tmp_path)
+    with torch.inference_mode():
+        kv.k, kv.v = kv.k.clone(), kv.v.clone()
+    assert kv.k.is_inference()
+    assert kv.attach(2, TOKENS) == 3 * P and kv.disk_hits == 3
+    assert read_back(kv, 2, 3 * P) == TOKENS[: 3 * P]
+
+
 def test_an_evicted_page_goes_to_disk_and_comes_back(tmp_path):
     kv = pool(tmp_path, cache_pages=3)
     run_sequence(kv, 1, TOKENS)

@@ -179,9 +179,12 @@ class PagedKV:
         loaded = self.disk.load(key, prev, page_tokens, self.dtype, shape)
         if loaded is None:
             return None
-        page = self._take(1)[0]
-        self.k[:, page].copy_(loaded[0])
-        self.v[:, page].copy_(loaded[1])
+        # The walk runs before the request's first step, outside inference mode, and a pool that grew during a
+        # step holds inference tensors, which only inference mode may write (ttft_accuracy's second engine failed).
+        with torch.inference_mode():
+            page = self._take(1)[0]
+            self.k[:, page].copy_(loaded[0])
+            self.v[:, page].copy_(loaded[1])
         self.key_of[page], self.page_of[key] = key, page
         self.origin[page] = (prev, page_tokens)
         self.refs[page] = 1
