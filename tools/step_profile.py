@@ -18,6 +18,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="bf16,q8,q4")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt", default="short")
+    ap.add_argument("--model", default="starter", help="a name, folder or GGUF file")
     args = ap.parse_args(argv)
 
     import torch
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
     for precision in args.precisions.split(","):
         engine = Engine()
         engine.record_memory = False
-        engine.load("starter", resolve_precision(precision, engine.device))
+        engine.load(args.model, resolve_precision(precision, engine.device))
         target = engine.target
         ids = build_prompt(target.tokenizer, load_prompt_set(args.prompt).prompts[0].messages, 4096, 64).input_ids
         n = args.new_tokens

@@ -59,7 +59,10 @@ FAST_TORCH_STEP_S = 2e-3
 # 23 GB/s measured), while the fast path's native bf16/q8/q4 kernels do better; bitsandbytes is slow at batch 1.
 MEMORY_EFFICIENCY = {
     ("cpu", "hf"): {"fp32": 0.8, "bf16": 0.35, "fp16": 0.15, "q8": 0.5, "q4": 0.4, "int8": 0.2, "nf4": 0.25},
-    ("cpu", "fast"): {"fp32": 0.8, "bf16": 0.6, "fp16": 0.15, "q8": 0.5, "q4": 0.4},
+    # Redline's kernels, from a step's own stage profile (tools/step_profile.py, 2026-12-04, Zen 4, 34.5 GB/s
+    # measured): bf16 products stream at 25 GB/s on a 1B-shaped model, q8 at 19-20; q4's bytes are not what
+    # bounds it (its arithmetic is: DECODE_ARITHMETIC below).
+    ("cpu", "fast"): {"fp32": 0.8, "bf16": 0.75, "fp16": 0.15, "q8": 0.55, "q4": 0.6},
     # The fast path where Redline's CPU kernels cannot run: the same step on torch's operators (reference.py).
     ("cpu", "fast-torch"): FAST_TORCH_MEMORY,
     ("cuda", "hf"): {"fp32": 0.75, "bf16": 0.75, "fp16": 0.75, "q8": 0.5, "q4": 0.4, "int8": 0.15, "nf4": 0.3},
@@ -71,11 +74,28 @@ COMPUTE_EFFICIENCY = {
     "cpu": {"fp32": 0.7, "bf16": 0.3, "fp16": 0.1, "q8": 0.3, "q4": 0.25, "int8": 0.1, "nf4": 0.1},
     "cuda": {"fp32": 0.15, "bf16": 0.6, "fp16": 0.6, "q8": 0.3, "q4": 0.3, "int8": 0.1, "nf4": 0.2},
 }
+# A decode step's block products at batch 1 (Redline's CPU kernels): weights per second, as a share of the
+# machine's measured FLOP/s at two operations per weight. The 4-bit kernels are bound by their arithmetic (each
+# nibble unpacked, scaled, offset): the same 1B-shaped model ran at 23-25 G weights/s in Q4_1 and in Q4_0 (whose
+# bytes are 10 % fewer), against 182 GFLOP/s measured, and the starter's 4-bit step was its weights at that rate
+# within 10 %, where a byte count with the streaming kernels' start-up put it 2.5x too slow (so its learned
+# factor did not carry over to larger models: +38 % on the 1B-shaped Q4_0, docs/models.md). Q8_0 blocks are
+# bound about as much by their bytes as by their arithmetic (a 1B-shaped gate/up: 16 G weights/s, 17 GB/s); their
+# arithmetic is counted so that an 8-bit head beside 4-bit layers adds its share.
+DECODE_ARITHMETIC = {"q4": 0.26, "q8": 0.2}
+# Where the kernels run the fast path's step, each product streaming its weights pays a start-up (the threads'
+# hand-off, the prefetch's ramp) that the bytes do not explain: ~25 µs a product, from the starter (30 layers of
+# small matrices) against the 1B-shaped model (16 of large ones) in bf16 and q8. The 4-bit products do not
+# show it (their arithmetic hides it). Four products a layer (q/k/v, o, gate/up, down) and the head.
+PRODUCT_START_S = 2.5e-5
+FAST_PRODUCTS_PER_LAYER = 4
 # Seconds a step spends outside its kernels, per layer and per step: transformers' generate() runs Python
 # per module; the fast path runs fused operators; a CUDA graph (``static`` compiled on CUDA) replays them.
 LAYER_OVERHEAD_S = {
     ("cpu", "hf"): 4.5e-4,
-    ("cpu", "fast"): 2.5e-4,
+    # The whole step (one native call; tools/step_profile.py): norms, rotary, the cache write and the activations'
+    # quantising took 0.1-0.2 ms over 16-30 layers, the rest of a layer is its products (counted above).
+    ("cpu", "fast"): 1e-5,
     ("cpu", "fast-torch"): FAST_TORCH_LAYER_S,
     ("cuda", "hf"): 2.5e-4,
     ("cuda", "fast"): 8e-5,
@@ -83,7 +103,7 @@ LAYER_OVERHEAD_S = {
 }
 STEP_OVERHEAD_S = {
     ("cpu", "hf"): 3e-3,
-    ("cpu", "fast"): 1e-3,
+    ("cpu", "fast"): 8e-4,  # 0.6-0.9 ms a token outside the step (sampling, streaming, Python), same profile
     ("cpu", "fast-torch"): FAST_TORCH_STEP_S,
     ("cuda", "hf"): 2e-3,
     ("cuda", "fast"): 5e-4,
@@ -104,11 +124,45 @@ def gguf_kernels(shape: Optional[ModelShape]) -> str:
     """Which block kernels run a GGUF's layers, as the file is: "q8" where most of its packed weights (by count)
     are 8-bit, else "q4". A Q8_0 file was predicted with the 4-bit kernels' rates and factors before, 28-36 %
     too slow after calibration (docs/models.md)."""
-    packed = getattr(shape, "packed", None) or []
-    weights = {8: 0, 4: 0}
-    for _name, fan_in, fan_out, bits, *_ in packed:
-        weights[8 if bits >= 6 else 4] += int(fan_in) * int(fan_out)
+    weights = _file_block_weights(shape)
     return "q8" if weights[8] > weights[4] else "q4"
+
+
+def _file_block_weights(shape: Optional[ModelShape]) -> dict[int, int]:
+    """A GGUF's packed weights by the block kernels that run them (6 bits and up: the 8-bit ones)."""
+    counts = {8: 0, 4: 0}
+    for _name, fan_in, fan_out, bits, *_ in getattr(shape, "packed", None) or []:
+        counts[8 if bits >= 6 else 4] += int(fan_in) * int(fan_out)
+    return counts
+
+
+def block_weights(shape: ModelShape, spec: PrecisionSpec) -> dict[int, int]:
+    """The weights a step multiplies in 8-bit and in 4-bit blocks: a GGUF's by its file's types, q8/q4 every
+    linear layer (a 4-bit one whose fan-in is not a multiple of 32 stays dense, as ``weights_read_bytes``)."""
+    if spec.name == "gguf":
+        return _file_block_weights(shape)
+    counts = {8: 0, 4: 0}
+    if spec.name in WEIGHT_ONLY:
+        bits = 8 if spec.name == "q8" else 4
+        for _name, fan_in, fan_out, _bias in shape.linears:
+            if bits == 8 or fan_in % 32 == 0:
+                counts[bits] += fan_in * fan_out
+    return counts
+
+
+def _streamed_share(shape: ModelShape, spec: PrecisionSpec) -> float:
+    """The share of a step's weights in products that stream them (all but 4-bit blocks, whose arithmetic hides
+    their start-up: the starter's q4 stages took time in proportion to their weights, tools/step_profile.py)."""
+    total = sum(fan_in * fan_out for _n, fan_in, fan_out, *_ in shape.linears) if shape.linears else 0
+    if not total:
+        return 1.0
+    return max(0.0, 1.0 - block_weights(shape, spec)[4] / total)
+
+
+def block_arithmetic_s(shape: ModelShape, spec: PrecisionSpec, flops: float) -> float:
+    """Seconds a decode step's block products take by their arithmetic alone (``DECODE_ARITHMETIC``)."""
+    counts = block_weights(shape, spec)
+    return sum(2.0 * n / (flops * DECODE_ARITHMETIC[f"q{bits}"]) for bits, n in counts.items() if n)
 
 
 def _kind(device: str) -> str:
@@ -206,10 +260,19 @@ def step_cost(
     kv = kv_read_bytes(shape, spec, machine.device, path, context_before) if cache else 0
     read = weights_read_bytes(shape, spec, machine.device) + kv
     memory_s = read / (machine.bandwidth_bytes_per_s * e_mem)
+    kernel_step = kind == "cpu" and path == "fast"  # Redline's kernels run it ("fast-torch" where they do not)
+    if kernel_step:
+        memory_s += (shape.layers * FAST_PRODUCTS_PER_LAYER + 1) * PRODUCT_START_S * _streamed_share(shape, spec)
     fl = step_flops(shape, tokens, context_before)
     # One token is a matrix-vector product, which streams its weights: its arithmetic is part of the memory
-    # efficiency. Several tokens at once (prefill, verification, naive re-runs) are matrix products.
-    compute_s = fl / (machine.flops * COMPUTE_EFFICIENCY[kind].get(key, 0.1)) if (machine.flops and tokens > 1) else 0.0
+    # efficiency, except for the block kernels that their arithmetic bounds. Several tokens at once (prefill,
+    # verification, naive re-runs) are matrix products.
+    if machine.flops and tokens > 1:
+        compute_s = fl / (machine.flops * COMPUTE_EFFICIENCY[kind].get(key, 0.1))
+    elif machine.flops and kernel_step:
+        compute_s = block_arithmetic_s(shape, spec, machine.flops)
+    else:
+        compute_s = 0.0
     over = (shape.kv_layers or shape.layers) * LAYER_OVERHEAD_S.get((kind, path), LAYER_OVERHEAD_S[(kind, "hf")])
     over += STEP_OVERHEAD_S.get((kind, path), STEP_OVERHEAD_S[(kind, "hf")])
     return StepCost(tokens, read, fl, memory_s, compute_s, over)
