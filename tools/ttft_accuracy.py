@@ -37,6 +37,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not args.keep_calibration:
         os.environ["REDLINE_DATA_DIR"] = tempfile.mkdtemp(prefix="redline-ttft-accuracy-")
+    # Pages on disk of its own: a run's prompts are the same as the last run's, and the user's folder would hand
+    # this run's "fresh" prompts the pages the last one left (their TTFT a disk read, not a prefill).
+    pages = tempfile.mkdtemp(prefix="redline-ttft-accuracy-pages-")
+    os.environ["REDLINE_KV_PAGES_DIR"] = pages
 
     from redline.inference import Engine, resolve_precision
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
@@ -78,6 +82,8 @@ def main(argv=None) -> int:
             for n in lengths:
                 for _ in range(args.samples):
                     pred, result = reply(prompt(n), options)
+                    if result.cached_tokens:
+                        raise SystemExit(f"a fresh prompt took {result.cached_tokens} tokens from the cache")
                     rows.append((model, precision, n, 0, pred.ttft_ms, result.ttft_ms, single(pred)))
             # The next turn of a conversation: the same prompt again with new tokens after it.
             for _ in range(args.samples):
@@ -93,6 +99,9 @@ def main(argv=None) -> int:
             print(f"{model} {precision} done, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
             engine.unload()
     load_end = os.getloadavg()[0]
+    import shutil
+
+    shutil.rmtree(pages, ignore_errors=True)
     print(f"calibrated on {args.calibrate_on}; load average {load_start:.2f} → {load_end:.2f}")
     print()
     print(
