@@ -1,7 +1,7 @@
 """Prediction before download vs measurement after, for the model browser (docs/models.md reports the numbers).
 
     python -m tests.model_browser_accuracy [--context 256] [--precisions bf16,fp32,q8,q4] [--quants F16,Q8_0,Q4_0]
-        [--calibrate 3]
+        [--calibrate 3] [--replies 3]
 
 Serves from the stand-in hub (tests/hub_server.py, on 127.0.0.1): the starter's folder as a safetensors
 repository, GGUF files of the starter written with the ``gguf`` package (tests/gguf_helpers.py), and generated
@@ -16,7 +16,8 @@ correction (what the runtime of this install holds beyond the estimator's defaul
 is predicted
 (``REDLINE_DATA_DIR`` holds them: point it at an empty folder for a run from the defaults). ``--strategy
 predicted`` measures each variant in the strategy the Find page predicted (the fast path, as the app runs it)
-rather than DecodeOptions' default (kv).
+rather than DecodeOptions' default (kv). ``--replies N``: each measured variant makes N replies in its process and
+reports their median decode rate (one 32-token reply is a few hundred ms of a machine that drifts).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ def main() -> int:
     ap.add_argument("--quants", default="F16,Q8_0,Q4_0")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--calibrate", type=int, default=0, help="starter replies per precision before predicting")
+    ap.add_argument(
+        "--replies", type=int, default=1, help="replies per measured variant, in its one process: their median rate"
+    )
     ap.add_argument(
         "--strategy",
         choices=("kv", "predicted"),
@@ -211,7 +215,11 @@ def _run(args, starter: Path, work: Path) -> int:
                     [sys.executable, "-m", "tests.memory_probe", got.model, got.precision, str(args.new_tokens)]
                     + ([p.strategy] if args.strategy == "predicted" else []),
                     cwd=ROOT,
-                    env=dict(env, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")),
+                    env=dict(
+                        env,
+                        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+                        REDLINE_PROBE_REPLIES=str(args.replies),
+                    ),
                     capture_output=True,
                     text=True,
                     timeout=1200,
