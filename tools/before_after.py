@@ -5,6 +5,7 @@ before/after for a change that must keep behaviour and speed.
     python tools/before_after.py --before /tmp/before --rounds 3                 # redline bench, fast configs
     python tools/before_after.py --before /tmp/before --rounds 2 --concurrency   # + tools/concurrency_bench.py
     python tools/before_after.py --before . --before-env REDLINE_KERNELS_VARIANT=avx2   # two kernel builds
+    python tools/before_after.py --before /tmp/before --model my.Q4_0.gguf --configs fast:gguf  # another model
 
 Each round runs ``redline bench`` (the starter, one short prompt, greedy) from one side and then the other,
 alternating which goes first (A B, B A, …); the table gives each side's median tokens/s and TTFT and the median
@@ -41,7 +42,7 @@ def side_env(root: Path) -> dict:
 
 
 def bench(env: dict, args) -> dict:
-    cmd = [sys.executable, "-m", "redline", "bench", "--model", "starter", "--configs", args.configs]
+    cmd = [sys.executable, "-m", "redline", "bench", "--model", args.model, "--configs", args.configs]
     cmd += ["--max-prompts", "1", "--new-tokens", str(args.new_tokens), "--samples", str(args.samples)]
     cmd += ["--warmup", "1", "--json"]
     with tempfile.TemporaryDirectory() as cwd:
@@ -73,6 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--before", type=Path, required=True, help="the other checkout (e.g. a git worktree)")
     ap.add_argument("--after", type=Path, default=ROOT, help="the checkout measured against it (default: this one)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", default="starter", help="a name, folder or GGUF file (default: the starter)")
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--configs", default=CONFIGS)
