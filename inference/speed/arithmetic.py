@@ -36,10 +36,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from redline.inference.cost import (
+    DTYPE_BYTES,
     WEIGHT_ONLY,
     code_path,
+    compute_dtype,
     kernels_run,
     kv_read_bytes,
+    packed_layer_bytes,
     step_flops,
     weights_read_bytes,
 )
@@ -59,10 +62,11 @@ FAST_TORCH_STEP_S = 2e-3
 # 23 GB/s measured), while the fast path's native bf16/q8/q4 kernels do better; bitsandbytes is slow at batch 1.
 MEMORY_EFFICIENCY = {
     ("cpu", "hf"): {"fp32": 0.8, "bf16": 0.35, "fp16": 0.15, "q8": 0.5, "q4": 0.4, "int8": 0.2, "nf4": 0.25},
-    # Redline's kernels, from a step's own stage profile (tools/step_profile.py, 2026-12-04, Zen 4, 34.5 GB/s
-    # measured): bf16 products stream at 25 GB/s on a 1B-shaped model, q8 at 19-20; q4's bytes are not what
-    # bounds it (its arithmetic is: DECODE_ARITHMETIC below).
-    ("cpu", "fast"): {"fp32": 0.8, "bf16": 0.75, "fp16": 0.15, "q8": 0.55, "q4": 0.6},
+    # Redline's kernels at batch 1: the share of the measured bandwidth a product's weights stream at once a
+    # row's fixed cost is apart (ROW_S below), fitted to a step's stage profile (tools/step_profile.py,
+    # 2026-12-04, Zen 4, 25.3 GB/s and 123 GFLOP/s measured in the same minutes): bf16 11.2 G weights/s, Q8_0
+    # 21.6. 4-bit blocks are bound by their arithmetic (DECODE_ARITHMETIC) instead.
+    ("cpu", "fast"): {"fp32": 0.88, "bf16": 0.88, "fp16": 0.15, "q8": 0.9, "q4": 0.9},
     # The fast path where Redline's CPU kernels cannot run: the same step on torch's operators (reference.py).
     ("cpu", "fast-torch"): FAST_TORCH_MEMORY,
     ("cuda", "hf"): {"fp32": 0.75, "bf16": 0.75, "fp16": 0.75, "q8": 0.5, "q4": 0.4, "int8": 0.15, "nf4": 0.3},
@@ -76,18 +80,19 @@ COMPUTE_EFFICIENCY = {
 }
 # A decode step's block products at batch 1 (Redline's CPU kernels): weights per second, as a share of the
 # machine's measured FLOP/s at two operations per weight. The 4-bit kernels are bound by their arithmetic (each
-# nibble unpacked, scaled, offset): the same 1B-shaped model ran at 23-25 G weights/s in Q4_1 and in Q4_0 (whose
-# bytes are 10 % fewer), against 182 GFLOP/s measured, and the starter's 4-bit step was its weights at that rate
-# within 10 %, where a byte count with the streaming kernels' start-up put it 2.5x too slow (so its learned
-# factor did not carry over to larger models: +38 % on the 1B-shaped Q4_0, docs/models.md). Q8_0 blocks are
-# bound about as much by their bytes as by their arithmetic (a 1B-shaped gate/up: 16 G weights/s, 17 GB/s); their
-# arithmetic is counted so that an 8-bit head beside 4-bit layers adds its share.
-DECODE_ARITHMETIC = {"q4": 0.26, "q8": 0.2}
-# Where the kernels run the fast path's step, each product streaming its weights pays a start-up (the threads'
-# hand-off, the prefetch's ramp) that the bytes do not explain: ~25 µs a product, from the starter (30 layers of
-# small matrices) against the 1B-shaped model (16 of large ones) in bf16 and q8. The 4-bit products do not
-# show it (their arithmetic hides it). Four products a layer (q/k/v, o, gate/up, down) and the head.
-PRODUCT_START_S = 2.5e-5
+# nibble unpacked, scaled, offset): Q4_0 files (10 % fewer bytes) ran no faster than Q4_1 blocks, and the stage
+# profile's 4-bit products on the starter and a 1B-shaped model came to 28.8 G weights/s against 123 GFLOP/s
+# measured. Q8_0 blocks are bound by their bytes from memory (their in-cache rate is about twice their streamed
+# one), so their arithmetic share only matters on a machine with far more bandwidth than compute.
+DECODE_ARITHMETIC = {"q4": 0.47, "q8": 0.5}
+# Each output row costs the kernels a fixed time beside its weights (its horizontal sum and scale, the start of
+# its streams), so a model of narrow layers is slower per weight than one of wide layers: Q8_0 rows ran at 9-10
+# G weights/s 576 wide (the starter) and 19-26 at 2,048-8,192 (a 1B-shaped model), in the stage profile and in
+# products alone. Fitted with the rates above, per class (10 products each in bf16 and 8-bit, 13 in 4-bit;
+# within 15 % each, where one rate per class without it was 2.2x off on the starter's 8-bit head).
+ROW_S = {"dense": 1.7e-8, "q8": 3.2e-8, "q4": 2.5e-9}
+# And each product a start-up (handing it to the threads): a few µs, from the same fit.
+PRODUCT_START_S = 2.5e-6
 FAST_PRODUCTS_PER_LAYER = 4
 # Seconds a step spends outside its kernels, per layer and per step: transformers' generate() runs Python
 # per module; the fast path runs fused operators; a CUDA graph (``static`` compiled on CUDA) replays them.
@@ -136,33 +141,61 @@ def _file_block_weights(shape: Optional[ModelShape]) -> dict[int, int]:
     return counts
 
 
-def block_weights(shape: ModelShape, spec: PrecisionSpec) -> dict[int, int]:
-    """The weights a step multiplies in 8-bit and in 4-bit blocks: a GGUF's by its file's types, q8/q4 every
-    linear layer (a 4-bit one whose fan-in is not a multiple of 32 stays dense, as ``weights_read_bytes``)."""
+def product_classes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> dict[str, tuple[int, int, int]]:
+    """A decode step's products on Redline's kernels by weight class ("dense", "q8", "q4"): (weights, output rows,
+    bytes) of each. A GGUF's packed layers by their file's types (6 bits and up run as 8-bit blocks), the rest of
+    its linear layers dense; q8/q4 every linear layer (a 4-bit one whose fan-in is not a multiple of 32 stays
+    dense)."""
+    dtype = compute_dtype(spec, device)
+    b = DTYPE_BYTES[dtype]
+    out = {"dense": [0, 0, 0], "q8": [0, 0, 0], "q4": [0, 0, 0]}
+
+    def add(cls: str, fan_in: int, fan_out: int, nbytes: int) -> None:
+        c = out[cls]
+        c[0], c[1], c[2] = c[0] + fan_in * fan_out, c[1] + fan_out, c[2] + nbytes
+
+    packed = set()
     if spec.name == "gguf":
-        return _file_block_weights(shape)
-    counts = {8: 0, 4: 0}
-    if spec.name in WEIGHT_ONLY:
-        bits = 8 if spec.name == "q8" else 4
-        for _name, fan_in, fan_out, _bias in shape.linears:
-            if bits == 8 or fan_in % 32 == 0:
-                counts[bits] += fan_in * fan_out
-    return counts
+        for name, fan_in, fan_out, bits, mins in getattr(shape, "packed", None) or []:
+            bits = 8 if int(bits) >= 6 else 4
+            add(f"q{bits}", fan_in, fan_out, packed_layer_bytes(bits, fan_in, fan_out, dtype, True, bool(mins)))
+            packed.add(name)
+    for name, fan_in, fan_out, _bias in shape.linears:
+        if name in packed:
+            continue
+        if spec.name in WEIGHT_ONLY and (spec.name == "q8" or fan_in % 32 == 0):
+            bits = 8 if spec.name == "q8" else 4
+            add(f"q{bits}", fan_in, fan_out, packed_layer_bytes(bits, fan_in, fan_out, dtype, True))
+        else:
+            add("dense", fan_in, fan_out, fan_in * fan_out * b)
+    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 
-def _streamed_share(shape: ModelShape, spec: PrecisionSpec) -> float:
-    """The share of a step's weights in products that stream them (all but 4-bit blocks, whose arithmetic hides
-    their start-up: the starter's q4 stages took time in proportion to their weights, tools/step_profile.py)."""
-    total = sum(fan_in * fan_out for _n, fan_in, fan_out, *_ in shape.linears) if shape.linears else 0
-    if not total:
-        return 1.0
-    return max(0.0, 1.0 - block_weights(shape, spec)[4] / total)
-
-
-def block_arithmetic_s(shape: ModelShape, spec: PrecisionSpec, flops: float) -> float:
-    """Seconds a decode step's block products take by their arithmetic alone (``DECODE_ARITHMETIC``)."""
-    counts = block_weights(shape, spec)
-    return sum(2.0 * n / (flops * DECODE_ARITHMETIC[f"q{bits}"]) for bits, n in counts.items() if n)
+def _kernel_step(shape, spec, machine, rates: dict, key: str, read: int) -> tuple[float, float]:
+    """One decode token on Redline's CPU kernels: (seconds bound by bytes, seconds bound by arithmetic), summed
+    over the weight classes, each the larger of its bytes and its arithmetic plus its rows' fixed cost
+    (``ROW_S``); what the products do not read (the KV cache, the embedding row, norms) streams as dense."""
+    classes = product_classes(shape, spec, machine.device)
+    dense_key = key
+    if key in ("q8", "q4"):  # a block precision's dense layers run in its compute dtype
+        dense_key = "fp32" if compute_dtype(spec, machine.device) == "float32" else "bf16"
+    e = {"dense": rates.get(dense_key, 0.5), "q8": rates.get("q8", 0.5), "q4": rates.get("q4", 0.5)}
+    bw = machine.bandwidth_bytes_per_s
+    products = shape.layers * FAST_PRODUCTS_PER_LAYER + 1
+    other = max(0, read - sum(c[2] for c in classes.values()))
+    memory_s = other / (bw * e["dense"]) + products * PRODUCT_START_S
+    compute_s = 0.0
+    for cls, (weights, rows, nbytes) in classes.items():
+        if not weights:
+            continue
+        mem = nbytes / (bw * e[cls])
+        arith = 2.0 * weights / (machine.flops * DECODE_ARITHMETIC[cls]) if cls in DECODE_ARITHMETIC else 0.0
+        memory_s += rows * ROW_S[cls]
+        if arith > mem:
+            compute_s += arith
+        else:
+            memory_s += mem
+    return memory_s, compute_s
 
 
 def _kind(device: str) -> str:
@@ -227,9 +260,14 @@ class StepCost:
     memory_s: float
     compute_s: float
     overhead_s: float
+    # Whether the parts add up rather than overlap: Redline's kernels run a step's products one after another,
+    # each bound by its bytes or by its arithmetic (``_kernel_step``).
+    additive: bool = False
 
     @property
     def seconds(self) -> float:
+        if self.additive:
+            return self.memory_s + self.compute_s + self.overhead_s
         return max(self.memory_s, self.compute_s) + self.overhead_s
 
     @property
@@ -259,23 +297,21 @@ def step_cost(
     e_mem = rates.get(key) or MEMORY_EFFICIENCY[(kind, "hf")].get(key, 0.25)
     kv = kv_read_bytes(shape, spec, machine.device, path, context_before) if cache else 0
     read = weights_read_bytes(shape, spec, machine.device) + kv
-    memory_s = read / (machine.bandwidth_bytes_per_s * e_mem)
-    kernel_step = kind == "cpu" and path == "fast"  # Redline's kernels run it ("fast-torch" where they do not)
-    if kernel_step:
-        memory_s += (shape.layers * FAST_PRODUCTS_PER_LAYER + 1) * PRODUCT_START_S * _streamed_share(shape, spec)
     fl = step_flops(shape, tokens, context_before)
-    # One token is a matrix-vector product, which streams its weights: its arithmetic is part of the memory
-    # efficiency, except for the block kernels that their arithmetic bounds. Several tokens at once (prefill,
-    # verification, naive re-runs) are matrix products.
-    if machine.flops and tokens > 1:
-        compute_s = fl / (machine.flops * COMPUTE_EFFICIENCY[kind].get(key, 0.1))
-    elif machine.flops and kernel_step:
-        compute_s = block_arithmetic_s(shape, spec, machine.flops)
+    # Redline's kernels run the fast path's step ("fast-torch" where they do not): one token, class by class.
+    kernel_step = kind == "cpu" and path == "fast" and tokens == 1 and bool(machine.flops)
+    if kernel_step:
+        memory_s, compute_s = _kernel_step(shape, spec, machine, rates, key, read)
     else:
+        memory_s = read / (machine.bandwidth_bytes_per_s * e_mem)
+        # One token is a matrix-vector product, which streams its weights: its arithmetic is part of the memory
+        # efficiency. Several tokens at once (prefill, verification, naive re-runs) are matrix products.
         compute_s = 0.0
+        if machine.flops and tokens > 1:
+            compute_s = fl / (machine.flops * COMPUTE_EFFICIENCY[kind].get(key, 0.1))
     over = (shape.kv_layers or shape.layers) * LAYER_OVERHEAD_S.get((kind, path), LAYER_OVERHEAD_S[(kind, "hf")])
     over += STEP_OVERHEAD_S.get((kind, path), STEP_OVERHEAD_S[(kind, "hf")])
-    return StepCost(tokens, read, fl, memory_s, compute_s, over)
+    return StepCost(tokens, read, fl, memory_s, compute_s, over, additive=kernel_step)
 
 
 # --------------------------------------------------------------------------- speculative arithmetic
