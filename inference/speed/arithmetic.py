@@ -64,9 +64,9 @@ MEMORY_EFFICIENCY = {
     ("cpu", "hf"): {"fp32": 0.8, "bf16": 0.35, "fp16": 0.15, "q8": 0.5, "q4": 0.4, "int8": 0.2, "nf4": 0.25},
     # Redline's kernels at batch 1: the share of the measured bandwidth a product's weights stream at once a
     # row's fixed cost is apart (ROW_S below), fitted to a step's stage profile (tools/step_profile.py,
-    # 2026-12-04, Zen 4, 25.3 GB/s and 123 GFLOP/s measured in the same minutes): bf16 11.2 G weights/s, Q8_0
-    # 21.6. 4-bit blocks are bound by their arithmetic (DECODE_ARITHMETIC) instead.
-    ("cpu", "fast"): {"fp32": 0.88, "bf16": 0.88, "fp16": 0.15, "q8": 0.9, "q4": 0.9},
+    # 2026-12-04, Zen 4, 25.3 GB/s and 123 GFLOP/s measured in the same minutes): bf16 11.4 G weights/s, Q8_0
+    # 20.7. 4-bit blocks are bound by their arithmetic (DECODE_ARITHMETIC) instead.
+    ("cpu", "fast"): {"fp32": 0.9, "bf16": 0.9, "fp16": 0.15, "q8": 0.87, "q4": 0.9},
     # The fast path where Redline's CPU kernels cannot run: the same step on torch's operators (reference.py).
     ("cpu", "fast-torch"): FAST_TORCH_MEMORY,
     ("cuda", "hf"): {"fp32": 0.75, "bf16": 0.75, "fp16": 0.75, "q8": 0.5, "q4": 0.4, "int8": 0.15, "nf4": 0.3},
@@ -88,9 +88,9 @@ DECODE_ARITHMETIC = {"q4": 0.47, "q8": 0.5}
 # Each output row costs the kernels a fixed time beside its weights (its horizontal sum and scale, the start of
 # its streams), so a model of narrow layers is slower per weight than one of wide layers: Q8_0 rows ran at 9-10
 # G weights/s 576 wide (the starter) and 19-26 at 2,048-8,192 (a 1B-shaped model), in the stage profile and in
-# products alone. Fitted with the rates above, per class (10 products each in bf16 and 8-bit, 13 in 4-bit;
-# within 15 % each, where one rate per class without it was 2.2x off on the starter's 8-bit head).
-ROW_S = {"dense": 1.7e-8, "q8": 3.2e-8, "q4": 2.5e-9}
+# products alone. Fitted with the rates above, per class (11 products in bf16 and in 8-bit, 13 in 4-bit; within
+# 20 %, most within 10 %, where one rate per class without it put the starter's 8-bit head at half its time).
+ROW_S = {"dense": 2.3e-8, "q8": 2.6e-8, "q4": 2.5e-9}
 # And each product a start-up (handing it to the threads): a few µs, from the same fit.
 PRODUCT_START_S = 2.5e-6
 FAST_PRODUCTS_PER_LAYER = 4
