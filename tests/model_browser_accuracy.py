@@ -17,7 +17,10 @@ is predicted
 (``REDLINE_DATA_DIR`` holds them: point it at an empty folder for a run from the defaults). ``--strategy
 predicted`` measures each variant in the strategy the Find page predicted (the fast path, as the app runs it)
 rather than DecodeOptions' default (kv). ``--replies N``: each measured variant makes N replies in its process and
-reports their median decode rate (one 32-token reply is a few hundred ms of a machine that drifts).
+reports their median decode rate (one 32-token reply is a few hundred ms of a machine that drifts). ``--rounds N``:
+every variant is measured once per round, the rounds one after another over all variants (A B C, A B C, …), and
+each reports the median of its rounds (``measured_tok_s_each``): a slow minute of a shared machine then touches one
+round of a variant, not its only measurement.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,6 +112,7 @@ def main() -> int:
     ap.add_argument(
         "--replies", type=int, default=1, help="replies per measured variant, in its one process: their median rate"
     )
+    ap.add_argument("--rounds", type=int, default=1, help="measurements of each variant, interleaved: their median")
     ap.add_argument(
         "--strategy",
         choices=("kv", "predicted"),
@@ -186,6 +191,7 @@ def _run(args, starter: Path, work: Path) -> int:
         # The load runs in a fresh process (as `redline chat` would): its resident memory before the load is
         # the CPU baseline, as the window's own process is for the Find page.
         baseline = fresh_process_rss(env)
+        measured = []  # (row, fetched variant, prediction): measured after all are fetched, in rounds
         for rid in repos:
             rv = repo_variants(rid, target.device, use_cache=False)
             preds = predict_repo(rv, args.context, "balanced", target, speed, correction, baseline)
@@ -211,34 +217,55 @@ def _run(args, starter: Path, work: Path) -> int:
                     print(json.dumps(row), flush=True)
                     continue
                 got = fetch_variant(rv, v, p)
-                proc = subprocess.run(
-                    [sys.executable, "-m", "tests.memory_probe", got.model, got.precision, str(args.new_tokens)]
-                    + ([p.strategy] if args.strategy == "predicted" else []),
-                    cwd=ROOT,
-                    env=dict(
-                        env,
-                        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-                        REDLINE_PROBE_REPLIES=str(args.replies),
-                    ),
-                    capture_output=True,
-                    text=True,
-                    timeout=1200,
-                )
-                if proc.returncode != 0:
-                    row["error"] = proc.stderr.strip().splitlines()[-1:]
-                else:
-                    m = json.loads(proc.stdout.strip().splitlines()[-1])
-                    row["measured_bytes"] = m["measured_bytes"]
-                    row["error_bytes"] = p.total_bytes - m["measured_bytes"]
-                    row["within_margin"] = abs(row["error_bytes"]) <= max(0.1 * m["measured_bytes"], 300e6)
-                    row["engine_predicted_bytes"] = m["predicted_bytes"]
-                    row["engine_baseline_bytes"] = m["baseline_bytes"]
-                    row["measured_tok_s"] = round(m["tokens_per_s"] or 0, 1)
-                    row["measured_strategy"] = m["strategy"]
-                    if m["tokens_per_s"]:
-                        row["tok_s_error_pct"] = round(100 * (row["predicted_tok_s"] / m["tokens_per_s"] - 1), 1)
-                print(json.dumps(row), flush=True)
+                measured.append((row, got, p))
+        for _round in range(max(1, args.rounds)):
+            for row, got, p in measured:
+                row.setdefault("probes", []).append(_probe(args, env, got, p))
+        for row, _got, p in measured:
+            _summarise(row, p)
+            print(json.dumps(row), flush=True)
     return 0
+
+
+def _probe(args, env: dict, got, p) -> dict:
+    """One measurement of a fetched variant in a fresh process (tests/memory_probe.py)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.memory_probe", got.model, got.precision, str(args.new_tokens)]
+        + ([p.strategy] if args.strategy == "predicted" else []),
+        cwd=ROOT,
+        env=dict(
+            env, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), REDLINE_PROBE_REPLIES=str(args.replies)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if proc.returncode != 0:
+        return {"probe_failed": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _summarise(row: dict, p) -> None:
+    """The row's measured figures: memory from the first round (a fresh process each time: the same load), the
+    decode rate the median of the rounds'."""
+    probes = row.pop("probes")
+    good = [m for m in probes if "probe_failed" not in m]  # (a probe's own "error" is its reply's, None if fine)
+    if not good:
+        row["error"] = probes[0]["probe_failed"]
+        return
+    m = good[0]
+    row["measured_bytes"] = m["measured_bytes"]
+    row["error_bytes"] = p.total_bytes - m["measured_bytes"]
+    row["within_margin"] = abs(row["error_bytes"]) <= max(0.1 * m["measured_bytes"], 300e6)
+    row["engine_predicted_bytes"] = m["predicted_bytes"]
+    row["engine_baseline_bytes"] = m["baseline_bytes"]
+    row["measured_strategy"] = m["strategy"]
+    rates = [g["tokens_per_s"] for g in good if g["tokens_per_s"]]
+    row["measured_tok_s_each"] = [round(r, 1) for r in rates]
+    rate = statistics.median(rates) if rates else None
+    row["measured_tok_s"] = round(rate or 0, 1)
+    if rate:
+        row["tok_s_error_pct"] = round(100 * (row["predicted_tok_s"] / rate - 1), 1)
 
 
 if __name__ == "__main__":
