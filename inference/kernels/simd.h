@@ -103,7 +103,8 @@ inline void silu_mul_span(const float* gate, const float* up, int64_t n, float* 
 // group prefetches: the later ones find the group in the cache. 4-bit rows too, since the Zen 4 VM: there a
 // 4-bit product read from memory ran at about half its in-cache rate (25-28 against 52 G weights/s), and the
 // prefetch made whole decode steps 1.24x (a 1B-shaped Q4_0 GGUF) and 1.32x (the starter in q4) faster, measured
-// A/B interleaved with tools/before_after.py. (On the Zen 3 VM it had cost 7.6 -> 8.1 ms: recheck on new CPUs.)
+// A/B interleaved with tools/before_after.py; 1.53x and 1.02x against the commit before, in a slower hour. (On the
+// Zen 3 VM it had cost 7.6 -> 8.1 ms: recheck on new CPUs.)
 constexpr int AHEAD = 4;
 inline bool prefetching() {
   static const bool on = !(getenv("REDLINE_PREFETCH") && getenv("REDLINE_PREFETCH")[0] == '0');
