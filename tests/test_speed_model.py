@@ -114,7 +114,7 @@ def test_four_bit_decode_is_its_arithmetic_so_its_time_follows_the_weights_not_t
     big = scaled(STARTER, 4, 2)
     ratio = (1 / predict(big, q4, "fast", cpu, kernels=True).uncorrected_tokens_per_s) / step
     weights = product_classes(big, q4)["q4"][0] / product_classes(STARTER, q4)["q4"][0]
-    assert 0.75 * weights < ratio <= weights
+    assert 0.85 * weights < ratio <= weights
     # Where the kernels do not run, torch's operators are predicted by their bytes, as before.
     assert predict(STARTER, q4, "fast", cpu, kernels=False).bound == "memory"
 

@@ -155,7 +155,8 @@ inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
 // so a sequence gets the same numbers alone or beside others.
 template <bool ASYM, int R, int TT>
 inline void q4_tile(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int tt,
-                    const int8_t* qx, const float* dx, const float* sx, int64_t K, float (*out)[R]) {
+                    const int8_t* qx, const float* dx, const float* sx, int64_t K, float (*out)[R],
+                    bool prefetch = false) {
   F8 acc[TT][R], macc[TT][R];
   float tail[TT][R];
   for (int t = 0; t < TT; ++t)
@@ -166,9 +167,9 @@ inline void q4_tile(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
   const F8 minus8 = f8_set1(-8.f);
   I8x32 U[TT > 1 ? 8 : 1][R];
   int64_t b = 0;
-  // One activation row streams the weights once: prefetch the group AHEAD rows on. Several rows (a prompt's
-  // tile) reuse each block from the cache, so they do not.
-  const bool pf = TT == 1 && prefetching();
+  // One activation row streaming the group from memory (``prefetch``: the first pass over it) prefetches the
+  // group AHEAD rows on, as q8_rows does. Tiles of several rows are not measured with it, so they do not.
+  const bool pf = TT == 1 && prefetch && prefetching();
   for (; b + 8 <= nb; b += 8) {
     if (pf)
       for (int r = 0; r < R; ++r) {
@@ -231,7 +232,7 @@ inline void q4_rows(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
     float pair[1][P];
     for (int r = 0; r < R; r += P) {
       q4_tile<ASYM, P, 1>(w + r * row_bytes, row_bytes, sc + r * nb, ASYM ? mn + r * nb : nullptr, nb, 1, qx, dx, sx, K,
-                          pair);
+                          pair, true);
       for (int p = 0; p < P; ++p) emit(0, r + p, pair[0][p]);
     }
     return;
@@ -247,7 +248,7 @@ inline void q4_rows(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
       float o[TT][P];
       for (int r = 0; r < R; r += P) {
         q4_tile<ASYM, P, TT>(w + r * row_bytes, row_bytes, sc + r * nb, ASYM ? mn + r * nb : nullptr, nb, TT,
-                             qx + t0 * K, dx + t0 * nb, sx + t0 * nb, K, o);
+                             qx + t0 * K, dx + t0 * nb, sx + t0 * nb, K, o, t0 == 0);
         for (int t = 0; t < TT; ++t)
           for (int p = 0; p < P; ++p) emit(t0 + t, r + p, o[t][p]);
       }

@@ -37,6 +37,7 @@ from typing import Optional
 
 from redline.inference.cost import (
     DTYPE_BYTES,
+    Q4_GROUP,
     WEIGHT_ONLY,
     code_path,
     compute_dtype,
@@ -133,11 +134,16 @@ def gguf_kernels(shape: Optional[ModelShape]) -> str:
     return "q8" if weights[8] > weights[4] else "q4"
 
 
+def _kernel_bits(bits) -> int:
+    """The block kernels a GGUF layer of ``bits`` runs on: 6 bits and up load as 8-bit blocks, the rest as 4-bit."""
+    return 8 if int(bits) >= 6 else 4
+
+
 def _file_block_weights(shape: Optional[ModelShape]) -> dict[int, int]:
-    """A GGUF's packed weights by the block kernels that run them (6 bits and up: the 8-bit ones)."""
+    """A GGUF's packed weights by the block kernels that run them."""
     counts = {8: 0, 4: 0}
     for _name, fan_in, fan_out, bits, *_ in getattr(shape, "packed", None) or []:
-        counts[8 if bits >= 6 else 4] += int(fan_in) * int(fan_out)
+        counts[_kernel_bits(bits)] += int(fan_in) * int(fan_out)
     return counts
 
 
@@ -156,14 +162,14 @@ def product_classes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu")
 
     packed = set()
     if spec.name == "gguf":
-        for name, fan_in, fan_out, bits, mins in getattr(shape, "packed", None) or []:
-            bits = 8 if int(bits) >= 6 else 4
+        for name, fan_in, fan_out, bits, mins in shape.packed:
+            bits = _kernel_bits(bits)
             add(f"q{bits}", fan_in, fan_out, packed_layer_bytes(bits, fan_in, fan_out, dtype, True, bool(mins)))
             packed.add(name)
     for name, fan_in, fan_out, _bias in shape.linears:
         if name in packed:
             continue
-        if spec.name in WEIGHT_ONLY and (spec.name == "q8" or fan_in % 32 == 0):
+        if spec.name in WEIGHT_ONLY and (spec.name == "q8" or fan_in % Q4_GROUP == 0):
             bits = 8 if spec.name == "q8" else 4
             add(f"q{bits}", fan_in, fan_out, packed_layer_bytes(bits, fan_in, fan_out, dtype, True))
         else:
@@ -179,7 +185,7 @@ def _kernel_step(shape, spec, machine, rates: dict, key: str, read: int) -> tupl
     dense_key = key
     if key in ("q8", "q4"):  # a block precision's dense layers run in its compute dtype
         dense_key = "fp32" if compute_dtype(spec, machine.device) == "float32" else "bf16"
-    e = {"dense": rates.get(dense_key, 0.5), "q8": rates.get("q8", 0.5), "q4": rates.get("q4", 0.5)}
+    e = {"dense": rates[dense_key], "q8": rates["q8"], "q4": rates["q4"]}
     bw = machine.bandwidth_bytes_per_s
     products = shape.layers * FAST_PRODUCTS_PER_LAYER + 1
     other = max(0, read - sum(c[2] for c in classes.values()))
