@@ -40,6 +40,20 @@ def test_a_bf16_row_gives_the_same_numbers_alone_and_in_a_batch(K):
 
 
 @needs_native
+@pytest.mark.parametrize("K", [2048, 2056])  # sixteen weights a load, and eight
+def test_a_long_bf16_prompt_read_in_cache_blocks_gives_each_rows_numbers(K):
+    """A prompt of 100 rows this wide is read in blocks (simd.h, dense_span: 48 activation rows against 64 weight
+    rows at a time at K = 2048), tails of both included; each output is still one row's sum, bit for bit."""
+    torch.manual_seed(0)
+    w = (torch.randn(962, K) * 0.05).bfloat16()
+    x = torch.randn(100, K)
+    linear = ops.bind_linear(w)
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(100)])
+    assert torch.equal(linear(x), alone)
+    assert rel_error(alone, x @ w.float().T) < 1e-5
+
+
+@needs_native
 @pytest.mark.parametrize("kind", ["q8", "q4", "q4-symmetric"])
 def test_a_block_row_gives_the_same_numbers_alone_and_in_a_batch(kind):
     """Batches of up to eight in tiles of up to four, prompts in tiles of sixteen: the same sums as alone."""

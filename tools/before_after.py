@@ -6,6 +6,8 @@ before/after for a change that must keep behaviour and speed.
     python tools/before_after.py --before /tmp/before --rounds 2 --concurrency   # + tools/concurrency_bench.py
     python tools/before_after.py --before . --before-env REDLINE_KERNELS_VARIANT=avx2   # two kernel builds
     python tools/before_after.py --before /tmp/before --model my.Q4_0.gguf --configs fast:gguf  # another model
+    python tools/before_after.py --before . --before-env X=0 --prompts long --prompt-tokens 300 --new-tokens 4
+                                                                      # a prompt's read (TTFT) A/B
 
 Each round runs ``redline bench`` (the starter, one short prompt, greedy) from one side and then the other,
 alternating which goes first (A B, B A, …); the table gives each side's median tokens/s and TTFT and the median
@@ -44,6 +46,7 @@ def side_env(root: Path) -> dict:
 def bench(env: dict, args) -> dict:
     cmd = [sys.executable, "-m", "redline", "bench", "--model", args.model, "--configs", args.configs]
     cmd += ["--max-prompts", "1", "--new-tokens", str(args.new_tokens), "--samples", str(args.samples)]
+    cmd += ["--prompts", args.prompts] + (["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else [])
     cmd += ["--warmup", "1", "--json"]
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=3600)
@@ -78,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--configs", default=CONFIGS)
+    ap.add_argument("--prompts", default="short", help="redline bench's prompt set (its first prompt)")
+    ap.add_argument("--prompt-tokens", type=int, help="cap the prompt at this many tokens (a prompt-read A/B)")
     ap.add_argument("--concurrency", action="store_true", help="also tools/concurrency_bench.py, 4 requests")
     ap.add_argument(
         "--before-env",
@@ -116,8 +121,11 @@ def main(argv=None) -> int:
         f"load average {load_before[0]:.2f} → {load_after[0]:.2f}"
     )
     print()
-    print("| config | after tok/s | before tok/s | after ÷ before (per round) | after TTFT ms | before TTFT ms |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| config | after tok/s | before tok/s | after ÷ before (per round) | after TTFT ms | before TTFT ms "
+        "| TTFT before ÷ after (per round) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     med = statistics.median
     for config in args.configs.split(","):
         a = [x[config] for x in got["after"] if config in x]
@@ -125,10 +133,13 @@ def main(argv=None) -> int:
         ratios = [x[0] / y[0] for x, y in zip(a, b) if y[0]]
         ttft_a = [x[1] for x in a if x[1]]
         ttft_b = [x[1] for x in b if x[1]]
+        # > 1: the after side's first token came sooner (the same direction as the tokens/s ratio)
+        sooner = [y[1] / x[1] for x, y in zip(a, b) if x[1] and y[1]]
         print(
             f"| {config} | {med(x[0] for x in a):.1f} | {med(x[0] for x in b):.1f} | **{med(ratios):.2f}×** "
             f"({', '.join(f'{x:.2f}' for x in ratios)}) | {med(ttft_a) if ttft_a else float('nan'):.0f} "
-            f"| {med(ttft_b) if ttft_b else float('nan'):.0f} |"
+            f"| {med(ttft_b) if ttft_b else float('nan'):.0f} "
+            f"| {f'**{med(sooner):.2f}×** (' + ', '.join(f'{x:.2f}' for x in sooner) + ')' if sooner else '–'} |"
         )
     if args.concurrency:
         pairs = [(a, b) for a, b in zip(conc["after"], conc["before"]) if a and b]

@@ -8,11 +8,17 @@ from redline.inference.kernels import reference
 from redline.inference.kernels.native import native
 from redline.inference.loading.block_quant import BlockWeights
 
-# From this many activation rows on (a long prefill), bf16 products run as fp32 matrix products through
-# torch's BLAS: converting the weight once then costs less than the kernel's four-rows-at-a-time passes.
-# Measured on a 2-core AVX2 CPU (starter shapes, [T, 576] x [3072, 576]): native 2.0 ms vs BLAS 3.6 ms at
-# T = 44, 5.4 vs 7.7 ms at 128, 8.1 vs 7.8 ms at 192, 11.0 vs 9.7 ms at 256; the head [49152, 576] at T = 44
-# 29 vs 116 ms.
+# From this many activation rows on, bf16 products run as fp32 matrix products through torch's BLAS (the
+# weight converted to fp32 at every call). The fast path reads a prompt in chunks of at most 256 rows, so it
+# never gets there: since the kernel reads a prompt in cache blocks (simd.h, dense_span) it beats converting the
+# weight for BLAS at a 256-row chunk. Measured (2026-12-05, Zen 5, 2 cores; python tools/before_after.py --before
+# <the commit with 128 here and no blocking> --configs fast:bf16 --prompts long --prompt-tokens N --new-tokens 4,
+# 3 rounds): the 1B-shaped model's 300-token prompt read 1.69x sooner (avx512-vnni build; 1.16x with
+# REDLINE_KERNELS_VARIANT=avx2 on both sides), the starter's 1,000-token one 1.15x. (Before the blocking, on a
+# 2-core Zen 3, BLAS won from T = 192 on the starter's shapes, so the threshold was 128.)
+BLAS_ROWS = 512
+# The most rows the whole step takes at once (a short prompt read whole, a mixed step's chunk and decode rows):
+# from here on a prompt is read operator by operator, whose attention runs through torch.
 GEMM_ROWS = 128
 
 
@@ -24,7 +30,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T for a plain weight; fp32 activations stay fp32 (bf16 weights are read as they are)."""
     ops = _native_for(x)
     if ops is not None and w.dtype == torch.bfloat16 and x.dtype == torch.float32 and w.shape[1] % 8 == 0:
-        if x.numel() // x.shape[-1] < GEMM_ROWS:
+        if x.numel() // x.shape[-1] < BLAS_ROWS:
             return ops.linear_bf16(x, w)
         return torch.nn.functional.linear(x, w.to(torch.float32))
     return reference.linear(x, w)
@@ -78,7 +84,7 @@ def bind_linear(w: torch.Tensor):
     gemv = ops.bind_bf16(w)
 
     def product(x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] < GEMM_ROWS and x.dim() == 2:
+        if x.shape[0] < BLAS_ROWS and x.dim() == 2:
             return gemv(x)
         return linear(x, w)
 
