@@ -128,8 +128,9 @@ def test_every_build_gives_the_reference_results(builds):
 
 def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
     """The VNNI builds change only how the byte products are summed (one vpdpbusd for maddubs and madd: the
-    same integers), and avx512-vnni tiles bf16 rows four by four or six (each output still one 8-lane sum in
-    order), so products of every size, a batch and a prompt of many rows, are the AVX2 build's bits."""
+    same integers), and avx512-vnni tiles bf16 rows four by four or six, and a prompt's rows in 512-bit registers
+    two rows to a register (each output still one 8-lane sum in order), so products of every size, a batch and a
+    prompt of many rows (odd counts, every tile size, the cache blocks of a wide one), are the AVX2 build's bits."""
     vnni = [v for v in builds if v.endswith("-vnni")]
     if "avx2" not in builds or not vnni:
         pytest.skip("this CPU has no VNNI (avx_vnni, or avx512_vnni with avx512vl)")
@@ -153,6 +154,13 @@ def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
             assert torch.equal(k.linear_q8(x, b8.qweight, b8.scales), want8), (variant, rows)
             assert torch.equal(k.linear_q4(x, b4.qweight, b4.scales, b4.mins), want4), (variant, rows)
             assert torch.equal(k.linear_q4(x, b4s.qweight, b4s.scales, empty), want4s), (variant, rows)
+    # bf16 rows eight weights a load (K % 16 == 8) and sixteen, over prompts read in cache blocks
+    for shape, rows in (((130, 584), 9), ((130, 584), 44), ((70, 2048), 100), ((70, 8192), 27)):
+        w = (torch.randn(*shape) * 0.05).bfloat16()
+        x = torch.randn(rows, shape[1])
+        want = avx2.linear_bf16(x, w)
+        for variant in vnni:
+            assert torch.equal(builds[variant].linear_bf16(x, w), want), (variant, shape, rows)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 namespace redline_kernels {
 
@@ -109,6 +110,12 @@ inline void silu_mul_span(const float* gate, const float* up, int64_t n, float* 
 constexpr int AHEAD = 4;
 inline bool prefetching() {
   static const bool on = !(getenv("REDLINE_PREFETCH") && getenv("REDLINE_PREFETCH")[0] == '0');
+  return on;
+}
+// REDLINE_WIDE_TILES=0 keeps a prompt's products in 256-bit tiles on the avx512-vnni build (for measuring the 512-bit
+// ones against them: the same bits either way).
+inline bool wide_tiles() {
+  static const bool on = !(getenv("REDLINE_WIDE_TILES") && getenv("REDLINE_WIDE_TILES")[0] == '0');
   return on;
 }
 inline void prefetch_lines(const void* p, int64_t bytes) {
@@ -411,17 +418,147 @@ inline int64_t prompt_block_bytes(int which) {
   return budget[which];
 }
 
+#if defined(REDLINE_AVX512_VNNI)
+// -- a prompt's dense products in 512-bit tiles (avx512-vnni) ------------------------------------------------------
+// One zmm register holds two activation rows' accumulators for one weight row: lanes 0-7 row t, lanes 8-15 row t+1,
+// each half the 8-lane sum dense_tile keeps in a ymm register, multiplied and added in the same order. So one 512-bit
+// multiply-add does two 256-bit ones' work and every output is still dense_tile's bits (the avx2 build's). Where the
+// CPU has 512-bit multiply-adders (Zen 5, Intel's server cores) that is twice the arithmetic a cycle for a prompt,
+// which is bound by it; on Zen 4, which splits a 512-bit operation in two, it halves the instructions. The
+// activations are read paired (pair_rows): rows t and t+1 interleaved eight floats at a time, the weights eight (or
+// sixteen) at a time broadcast to both halves.
+constexpr int64_t PAIRED_ROWS = 8;  // from this many activation rows on (a prompt's chunk, not a decode batch)
+
+// out[p·2K + 16c + i] = x[2p][8c + i] for i < 8, x[2p + 1][8c + i − 8] for i ≥ 8; an odd last row's partner is zeros.
+inline void pair_rows(const float* x, int64_t T, int64_t K, float* out) {
+  for (int64_t t = 0; t < T; t += 2) {
+    const float* a = x + t * K;
+    float* o = out + t * K;
+    for (int64_t c = 0; c < K; c += 8) {
+      _mm256_storeu_ps(o + 2 * c, _mm256_loadu_ps(a + c));
+      _mm256_storeu_ps(o + 2 * c + 8, t + 1 < T ? _mm256_loadu_ps(a + K + c) : _mm256_setzero_ps());
+    }
+  }
+}
+inline __m512 w2_load(const float* p) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+inline __m512 w2_load(const uint16_t* p) {  // f8_from_bf16 in both halves
+  const __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// Sixteen bf16 weights in both halves, as w16_lo / w16_hi order them (permute16).
+inline __m512i w2_16(const uint16_t* p) {
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// R weight rows against PP pairs of activation rows: out[t][r] for t < 2·PP.
+template <typename W, int R, int PP, bool P16>
+inline void dense_tile2(const W* w, int64_t stride, const float* x2, int64_t K, float (*out)[R], bool prefetch) {
+  __m512 a[PP][R];
+  for (int p = 0; p < PP; ++p)
+    for (int r = 0; r < R; ++r) a[p][r] = _mm512_setzero_ps();
+  const bool pf = prefetch && prefetching();
+  if constexpr (P16) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t k = 0; k < K; k += 16) {
+      if (pf && (k * 2) % 64 == 0)
+        for (int r = 0; r < R; ++r) redline_kernels::prefetch(w + (AHEAD + r) * stride + k);
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, w2_16(w + r * stride + k)));
+      for (int p = 0; p < PP; ++p) {
+        const __m512 xv = _mm512_loadu_ps(x2 + p * 2 * K + 2 * k);
+        for (int r = 0; r < R; ++r) a[p][r] = _mm512_fmadd_ps(wv[r], xv, a[p][r]);
+      }
+      for (int r = 0; r < R; ++r) wv[r] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, w2_16(w + r * stride + k)));
+      for (int p = 0; p < PP; ++p) {
+        const __m512 xv = _mm512_loadu_ps(x2 + p * 2 * K + 2 * k + 16);
+        for (int r = 0; r < R; ++r) a[p][r] = _mm512_fmadd_ps(wv[r], xv, a[p][r]);
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < K; k += 8) {
+      if (pf && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
+        for (int r = 0; r < R; ++r) redline_kernels::prefetch(w + (AHEAD + r) * stride + k);
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = w2_load(w + r * stride + k);
+      for (int p = 0; p < PP; ++p) {
+        const __m512 xv = _mm512_loadu_ps(x2 + p * 2 * K + 2 * k);
+        for (int r = 0; r < R; ++r) a[p][r] = _mm512_fmadd_ps(wv[r], xv, a[p][r]);
+      }
+    }
+  }
+  for (int p = 0; p < PP; ++p)
+    for (int r = 0; r < R; ++r) {
+      out[2 * p][r] = f8_hsum(_mm512_castps512_ps256(a[p][r]));
+      out[2 * p + 1][r] = f8_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[p][r]), 1)));
+    }
+}
+
+// dense_group on paired activations (x2: pair_rows' layout of T rows): tiles of six pairs, then three, two, one.
+template <typename W, bool P16, typename Emit>
+inline void dense_group2(const W* w, int64_t stride, int R, const float* x2, int64_t T, int64_t K, bool prefetch,
+                         Emit emit) {
+  const int64_t pairs = (T + 1) / 2;
+  for (int64_t p = 0; p < pairs;) {
+    const int64_t left = pairs - p;
+    const auto run = [&](auto rows, auto tile) {
+      constexpr int RR = decltype(rows)::value, PP = decltype(tile)::value;
+      float o[2 * PP][RR];
+      dense_tile2<W, RR, PP, P16>(w, stride, x2 + p * 2 * K, K, o, prefetch && p == 0);
+      for (int t = 0; t < 2 * PP && 2 * p + t < T; ++t)
+        for (int r = 0; r < RR; ++r) emit(2 * p + t, r, o[t][r]);
+      p += PP;
+    };
+    using I1 = std::integral_constant<int, 1>;
+    using I2 = std::integral_constant<int, 2>;
+    using I3 = std::integral_constant<int, 3>;
+    using I4 = std::integral_constant<int, 4>;
+    using I6 = std::integral_constant<int, 6>;
+    if (R == 4) {
+      if (left >= 6) run(I4{}, I6{});
+      else if (left >= 3) run(I4{}, I3{});
+      else if (left == 2) run(I4{}, I2{});
+      else run(I4{}, I1{});
+    } else {
+      if (left >= 6) run(I1{}, I6{});
+      else if (left >= 3) run(I1{}, I3{});
+      else if (left == 2) run(I1{}, I2{});
+      else run(I1{}, I1{});
+    }
+  }
+}
+#endif
+
 template <typename W, bool P16, typename Emit>
 inline void dense_span(const W* w, int64_t stride, int64_t n0, int64_t n1, const float* x, int64_t T, int64_t K,
                        Emit emit) {
   const int64_t xb = prompt_block_bytes(0), wb = prompt_block_bytes(1);
   const int64_t tb = xb > 0 ? std::max<int64_t>(12, xb / (K * 4) / 12 * 12) : T;
   const int64_t nb = wb > 0 ? std::max<int64_t>(4, wb / (K * static_cast<int64_t>(sizeof(W))) / 4 * 4) : n1 - n0;
+  const float* xs = x;
+#if defined(REDLINE_AVX512_VNNI)
+  thread_local std::vector<float> paired;  // this thread's copy of the activations in pair_rows' layout
+  const bool pairs = T >= PAIRED_ROWS && wide_tiles();
+  if (pairs) {
+    paired.resize(static_cast<size_t>((T + 1) / 2 * 2 * K));
+    pair_rows(x, T, K, paired.data());
+    xs = paired.data();  // row t0's pair starts at t0 * K too (t0 even: tb is a multiple of 12)
+  }
+#endif
+  // Weight rows n.. (four, or one for a remainder) against activation rows t0..t0+tt; `first`: the first pass over
+  // these weights, which reads them from memory (and prefetches).
+  const auto group = [&](int64_t n, int R, int64_t t0, int64_t tt, bool first) {
+    const auto put = [&](int64_t t, int r, float v) { emit(t0 + t, n + r, v); };
+#if defined(REDLINE_AVX512_VNNI)
+    if (pairs) return dense_group2<W, P16>(w + n * stride, stride, R, xs + t0 * K, tt, K, first, put);
+#endif
+    dense_group<W, P16>(w + n * stride, stride, R, xs + t0 * K, tt, K, first, put);
+  };
   if (T <= tb) {
     for (int64_t n = n0; n < n1;) {
       const int R = n + 4 <= n1 ? 4 : 1;
-      dense_group<W, P16>(w + n * stride, stride, R, x, T, K, true,
-                          [&](int64_t t, int r, float v) { emit(t, n + r, v); });
+      group(n, R, 0, T, true);
       n += R;
     }
     return;
@@ -433,8 +570,7 @@ inline void dense_span(const W* w, int64_t stride, int64_t n0, int64_t n1, const
       for (int64_t n = b0; n < b1;) {
         const int R = n + 4 <= b1 ? 4 : 1;
         // the first pass over a weight block reads it from memory (and prefetches); the later ones from L2
-        dense_group<W, P16>(w + n * stride, stride, R, x + t0 * K, tt, K, t0 == 0,
-                            [&](int64_t t, int r, float v) { emit(t0 + t, n + r, v); });
+        group(n, R, t0, tt, t0 == 0);
         n += R;
       }
     }
