@@ -154,6 +154,16 @@ def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
             assert torch.equal(k.linear_q8(x, b8.qweight, b8.scales), want8), (variant, rows)
             assert torch.equal(k.linear_q4(x, b4.qweight, b4.scales, b4.mins), want4), (variant, rows)
             assert torch.equal(k.linear_q4(x, b4s.qweight, b4s.scales, empty), want4s), (variant, rows)
+    # 4-bit prompts in whole chunks of eight blocks only (K = 2048) and with a remainder (K = 576 above: 18 blocks)
+    w4 = torch.randn(70, 2048) * 0.05
+    q4, q4s = block_quant.quantize_q4(w4), block_quant.quantize_q4(w4, True)
+    for rows in (9, 27, 100):
+        x = torch.randn(rows, 2048)
+        want4 = avx2.linear_q4(x, q4.qweight, q4.scales, q4.mins)
+        want4s = avx2.linear_q4(x, q4s.qweight, q4s.scales, empty)
+        for variant in vnni:
+            assert torch.equal(builds[variant].linear_q4(x, q4.qweight, q4.scales, q4.mins), want4), (variant, rows)
+            assert torch.equal(builds[variant].linear_q4(x, q4s.qweight, q4s.scales, empty), want4s), (variant, rows)
     # bf16 rows eight weights a load (K % 16 == 8) and sixteen, over prompts read in cache blocks
     for shape, rows in (((130, 584), 9), ((130, 584), 44), ((70, 2048), 100), ((70, 8192), 27)):
         w = (torch.randn(*shape) * 0.05).bfloat16()

@@ -659,10 +659,165 @@ inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
   }
 }
 
+#if defined(REDLINE_AVX512_VNNI)
+// -- a prompt's 4-bit products in 512-bit tiles (avx512-vnni), as dense_tile2 does for bf16 --------------------------
+// One zmm register holds two activation rows' q4_tile accumulators for one weight row (lanes 0-7 row t, 8-15 row
+// t+1): the unpacked nibbles of a block sit in both halves, the two rows' int8 blocks side by side (pair_blocks), so
+// one vpdpbusd, one conversion, one lane broadcast and one multiply-add serve both rows, each half doing q4_tile's
+// operations in q4_tile's order on the same integers and scales: the same bits.
+
+// Paired activation blocks: qx2[p·2K + 64b ..] = row 2p's block b, then row 2p+1's; d2/s2[p·2nb + 16c + i] = row
+// 2p's d (s) of block 8c + i for i < 8, row 2p+1's for i ≥ 8 (whole chunks of eight blocks; the rest stay in dx/sx).
+// An odd last row's partner is zeros.
+inline void pair_blocks(const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, int8_t* qx2,
+                        float* d2, float* s2) {
+  const int64_t nb = K / BLOCK;
+  for (int64_t t = 0; t < T; t += 2) {
+    const bool two = t + 1 < T;
+    for (int64_t b = 0; b < nb; ++b) {
+      std::memcpy(qx2 + t * K + 2 * b * BLOCK, qx + t * K + b * BLOCK, BLOCK);
+      if (two) std::memcpy(qx2 + t * K + (2 * b + 1) * BLOCK, qx + (t + 1) * K + b * BLOCK, BLOCK);
+      else std::memset(qx2 + t * K + (2 * b + 1) * BLOCK, 0, BLOCK);
+    }
+    for (int64_t c = 0; c + 8 <= nb; c += 8)
+      for (int i = 0; i < 8; ++i) {
+        d2[t * nb + 2 * c + i] = dx[t * nb + c + i];
+        s2[t * nb + 2 * c + i] = sx[t * nb + c + i];
+        d2[t * nb + 2 * c + 8 + i] = two ? dx[(t + 1) * nb + c + i] : 0.f;
+        s2[t * nb + 2 * c + 8 + i] = two ? sx[(t + 1) * nb + c + i] : 0.f;
+      }
+  }
+}
+// 16 bytes of nibbles -> i8_nibbles' 32 values in both halves
+inline __m512i nibbles2(const uint8_t* p) {
+  const __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)), _mm512_set1_epi8(0x0F));
+}
+inline __m512 f16x8_2(const uint16_t* p) {  // eight fp16 in both halves, as fp32
+  return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline float hsum_lo(__m512 v) { return f8_hsum(_mm512_castps512_ps256(v)); }
+inline float hsum_hi(__m512 v) { return f8_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+
+// R 4-bit weight rows against PP pairs of activation rows (paired by pair_blocks; dx/sx: row 2p's own, for the
+// blocks past the last whole chunk of eight): out[t][r] for t < 2·PP.
+template <bool ASYM, int R, int PP>
+inline void q4_tile2(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb,
+                     const int8_t* qx2, const float* d2, const float* s2, const float* dx, const float* sx, int64_t K,
+                     float (*out)[R]) {
+  __m512 acc[PP][R], macc[PP][R];
+  float tail[2 * PP][R];
+  for (int p = 0; p < PP; ++p)
+    for (int r = 0; r < R; ++r) acc[p][r] = macc[p][r] = _mm512_setzero_ps();
+  for (int t = 0; t < 2 * PP; ++t)
+    for (int r = 0; r < R; ++r) tail[t][r] = 0.f;
+  const __m512 minus8 = _mm512_set1_ps(-8.f);
+  const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
+  alignas(64) __m512i U[8][R];
+  alignas(64) __m512 D[PP][R];
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 scv = f16x8_2(sc + r * nb + b);
+      const __m512 cv = ASYM ? f16x8_2(mn + r * nb + b) : _mm512_mul_ps(scv, minus8);
+      for (int p = 0; p < PP; ++p) {
+        D[p][r] = _mm512_mul_ps(scv, _mm512_loadu_ps(d2 + p * 2 * nb + 2 * b));
+        macc[p][r] = _mm512_fmadd_ps(cv, _mm512_loadu_ps(s2 + p * 2 * nb + 2 * b), macc[p][r]);
+      }
+      for (int j = 0; j < 8; ++j) U[j][r] = nibbles2(w + r * row_bytes + (b + j) * (BLOCK / 2));
+    }
+    for (int j = 0; j < 8; ++j) {
+      const __m512i idx = _mm512_add_epi32(halves, _mm512_set1_epi32(j));
+      for (int p = 0; p < PP; ++p) {
+        const __m512i q = _mm512_loadu_si512(qx2 + p * 2 * K + 2 * (b + j) * BLOCK);
+        for (int r = 0; r < R; ++r) {
+          const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), U[j][r], q));
+          acc[p][r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, D[p][r]), dot, acc[p][r]);
+        }
+      }
+    }
+  }
+  for (; b < nb; ++b)
+    for (int p = 0; p < PP; ++p) {
+      const __m512i q = _mm512_loadu_si512(qx2 + p * 2 * K + 2 * b * BLOCK);
+      const int64_t t0 = 2 * p, t1 = 2 * p + 1;  // an odd count: q4_span pads dx and sx with a zero row
+      for (int r = 0; r < R; ++r) {
+        const float s = f16(sc[r * nb + b]);
+        const float c = ASYM ? f16(mn[r * nb + b]) : -8.f * s;
+        const float d0 = dx[t0 * nb + b], d1 = dx[t1 * nb + b];
+        const __m512 ds = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(s * d0)),
+                                                              _mm256_castps_pd(_mm256_set1_ps(s * d1)), 1));
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                                  nibbles2(w + r * row_bytes + b * (BLOCK / 2)), q));
+        acc[p][r] = _mm512_fmadd_ps(ds, dot, acc[p][r]);
+        tail[t0][r] += c * sx[t0 * nb + b];
+        tail[t1][r] += c * sx[t1 * nb + b];
+      }
+    }
+  for (int p = 0; p < PP; ++p)
+    for (int r = 0; r < R; ++r) {
+      out[2 * p][r] = hsum_lo(acc[p][r]) + hsum_lo(macc[p][r]) + tail[2 * p][r];
+      out[2 * p + 1][r] = hsum_hi(acc[p][r]) + hsum_hi(macc[p][r]) + tail[2 * p + 1][r];
+    }
+}
+#endif
+
 // 4-bit rows (`row_bytes` apart; scales, and mins for Q4_1, `nb` a row) in groups of four, single rows for a remainder.
+// On avx512-vnni a prompt's rows go two to a 512-bit register (q4_tile2), in tiles of up to six pairs.
 template <bool ASYM, typename Emit>
 inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t n0,
                     int64_t n1, const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, Emit emit) {
+#if defined(REDLINE_AVX512_VNNI)
+  if (T >= PAIRED_ROWS && wide_tiles()) {
+    thread_local std::vector<int8_t> q2;  // this thread's copy of the activations in pair_blocks' layout
+    thread_local std::vector<float> d2, s2;
+    const int64_t rows = (T + 1) / 2 * 2;
+    q2.resize(static_cast<size_t>(rows * K));
+    d2.resize(static_cast<size_t>(rows * nb));
+    s2.resize(static_cast<size_t>(rows * nb));
+    pair_blocks(qx, dx, sx, T, K, q2.data(), d2.data(), s2.data());
+    // dx/sx of an odd count's missing last row are read as zeros: a padded copy of the last pair's rows
+    thread_local std::vector<float> dpad, spad;
+    const float *dxs = dx, *sxs = sx;
+    if (T % 2) {
+      dpad.assign(dx, dx + T * nb), spad.assign(sx, sx + T * nb);
+      dpad.resize(static_cast<size_t>(rows * nb), 0.f), spad.resize(static_cast<size_t>(rows * nb), 0.f);
+      dxs = dpad.data(), sxs = spad.data();
+    }
+    for (int64_t n = n0; n < n1;) {
+      const int R = n + 4 <= n1 ? 4 : 1;
+      for (int64_t p = 0; p < rows / 2;) {
+        const int64_t left = rows / 2 - p;
+        const auto run = [&](auto rr, auto tile) {
+          constexpr int RR = decltype(rr)::value, PP = decltype(tile)::value;
+          float o[2 * PP][RR];
+          q4_tile2<ASYM, RR, PP>(w + n * row_bytes, row_bytes, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb,
+                                 q2.data() + p * 2 * K, d2.data() + p * 2 * nb, s2.data() + p * 2 * nb,
+                                 dxs + p * 2 * nb, sxs + p * 2 * nb, K, o);
+          for (int t = 0; t < 2 * PP && 2 * p + t < T; ++t)
+            for (int r = 0; r < RR; ++r) emit(2 * p + t, n + r, o[t][r]);
+          p += PP;
+        };
+        using I1 = std::integral_constant<int, 1>;
+        using I2 = std::integral_constant<int, 2>;
+        using I3 = std::integral_constant<int, 3>;
+        using I4 = std::integral_constant<int, 4>;
+        using I6 = std::integral_constant<int, 6>;
+        if (R == 4) {
+          if (left >= 6) run(I4{}, I6{});
+          else if (left >= 3) run(I4{}, I3{});
+          else if (left == 2) run(I4{}, I2{});
+          else run(I4{}, I1{});
+        } else {
+          if (left >= 3) run(I1{}, I3{});
+          else run(I1{}, I1{});
+        }
+      }
+      n += R;
+    }
+    return;
+  }
+#endif
   for (int64_t n = n0; n < n1;) {
     const int R = n + 4 <= n1 ? 4 : 1;
     const auto put = [&](int64_t t, int r, float v) { emit(t, n + r, v); };
