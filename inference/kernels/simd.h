@@ -715,15 +715,18 @@ inline void q4_tile2(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, co
   const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
   alignas(64) __m512i U[8][R];
   alignas(64) __m512 D[PP][R];
+  // The minimums' (or −8·scale's) share, a loop of its own so that the main loop's registers hold only its sums.
+  for (int64_t c = 0; c + 8 <= nb; c += 8)
+    for (int r = 0; r < R; ++r) {
+      const __m512 cv = ASYM ? f16x8_2(mn + r * nb + c) : _mm512_mul_ps(f16x8_2(sc + r * nb + c), minus8);
+      for (int p = 0; p < PP; ++p)
+        macc[p][r] = _mm512_fmadd_ps(cv, _mm512_loadu_ps(s2 + p * 2 * nb + 2 * c), macc[p][r]);
+    }
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
     for (int r = 0; r < R; ++r) {
       const __m512 scv = f16x8_2(sc + r * nb + b);
-      const __m512 cv = ASYM ? f16x8_2(mn + r * nb + b) : _mm512_mul_ps(scv, minus8);
-      for (int p = 0; p < PP; ++p) {
-        D[p][r] = _mm512_mul_ps(scv, _mm512_loadu_ps(d2 + p * 2 * nb + 2 * b));
-        macc[p][r] = _mm512_fmadd_ps(cv, _mm512_loadu_ps(s2 + p * 2 * nb + 2 * b), macc[p][r]);
-      }
+      for (int p = 0; p < PP; ++p) D[p][r] = _mm512_mul_ps(scv, _mm512_loadu_ps(d2 + p * 2 * nb + 2 * b));
       for (int j = 0; j < 8; ++j) U[j][r] = nibbles2(w + r * row_bytes + (b + j) * (BLOCK / 2));
     }
     for (int j = 0; j < 8; ++j) {
