@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from redline.inference import DecodeOptions, Engine, GenerationRequest, SamplingSettings
-from redline.inference.generation.batch import GAP_STEPS, MIN_PREFILL_CHUNK, PREFILL_CHUNK, Batcher, PrefillPace
+from redline.inference.generation.batch import (
+    GAP_STEPS,
+    MIN_MIXED_CHUNK,
+    MIN_PREFILL_CHUNK,
+    PREFILL_CHUNK,
+    Batcher,
+    PrefillPace,
+)
 from redline.inference.generation.lifecycle import DirectSink
 from redline.inference.kernels import ops
 from redline.inference.loading.precision import parse_precision
@@ -30,8 +37,11 @@ def test_the_chunk_shrinks_when_the_wait_is_over_budget_and_grows_when_under():
     pace.measured_wait(start, 0.100, mixed=True)  # four times the budget: halved at most
     assert pace.next_chunk(True) == start // 2
     for _ in range(10):
+        pace.measured_wait(pace.next_chunk(True), 0.100, mixed=False)
+    assert pace.next_chunk(True) == MIN_PREFILL_CHUNK  # read alone, a chunk is a pass over the weights
+    for _ in range(10):
         pace.measured_wait(pace.next_chunk(True), 0.100, mixed=True)
-    assert pace.next_chunk(True) == MIN_PREFILL_CHUNK
+    assert pace.next_chunk(True) == MIN_MIXED_CHUNK  # in the streaming replies' own pass, down to a token
     for _ in range(20):
         n = pace.next_chunk(True)
         pace.measured_wait(n, n * 1e-6, mixed=True)  # far under budget: doubles each time, up to the cap
@@ -76,7 +86,9 @@ def test_a_prompt_read_beside_a_streaming_reply_changes_neither_answer(target, n
     batcher = Batcher(target, 2)
     mixed = []
     real = batcher.dec.mixed_step
-    monkeypatch.setattr(batcher.dec, "mixed_step", lambda chunk, *a: mixed.append(len(chunk)) or real(chunk, *a))
+    monkeypatch.setattr(
+        batcher.dec, "mixed_step", lambda chunk, *a, **k: mixed.append(len(chunk)) or real(chunk, *a, **k)
+    )
     stream, newcomer = DirectSink(), DirectSink()
     batcher.add(stream, request(short, 300), 0.0)
     for _ in range(6):
@@ -106,3 +118,43 @@ def test_a_short_rest_is_read_whole_beside_streaming_replies_and_a_long_one_is_p
     pace.measured_wait(16, 0.010 + 16 * 0.004, mixed=True)  # the mixed pass's own share: 4 ms a token
     assert pace.row_s == pytest.approx(0.003)  # averaged with the 2 ms measured before
     assert pace.next_chunk(True, rest=40) < 40
+
+
+def test_the_first_chunk_beside_a_streaming_reply_is_small_then_steered():
+    """The first mixed chunk is read before anything is measured: MIN_PREFILL_CHUNK rows, not the 16 a chunk read
+    alone starts at (where it costs a pass over the weights)."""
+    pace = PrefillPace()
+    pace.measured_step(0.004)
+    assert pace.next_chunk(True, mixed=True) == MIN_PREFILL_CHUNK
+    assert pace.next_chunk(True) == 16
+    pace.measured_wait(MIN_PREFILL_CHUNK, 0.005, mixed=True)  # under the 10 ms budget: grown from there
+    assert MIN_PREFILL_CHUNK < pace.next_chunk(True, mixed=True) <= 2 * MIN_PREFILL_CHUNK
+
+
+def test_a_long_prompt_grows_the_pool_once_on_admission(target, native_kernels, monkeypatch):
+    """Its pages, and the streaming reply's for the tokens it makes while the prompt is read, are taken when the
+    prompt is admitted: one growth of the pool (a copy of all of it), not one every eighth of the way, each a gap
+    in the streaming reply."""
+    g = torch.Generator().manual_seed(5)
+    short = torch.randint(5, 350, (12,), generator=g).tolist()
+    long = torch.randint(5, 350, (1200,), generator=g).tolist()
+    batcher = Batcher(target, 2)
+    kv = batcher.dec.kv
+    stream = DirectSink()
+    batcher.add(stream, request(short, 1500), 0.0)
+    for _ in range(4):
+        batcher.step()
+    grown = []
+    real = kv._allocate
+    monkeypatch.setattr(kv, "_allocate", lambda pages: grown.append(pages) or real(pages))
+    newcomer = DirectSink()
+    batcher.add(newcomer, request(long, 2), 0.0)
+    assert len(grown) <= 1
+    streaming = next(a for a in batcher.active if a.sink is stream).seq
+    assert len(kv.tables[stream.id]) * kv.page >= streaming.position + 1 + len(long)
+    while newcomer.result is None or not newcomer.result.finish_reason:
+        batcher.step()
+    assert len(grown) <= 1 and newcomer.result.finish_reason != "error", newcomer.result.error
+    batcher.cancel_all("test over")
+    while len(batcher):
+        batcher.step()

@@ -376,12 +376,21 @@ class FastDecoder:
 
     @torch.inference_mode()
     def mixed_step(
-        self, chunk: torch.Tensor, start: int, seq: int, tokens: torch.Tensor, positions: list[int], seqs: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        chunk: torch.Tensor,
+        start: int,
+        seq: int,
+        tokens: torch.Tensor,
+        positions: list[int],
+        seqs: list[int],
+        chunk_logits: bool = True,
+    ) -> tuple[Optional[torch.Tensor], torch.Tensor]:
         """A chunk of one sequence's prompt (``chunk`` [T] at positions start..) and one new token for each of
         ``seqs`` in one pass over the weights: a reply streaming beside a long prompt then waits for the chunk's
         arithmetic only, not for a second read of every weight (on a CPU the decode step is bound by that read).
-        The logits of the chunk's last row [vocab] and of each decoding sequence [B, vocab]. Needs ``can_mix``."""
+        The logits of the chunk's last row [vocab] (None without ``chunk_logits``: a chunk that does not end the
+        prompt needs none, and the head is a fifth of the starter's step) and of each decoding sequence [B, vocab].
+        Needs ``can_mix``."""
         T, B = chunk.shape[0], tokens.shape[0]
         end = start + T
         self.kv.reserve(seq, end)
@@ -397,8 +406,8 @@ class FastDecoder:
             ]
         )
         x = self._embed(torch.cat([chunk, tokens]))
-        logits = self._whole_step(x, pages, pos, self.kv.k, self.kv.v, self.cos, self.sin, B + 1)
-        return logits[0], logits[1:]
+        logits = self._whole_step(x, pages, pos, self.kv.k, self.kv.v, self.cos, self.sin, B + int(chunk_logits))
+        return (logits[0] if chunk_logits else None), logits[int(chunk_logits) :]
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, positions: list[int], seqs: list[int]) -> torch.Tensor:

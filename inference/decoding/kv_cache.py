@@ -89,9 +89,15 @@ class PagedKV:
         shape = (self.layers, pages, self.kv_heads, self.page, self.head_dim)
         old_k, old_v = self.k, self.v
         self.k = self.v = None
+        # Small pages are never read past what was written (attention and ``read`` stop at each sequence's length),
+        # so a grown pool is not cleared: clearing touched every new byte at once, and growing for a 2,000-token
+        # prompt beside a streaming reply was a 50 ms gap in its stream (tools/prefill_stall_bench.py); untouched,
+        # the pages are taken from the system as the prompt's keys are written. One page per sequence (CUDA) is
+        # read whole behind a mask, where garbage times a zero weight could be NaN: cleared.
+        new = torch.empty if self.paged else torch.zeros
         with weights_in_own_mappings():  # cache memory is model memory: returned whole on unload
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            k = new(shape, dtype=self.dtype, device=self.device)
+            v = new(shape, dtype=self.dtype, device=self.device)
         if old_k is not None:
             n, t = old_k.shape[1], old_k.shape[3]
             k[:, :n, :, :t] = old_k
@@ -241,6 +247,16 @@ class PagedKV:
         for page in self._take(needed):
             table.append(page)
             self.refs[page] = 1
+
+    def reserve_all(self, lengths: dict[int, int]) -> None:
+        """``reserve`` for several sequences (seq → length), growing a small-page pool at most once: each growth
+        copies the whole pool."""
+        if self.paged:
+            need = sum(max(0, -(-n // self.page) - len(self.tables.get(s, []))) for s, n in lengths.items())
+            if need > len(self.free):
+                self.free = sorted(self._take(need) + self.free)
+        for seq, length in lengths.items():
+            self.reserve(seq, length)
 
     def _take(self, n: int) -> list[int]:
         """``n`` pages to write into: free ones, then (when the cache is at its limit or the pool at its budget)

@@ -24,7 +24,11 @@ from redline.inference.generation.request import GenerationRequest, Prepared, pr
 from redline.inference.memory.measured import PeakMemory
 
 PREFILL_CHUNK = 256  # most prompt tokens read per scheduler step (a prompt read with no reply streaming beside it)
-MIN_PREFILL_CHUNK = 4  # fewest: a chunk's fixed costs (a pass over every weight) would outweigh its tokens
+MIN_PREFILL_CHUNK = 4  # fewest read alone: a chunk's fixed costs (a pass over every weight) would outweigh its tokens
+# Fewest read in the same pass as the streaming replies' step (mixed), which makes that pass over the weights anyway:
+# there a chunk's cost is its rows' attention over the prompt read so far, which at 1,800 positions made even four
+# rows (the floor above) 10-15 ms beside a 4 ms step on the starter (tools/prefill_stall_bench.py, Zen 5).
+MIN_MIXED_CHUNK = 1
 KV_SHARE = 0.8  # of the memory free when the batch starts, what its KV cache may take (the rest stays headroom)
 # While a prompt is read beside streaming replies, their longest gap between tokens may be this many of their
 # normal steps (issue 27.5's bound is 3; the margin absorbs one chunk's overshoot). tools/prefill_stall_bench.py.
@@ -47,16 +51,24 @@ class PrefillPace:
         self.fixed = fixed
         self.step_s: Optional[float] = None  # a decode step with no prompt beside it, exponentially averaged
         self.chunk = 16  # the size to read beside streaming replies, steered from here
+        self.waited = False  # whether a chunk read beside them was measured yet
         self.row_s: Optional[float] = None  # seconds a prompt token adds to a chunk, as the last chunks measured
 
-    def next_chunk(self, others_streaming: bool, most: int = PREFILL_CHUNK, rest: Optional[int] = None) -> int:
-        """``rest``: the prompt tokens still to read (None: unknown)."""
+    def next_chunk(
+        self, others_streaming: bool, most: int = PREFILL_CHUNK, rest: Optional[int] = None, mixed: bool = False
+    ) -> int:
+        """``rest``: the prompt tokens still to read (None: unknown); ``mixed``: read in the streaming replies' pass."""
         if self.fixed is not None:
             return self.fixed
         if not others_streaming:
             return PREFILL_CHUNK
         if rest is not None and self.row_s is not None and rest * self.row_s <= WHOLE_PROMPT_S:
             return max(1, min(rest, most))
+        if mixed and not self.waited:
+            # The first mixed chunk is read before any is measured: small, then grown toward the budget (16 rows
+            # were a 15 ms gap beside a 4 ms step on the starter in q8, Zen 5). Alone, a chunk costs a pass over
+            # the weights, so the first there stays 16.
+            return max(1, min(self.chunk, MIN_PREFILL_CHUNK, most))
         return max(1, min(self.chunk, most))
 
     def measured_step(self, seconds: float) -> None:
@@ -77,10 +89,13 @@ class PrefillPace:
             self.measured_rows(tokens, own)
         if self.fixed is not None or self.step_s is None or waited <= 0:
             return
+        if not self.waited and mixed:
+            self.chunk = tokens  # grown from the first mixed chunk (see next_chunk)
+        self.waited = True
         budget = GAP_STEPS * self.step_s - (0 if mixed else self.step_s)
         # Toward the size that would have taken the budget, at most doubling or halving per chunk.
         wanted = tokens * min(2.0, max(0.5, budget / waited))
-        self.chunk = int(min(PREFILL_CHUNK, max(MIN_PREFILL_CHUNK, wanted)))
+        self.chunk = int(min(PREFILL_CHUNK, max(MIN_MIXED_CHUNK if mixed else MIN_PREFILL_CHUNK, wanted)))
 
 
 @dataclass
@@ -210,6 +225,20 @@ class Batcher:
         gen.result.cached_tokens = cached
         gen.announce()
         self.dec.ensure_context(prepared.tokens)
+        # Every page of the prompt now, while nothing else is in the step: reserved chunk by chunk, a long prompt
+        # grew the pool (a copy of all of it) every eighth of the way, and each growth was the longest gap a reply
+        # streaming beside it saw (a 2,000-token prompt: 20-34 ms against a 4 ms step, tools/prefill_stall_bench.py).
+        # The same for the replies streaming now: each grows by a token a step while this prompt is read beside
+        # them (a chunk is at least a token), so they get the pages for that many tokens, within their own limit,
+        # now; a new page for one of them later would grow the pool the long prompt has made large. The admission
+        # check has counted all these tokens already; pages not written when a request ends are freed.
+        lengths = {sink.id: len(prepared.prompt)}
+        rest = len(prepared.prompt) - cached
+        if rest > PREFILL_CHUNK:
+            for a in self.active:
+                if not a.seq.prefilling and not a.seq.done:
+                    lengths[a.seq.seq] = a.seq.position + 1 + min(rest, max(0, a.seq.max_new - a.seq.steps))
+        self.dec.kv.reserve_all(lengths)
         if wants_compile(request.options.compile, self.target.device):
             self.dec.compile_in_background(1)  # batch-1 steps (one reply at a time) use it once it is ready
         seq = FastSequence(
@@ -293,13 +322,19 @@ class Batcher:
         if a.gen.cancel.check():
             return self._decode(batch)
         seq = a.seq
-        chunk = self.pace.next_chunk(True, most=_rows_beside(len(batch)), rest=self._whole(a))
+        chunk = self.pace.next_chunk(True, most=_rows_beside(len(batch)), rest=self._whole(a), mixed=True)
         end = min(len(seq.prompt), seq.prefilled + chunk)
         ids = torch.tensor(seq.prompt[seq.prefilled : end], dtype=torch.long, device=self.dec.device)
         tokens = torch.cat([b.seq.next_token.view(1) for b in batch])
         started = time.perf_counter()
         first, logits = self.dec.mixed_step(
-            ids, seq.prefilled, seq.seq, tokens, [b.seq.position for b in batch], [b.seq.seq for b in batch]
+            ids,
+            seq.prefilled,
+            seq.seq,
+            tokens,
+            [b.seq.position for b in batch],
+            [b.seq.seq for b in batch],
+            chunk_logits=end == len(seq.prompt),
         )
         for i, b in enumerate(batch):
             b.seq.accept(logits[i])
