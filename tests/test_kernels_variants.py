@@ -164,6 +164,27 @@ def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
         for variant in vnni:
             assert torch.equal(builds[variant].linear_q4(x, q4.qweight, q4.scales, q4.mins), want4), (variant, rows)
             assert torch.equal(builds[variant].linear_q4(x, q4s.qweight, q4s.scales, empty), want4s), (variant, rows)
+    # attention (avx512-vnni: keys two to a register, eight reduced together, the values sixteen outputs to a
+    # register): every key count's remainders, groups of 3 (the starter's) and 4 heads, D of 64 and 128, fp32 and bf16
+    for heads, kv_heads, dim, dtype in (
+        (9, 3, 64, torch.float32),
+        (8, 2, 128, torch.bfloat16),
+        (4, 4, 64, torch.bfloat16),
+    ):
+        page = 16
+        kp = (torch.randn(70, kv_heads, page, dim)).to(dtype)
+        vp = torch.randn_like(kp.float()).to(dtype)
+        cos, sin = torch.randn(1200, dim), torch.randn(1200, dim)
+        pages = torch.randperm(70)[:68].int().view(1, 68)
+        for n in (1, 2, 7, 9, 16, 17, 600, 1083):
+            qkv = torch.randn(1, (heads + 2 * kv_heads) * dim)
+            pos = torch.tensor([n - 1])
+            want = avx2.attend(qkv, cos, sin, kp.clone(), vp.clone(), pages, pos, heads, kv_heads, dim**-0.5)
+            for variant in vnni:
+                got = builds[variant].attend(
+                    qkv, cos, sin, kp.clone(), vp.clone(), pages, pos, heads, kv_heads, dim**-0.5
+                )
+                assert torch.equal(got, want), (variant, heads, kv_heads, dim, n)
     # bf16 rows eight weights a load (K % 16 == 8) and sixteen, over prompts read in cache blocks
     for shape, rows in (((130, 584), 9), ((130, 584), 44), ((70, 2048), 100), ((70, 8192), 27)):
         w = (torch.randn(*shape) * 0.05).bfloat16()

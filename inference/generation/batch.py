@@ -50,7 +50,8 @@ class PrefillPace:
     def __init__(self, fixed: Optional[int] = None):
         self.fixed = fixed
         self.step_s: Optional[float] = None  # a decode step with no prompt beside it, exponentially averaged
-        self.chunk = 16  # the size to read beside streaming replies, steered from here
+        self.size = 16.0  # the size to read beside streaming replies, steered from here (kept unrounded, so a chunk
+        # of one row that is under budget by less than half still grows)
         self.waited = False  # whether a chunk read beside them was measured yet
         self.row_s: Optional[float] = None  # seconds a prompt token adds to a chunk, as the last chunks measured
 
@@ -70,6 +71,14 @@ class PrefillPace:
             # the weights, so the first there stays 16.
             return max(1, min(self.chunk, MIN_PREFILL_CHUNK, most))
         return max(1, min(self.chunk, most))
+
+    @property
+    def chunk(self) -> int:
+        return int(self.size)
+
+    @chunk.setter
+    def chunk(self, rows: int) -> None:
+        self.size = float(rows)
 
     def measured_step(self, seconds: float) -> None:
         self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
@@ -94,8 +103,9 @@ class PrefillPace:
         self.waited = True
         budget = GAP_STEPS * self.step_s - (0 if mixed else self.step_s)
         # Toward the size that would have taken the budget, at most doubling or halving per chunk.
-        wanted = tokens * min(2.0, max(0.5, budget / waited))
-        self.chunk = int(min(PREFILL_CHUNK, max(MIN_MIXED_CHUNK if mixed else MIN_PREFILL_CHUNK, wanted)))
+        base = self.size if int(self.size) == tokens else float(tokens)  # the unrounded size this chunk came from
+        wanted = base * min(2.0, max(0.5, budget / waited))
+        self.size = min(PREFILL_CHUNK, max(MIN_MIXED_CHUNK if mixed else MIN_PREFILL_CHUNK, wanted))
 
 
 @dataclass
