@@ -92,6 +92,13 @@ DECODE_ARITHMETIC = {"q4": 0.47, "q8": 0.5}
 # products alone. Fitted with the rates above, per class (11 products in bf16 and in 8-bit, 13 in 4-bit; within
 # 20 %, most within 10 %, where one rate per class without it put the starter's 8-bit head at half its time).
 ROW_S = {"dense": 2.3e-8, "q8": 2.6e-8, "q4": 2.5e-9}
+# A prompt's products on the kernels cost the same per output beside their arithmetic: every (token, output) is a
+# horizontal sum, a scale and a store, and the norms, rotary and activations between products grow with the
+# outputs too. In FLOPs of the products' own rate: the starter (576 wide) and a 1B-shaped model (2,048 wide) read
+# their 300-token prompts at 0.93 and 5.7 ms a token in bf16 (tools/ttft_accuracy.py, Zen 5, 512-bit tiles), which
+# one FLOP rate cannot both give (the starter-calibrated 1B TTFT was 20-42 % slow); per token, FLOPs ÷ 415 GFLOP/s
+# plus 2.65 ns an output fits both, 1,100 FLOPs an output.
+PROMPT_OUTPUT_FLOPS = 1100.0
 # And each product a start-up (handing it to the threads): a few µs, from the same fit.
 PRODUCT_START_S = 2.5e-6
 FAST_PRODUCTS_PER_LAYER = 4
@@ -175,6 +182,11 @@ def product_classes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu")
         else:
             add("dense", fan_in, fan_out, fan_in * fan_out * b)
     return {k: (v[0], v[1], v[2]) for k, v in out.items()}
+
+
+def body_outputs(shape: ModelShape) -> int:
+    """A token's outputs over the layers' products (the head runs for a prompt's last token only)."""
+    return sum(fan_out for name, _fan_in, fan_out, _bias in shape.linears if name != "lm_head")
 
 
 def _kernel_step(shape, spec, machine, rates: dict, key: str, read: int) -> tuple[float, float]:
@@ -314,7 +326,10 @@ def step_cost(
         # efficiency. Several tokens at once (prefill, verification, naive re-runs) are matrix products.
         compute_s = 0.0
         if machine.flops and tokens > 1:
-            compute_s = fl / (machine.flops * COMPUTE_EFFICIENCY[kind].get(key, 0.1))
+            work = fl
+            if kind == "cpu" and path == "fast":
+                work += PROMPT_OUTPUT_FLOPS * tokens * body_outputs(shape)
+            compute_s = work / (machine.flops * COMPUTE_EFFICIENCY[kind].get(key, 0.1))
     over = (shape.kv_layers or shape.layers) * LAYER_OVERHEAD_S.get((kind, path), LAYER_OVERHEAD_S[(kind, "hf")])
     over += STEP_OVERHEAD_S.get((kind, path), STEP_OVERHEAD_S[(kind, "hf")])
     return StepCost(tokens, read, fl, memory_s, compute_s, over, additive=kernel_step)
@@ -544,8 +559,14 @@ def predict(
         uncorrected_tokens_per_s=tps,
         uncorrected_ttft_ms=1000.0 * ttft_s,
         ttft_compute_ms=1000.0 * prefill.compute_s,
-        # The call's set-up (and a draft's own prefill) is fixed too: what ttft_s holds beyond the prefill step.
-        ttft_fixed_ms=1000.0 * (prefill.memory_s + prefill.overhead_s + ttft_s - prefill.seconds),
+        # What does not grow with the prompt: the weights' read where the arithmetic does not hide it (a prompt's
+        # matrix products read the weights while they compute: counting the whole read made a model of many
+        # weights and few operations a token, such as a 1B at 44 tokens, 29-42 % too slow after a calibration on the
+        # starter), the step's overheads, and the call's set-up (and a draft's own prefill): the two parts add up
+        # to the uncorrected TTFT.
+        ttft_fixed_ms=1000.0 * (prefill.seconds - prefill.compute_s + ttft_s - prefill.seconds)
+        if not prefill.additive
+        else 1000.0 * (prefill.memory_s + prefill.overhead_s + ttft_s - prefill.seconds),
         bound=bound,
         acceptance=pred_acceptance,
         acceptance_measured=measured_acc,
