@@ -167,20 +167,6 @@ inline __m512 load8x2(const bf16* a, const bf16* b) {
 inline __m512 both_halves(const float* p) {
   return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
 }
-// The eight sums of four registers of key pairs ([k0 | k1], [k2 | k3], …), in order, each added as f8_hsum adds its
-// lanes: ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)), so the same bits as eight f8_hsum calls, in 14
-// instructions instead of 56.
-inline __m256 sum8(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
-  // each key's low and high quarters: keys 0-3 and 4-7
-  const __m512 b0 = _mm512_add_ps(_mm512_shuffle_f32x4(p0, p1, 0x88), _mm512_shuffle_f32x4(p0, p1, 0xDD));
-  const __m512 b1 = _mm512_add_ps(_mm512_shuffle_f32x4(p2, p3, 0x88), _mm512_shuffle_f32x4(p2, p3, 0xDD));
-  // (l0 + l1), (l2 + l3) per key: quarter i holds key i's, then key 4 + i's
-  const __m512 c = _mm512_add_ps(_mm512_shuffle_ps(b0, b1, 0x88), _mm512_shuffle_ps(b0, b1, 0xDD));
-  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(c, c, 0x88), _mm512_shuffle_ps(c, c, 0xDD));
-  // quarter i: [key i, key 4 + i, key i, key 4 + i]
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, s));
-}
 inline float hsum_low(__m512 v) { return f8_hsum(_mm512_castps512_ps256(v)); }
 inline float hsum_high(__m512 v) { return f8_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
 #endif

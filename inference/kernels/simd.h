@@ -676,12 +676,13 @@ inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
 // one vpdpbusd, one conversion, one lane broadcast and one multiply-add serve both rows, each half doing q4_tile's
 // operations in q4_tile's order on the same integers and scales: the same bits.
 
-// Paired activation blocks: qx2[p·2K + 64b ..] = row 2p's block b, then row 2p+1's; d2/s2[p·2nb + 16c + i] = row
-// 2p's d (s) of block 8c + i for i < 8, row 2p+1's for i ≥ 8 (whole chunks of eight blocks; the rest stay in dx/sx).
-// An odd last row's partner is zeros.
+// Paired activation blocks: qx2[p·2K + 64b ..] = row 2p's block b, then row 2p+1's; d2/s2[p·16nc + 16c + i] = row
+// 2p's d (s) of block 8c + i for i < 8, row 2p+1's for i ≥ 8, nc = ⌈nb / 8⌉ chunks of eight blocks (a last short
+// chunk padded with zeros). An odd last row's partner is zeros.
+inline int64_t block_chunks(int64_t nb) { return (nb + 7) / 8; }
 inline void pair_blocks(const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, int8_t* qx2,
                         float* d2, float* s2) {
-  const int64_t nb = K / BLOCK;
+  const int64_t nb = K / BLOCK, nc = block_chunks(nb);
   for (int64_t t = 0; t < T; t += 2) {
     const bool two = t + 1 < T;
     for (int64_t b = 0; b < nb; ++b) {
@@ -689,12 +690,16 @@ inline void pair_blocks(const int8_t* qx, const float* dx, const float* sx, int6
       if (two) std::memcpy(qx2 + t * K + (2 * b + 1) * BLOCK, qx + (t + 1) * K + b * BLOCK, BLOCK);
       else std::memset(qx2 + t * K + (2 * b + 1) * BLOCK, 0, BLOCK);
     }
-    for (int64_t c = 0; c + 8 <= nb; c += 8)
-      for (int i = 0; i < 8; ++i) {
-        d2[t * nb + 2 * c + i] = dx[t * nb + c + i];
-        s2[t * nb + 2 * c + i] = sx[t * nb + c + i];
-        d2[t * nb + 2 * c + 8 + i] = two ? dx[(t + 1) * nb + c + i] : 0.f;
-        s2[t * nb + 2 * c + 8 + i] = two ? sx[(t + 1) * nb + c + i] : 0.f;
+    float* dp = d2 + t / 2 * 16 * nc;
+    float* sp = s2 + t / 2 * 16 * nc;
+    for (int64_t c = 0; c < nc; ++c)
+      for (int64_t i = 0; i < 8; ++i) {
+        const int64_t blk = 8 * c + i;
+        const bool in = blk < nb;
+        dp[16 * c + i] = in ? dx[t * nb + blk] : 0.f;
+        sp[16 * c + i] = in ? sx[t * nb + blk] : 0.f;
+        dp[16 * c + 8 + i] = in && two ? dx[(t + 1) * nb + blk] : 0.f;
+        sp[16 * c + 8 + i] = in && two ? sx[(t + 1) * nb + blk] : 0.f;
       }
   }
 }
@@ -706,14 +711,32 @@ inline __m512i nibbles2(const uint8_t* p) {
 inline __m512 f16x8_2(const uint16_t* p) {  // eight fp16 in both halves, as fp32
   return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+inline __m512 f16x8_2(const uint16_t* p, int n) {  // the first n of eight (the rest zero, not read)
+  const __m128i h = _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << n) - 1), p);
+  return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(h));
+}
+// The eight sums of four registers of 8-lane pairs ([k0 | k1], [k2 | k3], …: two keys, two activation rows), in order,
+// each added as f8_hsum adds its lanes: ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)), so the same bits as eight f8_hsum calls, in 14
+// instructions instead of 56.
+inline __m256 sum8(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
+  // each key's low and high quarters: keys 0-3 and 4-7
+  const __m512 b0 = _mm512_add_ps(_mm512_shuffle_f32x4(p0, p1, 0x88), _mm512_shuffle_f32x4(p0, p1, 0xDD));
+  const __m512 b1 = _mm512_add_ps(_mm512_shuffle_f32x4(p2, p3, 0x88), _mm512_shuffle_f32x4(p2, p3, 0xDD));
+  // (l0 + l1), (l2 + l3) per key: quarter i holds key i's, then key 4 + i's
+  const __m512 c = _mm512_add_ps(_mm512_shuffle_ps(b0, b1, 0x88), _mm512_shuffle_ps(b0, b1, 0xDD));
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(c, c, 0x88), _mm512_shuffle_ps(c, c, 0xDD));
+  // quarter i: [key i, key 4 + i, key i, key 4 + i]
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, s));
+}
 inline float hsum_lo(__m512 v) { return f8_hsum(_mm512_castps512_ps256(v)); }
 inline float hsum_hi(__m512 v) { return f8_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
 
-// R 4-bit weight rows against PP pairs of activation rows (paired by pair_blocks; dx/sx: row 2p's own, for the
-// blocks past the last whole chunk of eight): out[t][r] for t < 2·PP.
+// R 4-bit weight rows against PP pairs of activation rows (paired by pair_blocks; sx: row 2p's own, for the minimums
+// of the blocks past the last whole chunk of eight): out[t][r] for t < 2·PP.
 template <bool ASYM, int R, int PP>
 inline void q4_tile2(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb,
-                     const int8_t* qx2, const float* d2, const float* s2, const float* dx, const float* sx, int64_t K,
+                     const int8_t* qx2, const float* d2, const float* s2, const float* sx, int64_t K,
                      float (*out)[R]) {
   __m512 acc[PP][R], macc[PP][R];
   float tail[2 * PP][R];
@@ -725,21 +748,24 @@ inline void q4_tile2(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, co
   const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
   alignas(64) __m512i U[8][R];
   alignas(64) __m512 D[PP][R];
+  const int64_t pstride = 16 * block_chunks(nb);  // a pair's d2 / s2 floats
   // The minimums' (or −8·scale's) share, a loop of its own so that the main loop's registers hold only its sums.
   for (int64_t c = 0; c + 8 <= nb; c += 8)
     for (int r = 0; r < R; ++r) {
       const __m512 cv = ASYM ? f16x8_2(mn + r * nb + c) : _mm512_mul_ps(f16x8_2(sc + r * nb + c), minus8);
       for (int p = 0; p < PP; ++p)
-        macc[p][r] = _mm512_fmadd_ps(cv, _mm512_loadu_ps(s2 + p * 2 * nb + 2 * c), macc[p][r]);
+        macc[p][r] = _mm512_fmadd_ps(cv, _mm512_loadu_ps(s2 + p * pstride + 2 * c), macc[p][r]);
     }
-  int64_t b = 0;
-  for (; b + 8 <= nb; b += 8) {
+  // Chunks of eight blocks, the last one short (q4_tile's tail blocks: the same products and sums, their scales
+  // read masked); q4_tile adds a tail block's minimums one by one, so they are added apart (`tail`).
+  for (int64_t b = 0; b < nb; b += 8) {
+    const int cnt = static_cast<int>(std::min<int64_t>(8, nb - b));
     for (int r = 0; r < R; ++r) {
-      const __m512 scv = f16x8_2(sc + r * nb + b);
-      for (int p = 0; p < PP; ++p) D[p][r] = _mm512_mul_ps(scv, _mm512_loadu_ps(d2 + p * 2 * nb + 2 * b));
-      for (int j = 0; j < 8; ++j) U[j][r] = nibbles2(w + r * row_bytes + (b + j) * (BLOCK / 2));
+      const __m512 scv = cnt == 8 ? f16x8_2(sc + r * nb + b) : f16x8_2(sc + r * nb + b, cnt);
+      for (int p = 0; p < PP; ++p) D[p][r] = _mm512_mul_ps(scv, _mm512_loadu_ps(d2 + p * pstride + 2 * b));
+      for (int j = 0; j < cnt; ++j) U[j][r] = nibbles2(w + r * row_bytes + (b + j) * (BLOCK / 2));
     }
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < cnt; ++j) {
       const __m512i idx = _mm512_add_epi32(halves, _mm512_set1_epi32(j));
       for (int p = 0; p < PP; ++p) {
         const __m512i q = _mm512_loadu_si512(qx2 + p * 2 * K + 2 * (b + j) * BLOCK);
@@ -750,19 +776,11 @@ inline void q4_tile2(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, co
       }
     }
   }
-  for (; b < nb; ++b)
+  for (int64_t b = nb / 8 * 8; b < nb; ++b)
     for (int p = 0; p < PP; ++p) {
-      const __m512i q = _mm512_loadu_si512(qx2 + p * 2 * K + 2 * b * BLOCK);
-      const int64_t t0 = 2 * p, t1 = 2 * p + 1;  // an odd count: q4_span pads dx and sx with a zero row
+      const int64_t t0 = 2 * p, t1 = 2 * p + 1;  // an odd count: q4_span pads sx with a zero row
       for (int r = 0; r < R; ++r) {
-        const float s = f16(sc[r * nb + b]);
-        const float c = ASYM ? f16(mn[r * nb + b]) : -8.f * s;
-        const float d0 = dx[t0 * nb + b], d1 = dx[t1 * nb + b];
-        const __m512 ds = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(s * d0)),
-                                                              _mm256_castps_pd(_mm256_set1_ps(s * d1)), 1));
-        const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                                                  nibbles2(w + r * row_bytes + b * (BLOCK / 2)), q));
-        acc[p][r] = _mm512_fmadd_ps(ds, dot, acc[p][r]);
+        const float c = ASYM ? f16(mn[r * nb + b]) : -8.f * f16(sc[r * nb + b]);
         tail[t0][r] += c * sx[t0 * nb + b];
         tail[t1][r] += c * sx[t1 * nb + b];
       }
@@ -786,16 +804,17 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
     thread_local std::vector<float> d2, s2;
     const int64_t rows = (T + 1) / 2 * 2;
     q2.resize(static_cast<size_t>(rows * K));
-    d2.resize(static_cast<size_t>(rows * nb));
-    s2.resize(static_cast<size_t>(rows * nb));
+    const int64_t pstride = 16 * block_chunks(nb);
+    d2.resize(static_cast<size_t>(rows / 2 * pstride));
+    s2.resize(static_cast<size_t>(rows / 2 * pstride));
     pair_blocks(qx, dx, sx, T, K, q2.data(), d2.data(), s2.data());
-    // dx/sx of an odd count's missing last row are read as zeros: a padded copy of the last pair's rows
-    thread_local std::vector<float> dpad, spad;
-    const float *dxs = dx, *sxs = sx;
+    // sx of an odd count's missing last row is read as zeros (the tail blocks' minimums): a padded copy
+    thread_local std::vector<float> spad;
+    const float* sxs = sx;
     if (T % 2) {
-      dpad.assign(dx, dx + T * nb), spad.assign(sx, sx + T * nb);
-      dpad.resize(static_cast<size_t>(rows * nb), 0.f), spad.resize(static_cast<size_t>(rows * nb), 0.f);
-      dxs = dpad.data(), sxs = spad.data();
+      spad.assign(sx, sx + T * nb);
+      spad.resize(static_cast<size_t>(rows * nb), 0.f);
+      sxs = spad.data();
     }
     for (int64_t n = n0; n < n1;) {
       const int R = n + 4 <= n1 ? 4 : 1;
@@ -805,8 +824,8 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
           constexpr int RR = decltype(rr)::value, PP = decltype(tile)::value;
           float o[2 * PP][RR];
           q4_tile2<ASYM, RR, PP>(w + n * row_bytes, row_bytes, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb,
-                                 q2.data() + p * 2 * K, d2.data() + p * 2 * nb, s2.data() + p * 2 * nb,
-                                 dxs + p * 2 * nb, sxs + p * 2 * nb, K, o);
+                                 q2.data() + p * 2 * K, d2.data() + p * pstride, s2.data() + p * pstride,
+                                 sxs + p * 2 * nb, K, o);
           for (int t = 0; t < 2 * PP && 2 * p + t < T; ++t)
             for (int r = 0; r < RR; ++r) emit(2 * p + t, n + r, o[t][r]);
           p += PP;
