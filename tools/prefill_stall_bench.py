@@ -7,7 +7,8 @@ batcher's fixed 256-token chunks and for its paced chunks, in interleaved rounds
 
 Prints, per mode, the median over rounds of: the normal step, the longest gap, their ratio (target: ≤ 3), the 99th
 percentile gap's ratio (what a single late wake-up of a shared machine does not move), and the long prompt's time
-to first token (what pacing costs the newcomer), with the load average.
+to first token (what pacing costs the newcomer), with the load average; and the same gaps of the streaming reply
+alone over as many steps (no prompt beside it: the machine's own jitter).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import sys
 import time
 
 
-def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int):
+def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int, alone_steps: int = 0):
+    """``long_ids`` None: the streaming reply alone for ``alone_steps`` steps (its own jitter, the baseline)."""
     from redline.inference import DecodeOptions, GenerationRequest, SamplingSettings
     from redline.inference.events import TokenEvent
     from redline.inference.generation.lifecycle import DirectSink
@@ -45,7 +47,7 @@ def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int
         record=False,
     )
     long = GenerationRequest(
-        input_ids=long_ids,
+        input_ids=long_ids or [0],
         sampling=SamplingSettings(max_new_tokens=4, temperature=0, min_new_tokens=4),
         options=options,
         record=False,
@@ -57,11 +59,16 @@ def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int
     normal = statistics.median(t1 - t0 for t0, t1 in zip(stream_times[-20:], stream_times[-19:]))
     arrived = time.perf_counter()
     before = len(stream_times)
-    b.add(DirectSink(on_long), long, arrived)
-    while not long_first:
-        b.step()
-    for _ in range(3):
-        b.step()
+    if long_ids is None:
+        for _ in range(alone_steps):
+            b.step()
+        long_first.append(arrived)
+    else:
+        b.add(DirectSink(on_long), long, arrived)
+        while not long_first:
+            b.step()
+        for _ in range(3):
+            b.step()
     gaps = [t1 - t0 for t0, t1 in zip(stream_times[before - 1 :], stream_times[before:])]
     if not any(a.sink is stream_sink for a in b.active):
         raise SystemExit("the streaming reply ended before the long prompt was read: raise its max_new_tokens")
@@ -97,11 +104,14 @@ def main(argv=None) -> int:
     long_ids = torch.randint(100, vocab, (args.prompt_tokens,), generator=g).tolist()
     modes = {f"fixed {PREFILL_CHUNK}": PREFILL_CHUNK, "paced": None}
     rows: dict[str, list[tuple[float, float, float, float]]] = {m: [] for m in modes}
+    rows["alone"] = []  # the streaming reply with no prompt beside it, as many steps as the paced read took
     with torch.inference_mode():
         for r in range(args.rounds):
             order = list(modes) if r % 2 == 0 else list(reversed(modes))
             for mode in order:
                 rows[mode].append(one_round(target, Batcher, modes[mode], prompt_ids, long_ids, args.warm_tokens))
+            steps = max(1, round(rows["paced"][-1][2] / rows["paced"][-1][0]))  # its newcomer's TTFT in steps
+            rows["alone"].append(one_round(target, Batcher, None, prompt_ids, None, args.warm_tokens, steps))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     med = statistics.median
@@ -117,8 +127,12 @@ def main(argv=None) -> int:
         print(
             f"{mode:<12} {med(x[0] for x in rs) * 1000:>8.1f} {med(x[1] for x in rs) * 1000:>15.1f} "
             f"{med(x[1] / x[0] for x in rs):>11.2f} {med(x[3] / x[0] for x in rs):>15.2f} "
-            f"{med(x[2] for x in rs):>16.2f}"
+            f"{(f'{med(x[2] for x in rs):.2f}' if mode != 'alone' else '–'):>16}"
         )
+    print(
+        "alone: the streaming reply with no prompt beside it for about as many steps as the paced read took; its "
+        "longest gap is this machine's own jitter, the floor under the others'"
+    )
     return 0
 
 
