@@ -637,10 +637,17 @@ inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
     int64_t t = 0;
 #if defined(REDLINE_AVX512_VNNI)
     float tile[4][4];
-    for (; n + 4 <= n1 && t + 4 <= T; t += 4) {
+    // Tiles of four rows; five left go as three and two (not four and one).
+    for (; n + 4 <= n1 && t + 4 <= T && T - t != 5; t += 4) {
       q8_tile<4, 4>(w + n * wstride, wstride, sc + n * nb, nb, qx + t * K, dx + t * nb, K, t == 0, tile);
       for (int u = 0; u < 4; ++u)
         for (int r = 0; r < 4; ++r) emit(t + u, n + r, tile[u][r]);
+    }
+    if (n + 4 <= n1 && T - t == 5) {
+      q8_tile<4, 3>(w + n * wstride, wstride, sc + n * nb, nb, qx + t * K, dx + t * nb, K, t == 0, tile);
+      for (int u = 0; u < 3; ++u)
+        for (int r = 0; r < 4; ++r) emit(t + u, n + r, tile[u][r]);
+      t += 3;
     }
     // Two or three rows left (a decode step of two or three replies, a chunk read beside one): one tile too. Row by
     // row each repeats the weight side of the arithmetic, which bounds a q8 step on a CPU that reads fast enough
