@@ -351,6 +351,22 @@ def test_correction_is_added_to_overhead():
     assert corrected.total_bytes - base.total_bytes == 123 * MB
 
 
+def test_a_correction_learned_on_a_larger_model_takes_back_the_overhead_and_no_more(tmp_path):
+    """The correction is one figure for the machine: -1.06 GB learned from a 1B-shaped model served in q8 made the
+    starter's estimate a negative overhead and a total of 0 MB. It may cancel this estimate's overhead, never
+    more, and the check records what was applied, so the residual it learns from stays the uncorrected one."""
+    from redline.inference.memory.calibration import MemoryCheck
+
+    shape = shape_of(STARTER_CONFIG)
+    base = estimate(shape, parse_precision("bf16"), 8192)
+    corrected = estimate(shape, parse_precision("bf16"), 8192, correction_bytes=-1063 * MB)
+    assert base.overhead_bytes < 1063 * MB
+    assert corrected.overhead_bytes == 0 and corrected.correction_bytes == -base.overhead_bytes
+    assert corrected.total_bytes == base.total_bytes - base.overhead_bytes > base.weights_bytes
+    check = MemoryCheck("m", "bf16", "cpu", 8192, corrected.total_bytes, 700 * MB, corrected.correction_bytes, 0.0)
+    assert check.residual_bytes == 700 * MB - base.total_bytes
+
+
 def test_draft_adds_weights_and_kv():
     shape = shape_of(LLAMA3_8B)
     draft = shape_of(STARTER_CONFIG)

@@ -208,7 +208,7 @@ def check_generation(loaded, result, draft=None, save: bool = True) -> Optional[
         tokens=tokens,
         predicted_bytes=predicted.total_bytes,
         measured_bytes=measured,
-        correction_bytes=correction,
+        correction_bytes=predicted.correction_bytes,  # as applied (estimate() bounds it)
         time=time.time(),
     )
     if save:

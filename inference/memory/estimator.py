@@ -410,7 +410,13 @@ def estimate(
         draft_total = dwb.total + kv_cache_bytes(
             draft.kv_layers or draft.layers, draft.kv_heads, draft.head_dim, tokens, batch, ddtype, draft.layer_windows
         )
-    overhead = default_overhead_bytes(device, spec, kv + act) + correction_bytes
+    default = default_overhead_bytes(device, spec, kv + act)
+    # The learned correction is one figure for the machine, learned from whichever models ran; it may take back
+    # this estimate's own overhead, never more: a 1B-shaped model served in q8 taught -1.06 GB, and the starter's
+    # estimate then showed a negative overhead and a total of 0 MB. What is applied is recorded, so a check's
+    # residual is still against the uncorrected prediction.
+    correction_bytes = max(int(correction_bytes), -default)
+    overhead = default + correction_bytes
     if baseline_bytes is not None and not device.startswith("cuda"):
         overhead += int(baseline_bytes) - CPU_BASELINE_BYTES
     load = loading_bytes(shape, spec, device, wb, kv + act)
