@@ -46,12 +46,6 @@ def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int
         options=options,
         record=False,
     )
-    long = GenerationRequest(
-        input_ids=long_ids or [0],
-        sampling=SamplingSettings(max_new_tokens=4, temperature=0, min_new_tokens=4),
-        options=options,
-        record=False,
-    )
     stream_sink = DirectSink(on_stream)
     b.add(stream_sink, stream, time.perf_counter())
     while len(stream_times) < warm_tokens:
@@ -64,6 +58,12 @@ def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int
             b.step()
         long_first.append(arrived)
     else:
+        long = GenerationRequest(
+            input_ids=long_ids,
+            sampling=SamplingSettings(max_new_tokens=4, temperature=0, min_new_tokens=4),
+            options=options,
+            record=False,
+        )
         b.add(DirectSink(on_long), long, arrived)
         while not long_first:
             b.step()

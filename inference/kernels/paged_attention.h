@@ -164,11 +164,74 @@ inline __m512 load8x2(const bf16* a, const bf16* b) {
                                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline __m512 both_halves(const float* p) {
-  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+
+// The scores of keys lo..lo+n-1 two (and, for groups of up to four heads, eight) at a time; returns how many keys
+// it scored (all but an odd last one), which the 256-bit code scores one by one.
+template <typename C, int64_t D, int G>
+inline int64_t wide_scores(const float* q, const PagedPools<C>& kv, int64_t row, int64_t kvh, int64_t lo, int64_t n,
+                           float scale, float* sc) {
+  int64_t t = 0;
+  if constexpr (G <= 4) {  // eight keys at a time, their sums reduced together (sum8)
+    for (; t + 8 <= n; t += 8) {
+      __m512 a[4][G];
+      for (int p = 0; p < 4; ++p)
+        for (int g = 0; g < G; ++g) a[p][g] = _mm512_setzero_ps();
+      const C* kp[8];
+      for (int k = 0; k < 8; ++k) kp[k] = kv.at(kv.k, row, kvh, lo + t + k);
+      for (int64_t d = 0; d < D; d += 8) {
+        __m512 qv[G];
+        for (int g = 0; g < G; ++g) qv[g] = w2_load(q + g * D + d);
+        for (int p = 0; p < 4; ++p) {
+          const __m512 kk = load8x2(kp[2 * p] + d, kp[2 * p + 1] + d);
+          for (int g = 0; g < G; ++g) a[p][g] = _mm512_fmadd_ps(qv[g], kk, a[p][g]);
+        }
+      }
+      const __m256 sv = _mm256_set1_ps(scale);
+      for (int g = 0; g < G; ++g)
+        _mm256_storeu_ps(sc + g * n + t, _mm256_mul_ps(sum8(a[0][g], a[1][g], a[2][g], a[3][g]), sv));
+    }
+  }
+  for (; t + 2 <= n; t += 2) {
+    const C* k0 = kv.at(kv.k, row, kvh, lo + t);
+    const C* k1 = kv.at(kv.k, row, kvh, lo + t + 1);
+    __m512 a[G];
+    for (int g = 0; g < G; ++g) a[g] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m512 kk = load8x2(k0 + d, k1 + d);
+      for (int g = 0; g < G; ++g) a[g] = _mm512_fmadd_ps(w2_load(q + g * D + d), kk, a[g]);
+    }
+    for (int g = 0; g < G; ++g) sc[g * n + t] = hsum_lo(a[g]) * scale, sc[g * n + t + 1] = hsum_hi(a[g]) * scale;
+  }
+  return t;
 }
-inline float hsum_low(__m512 v) { return f8_hsum(_mm512_castps512_ps256(v)); }
-inline float hsum_high(__m512 v) { return f8_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+
+// The weighted sum of the values of keys lo..lo+n-1 (weights in sc), sixteen outputs to a register; written to out,
+// or to part (unnormalised) as the 256-bit code writes them.
+template <typename C, int ND, int G>
+inline void wide_values(const PagedPools<C>& kv, int64_t row, int64_t kvh, int64_t lo, int64_t n, const float* sc,
+                        float* out, float* part) {
+  constexpr int64_t D = ND * 8;
+  constexpr int NW = ND / 2;                                         // 512-bit vectors of a head's output
+  constexpr int PW = G * NW <= 16 ? NW : (16 / G > 0 ? 16 / G : 1);  // of them per pass: G·PW accumulators
+  for (int64_t w0 = 0; w0 < NW; w0 += PW) {
+    __m512 o[G][PW];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < PW; ++j) o[g][j] = _mm512_setzero_ps();
+    const int pw = static_cast<int>(std::min<int64_t>(PW, NW - w0));
+    for (int64_t i = 0; i < n; ++i) {
+      const C* vr = kv.at(kv.v, row, kvh, lo + i) + 16 * w0;
+      __m512 wgt[G];
+      for (int g = 0; g < G; ++g) wgt[g] = _mm512_set1_ps(sc[g * n + i]);
+      for (int j = 0; j < pw; ++j) {
+        const __m512 vv = load16(vr + 16 * j);
+        for (int g = 0; g < G; ++g) o[g][j] = _mm512_fmadd_ps(wgt[g], vv, o[g][j]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < pw; ++j)
+        _mm512_storeu_ps(part ? part + g * (D + 2) + 2 + 16 * (w0 + j) : out + g * D + 16 * (w0 + j), o[g][j]);
+  }
+}
 #endif
 
 template <typename C, int ND, int G>
@@ -176,79 +239,12 @@ inline void attend_group_impl(const float* q, const PagedPools<C>& kv, int64_t r
                               int64_t hi, float scale, float* sc, float* out, float* part) {
   constexpr int64_t D = ND * 8;
   const int64_t n = hi - lo;
-#if defined(REDLINE_AVX512_VNNI)
-  if (wide_tiles()) {
-    int64_t t = 0;
-    if constexpr (G <= 4) {  // eight keys at a time, their sums reduced together (sum8)
-      for (; t + 8 <= n; t += 8) {
-        __m512 a[4][G];
-        for (int p = 0; p < 4; ++p)
-          for (int g = 0; g < G; ++g) a[p][g] = _mm512_setzero_ps();
-        const C* kp[8];
-        for (int k = 0; k < 8; ++k) kp[k] = kv.at(kv.k, row, kvh, lo + t + k);
-        for (int64_t d = 0; d < D; d += 8) {
-          __m512 qv[G];
-          for (int g = 0; g < G; ++g) qv[g] = both_halves(q + g * D + d);
-          for (int p = 0; p < 4; ++p) {
-            const __m512 kk = load8x2(kp[2 * p] + d, kp[2 * p + 1] + d);
-            for (int g = 0; g < G; ++g) a[p][g] = _mm512_fmadd_ps(qv[g], kk, a[p][g]);
-          }
-        }
-        const __m256 sv = _mm256_set1_ps(scale);
-        for (int g = 0; g < G; ++g)
-          _mm256_storeu_ps(sc + g * n + t, _mm256_mul_ps(sum8(a[0][g], a[1][g], a[2][g], a[3][g]), sv));
-      }
-    }
-    for (; t + 2 <= n; t += 2) {
-      const C* k0 = kv.at(kv.k, row, kvh, lo + t);
-      const C* k1 = kv.at(kv.k, row, kvh, lo + t + 1);
-      __m512 a[G];
-      for (int g = 0; g < G; ++g) a[g] = _mm512_setzero_ps();
-      for (int64_t d = 0; d < D; d += 8) {
-        const __m512 kk = load8x2(k0 + d, k1 + d);
-        for (int g = 0; g < G; ++g) a[g] = _mm512_fmadd_ps(both_halves(q + g * D + d), kk, a[g]);
-      }
-      for (int g = 0; g < G; ++g) {
-        sc[g * n + t] = hsum_low(a[g]) * scale;
-        sc[g * n + t + 1] = hsum_high(a[g]) * scale;
-      }
-    }
-    for (; t < n; ++t) {
-      const C* kr = kv.at(kv.k, row, kvh, lo + t);
-      for (int g = 0; g < G; ++g) {
-        F8 acc = f8_zero();
-        for (int64_t d = 0; d < D; d += 8) acc = f8_madd(f8_load(q + g * D + d), load8(kr + d), acc);
-        sc[g * n + t] = f8_hsum(acc) * scale;
-      }
-    }
-    normalise_scores<G, D>(sc, n, part);
-    constexpr int NW = ND / 2;                                      // 512-bit vectors of a head's output
-    constexpr int PW = G * NW <= 16 ? NW : (16 / G > 0 ? 16 / G : 1);  // of them per pass: G·PW accumulators
-    for (int64_t w0 = 0; w0 < NW; w0 += PW) {
-      __m512 o[G][PW];
-      for (int g = 0; g < G; ++g)
-        for (int j = 0; j < PW; ++j) o[g][j] = _mm512_setzero_ps();
-      const int pw = static_cast<int>(std::min<int64_t>(PW, NW - w0));
-      for (int64_t i = 0; i < n; ++i) {
-        const C* vr = kv.at(kv.v, row, kvh, lo + i) + 16 * w0;
-        __m512 wgt[G];
-        for (int g = 0; g < G; ++g) wgt[g] = _mm512_set1_ps(sc[g * n + i]);
-        for (int j = 0; j < PW; ++j) {
-          if (j >= pw) break;
-          const __m512 vv = load16(vr + 16 * j);
-          for (int g = 0; g < G; ++g) o[g][j] = _mm512_fmadd_ps(wgt[g], vv, o[g][j]);
-        }
-      }
-      for (int g = 0; g < G; ++g)
-        for (int j = 0; j < pw; ++j)
-          _mm512_storeu_ps(part ? part + g * (D + 2) + 2 + 16 * (w0 + j) : out + g * D + 16 * (w0 + j), o[g][j]);
-    }
-    return;
-  }
-#endif
   constexpr int CW = G == 1 ? 8 : G <= 3 ? 4 : G <= 6 ? 2 : 1;  // output vectors per pass: G·CW accumulators
   constexpr int PASS = CW < ND ? CW : ND;
   int64_t t = 0;
+#if defined(REDLINE_AVX512_VNNI)
+  if (wide_tiles()) t = wide_scores<C, D, G>(q, kv, row, kvh, lo, n, scale, sc);
+#endif
   for (; t + 2 <= n; t += 2) {
     const C* k0 = kv.at(kv.k, row, kvh, lo + t);
     const C* k1 = kv.at(kv.k, row, kvh, lo + t + 1);
@@ -276,6 +272,9 @@ inline void attend_group_impl(const float* q, const PagedPools<C>& kv, int64_t r
     }
   }
   normalise_scores<G, D>(sc, n, part);
+#if defined(REDLINE_AVX512_VNNI)
+  if (wide_tiles()) return wide_values<C, ND, G>(kv, row, kvh, lo, n, sc, out, part);
+#endif
   for (int64_t d0 = 0; d0 < D; d0 += 8 * PASS) {
     F8 o[G][PASS];
     for (int g = 0; g < G; ++g)

@@ -452,6 +452,10 @@ inline __m512i w2_16(const uint16_t* p) {
   return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// The 8-lane sum (f8_hsum) of a register's low and high half: two rows' (or keys') outputs.
+inline float hsum_lo(__m512 v) { return f8_hsum(_mm512_castps512_ps256(v)); }
+inline float hsum_hi(__m512 v) { return f8_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+
 // R weight rows against PP pairs of activation rows: out[t][r] for t < 2·PP.
 template <typename W, int R, int PP, bool P16>
 inline void dense_tile2(const W* w, int64_t stride, const float* x2, int64_t K, float (*out)[R], bool prefetch) {
@@ -489,43 +493,47 @@ inline void dense_tile2(const W* w, int64_t stride, const float* x2, int64_t K, 
     }
   }
   for (int p = 0; p < PP; ++p)
-    for (int r = 0; r < R; ++r) {
-      out[2 * p][r] = f8_hsum(_mm512_castps512_ps256(a[p][r]));
-      out[2 * p + 1][r] = f8_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[p][r]), 1)));
-    }
+    for (int r = 0; r < R; ++r) out[2 * p][r] = hsum_lo(a[p][r]), out[2 * p + 1][r] = hsum_hi(a[p][r]);
 }
 
-// dense_group on paired activations (x2: pair_rows' layout of T rows): tiles of six pairs, then three, two, one.
+// The tile sizes a prompt's pairs of rows go in, for R weight rows (4, or 1 for a remainder): six pairs while there
+// are six, then three, two, one. run(rows, pairs) gets both as std::integral_constant (the tiles' sizes are known
+// when compiled, so their sums stay in registers) and returns; pair_tiles returns how many pairs it took.
+template <typename Run>
+inline int64_t pair_tiles(int R, int64_t left, Run run) {
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I3 = std::integral_constant<int, 3>;
+  using I4 = std::integral_constant<int, 4>;
+  using I6 = std::integral_constant<int, 6>;
+  const int pairs = left >= 6 ? 6 : left >= 3 ? 3 : static_cast<int>(left);
+  if (R == 4) {
+    if (pairs == 6) run(I4{}, I6{});
+    else if (pairs == 3) run(I4{}, I3{});
+    else if (pairs == 2) run(I4{}, I2{});
+    else run(I4{}, I1{});
+  } else {
+    if (pairs == 6) run(I1{}, I6{});
+    else if (pairs == 3) run(I1{}, I3{});
+    else if (pairs == 2) run(I1{}, I2{});
+    else run(I1{}, I1{});
+  }
+  return pairs;
+}
+
+// dense_group on paired activations (x2: pair_rows' layout of T rows), in pair_tiles' tiles.
 template <typename W, bool P16, typename Emit>
 inline void dense_group2(const W* w, int64_t stride, int R, const float* x2, int64_t T, int64_t K, bool prefetch,
                          Emit emit) {
   const int64_t pairs = (T + 1) / 2;
   for (int64_t p = 0; p < pairs;) {
-    const int64_t left = pairs - p;
-    const auto run = [&](auto rows, auto tile) {
+    p += pair_tiles(R, pairs - p, [&](auto rows, auto tile) {  // the tile reads p before it moves on (C++17)
       constexpr int RR = decltype(rows)::value, PP = decltype(tile)::value;
       float o[2 * PP][RR];
       dense_tile2<W, RR, PP, P16>(w, stride, x2 + p * 2 * K, K, o, prefetch && p == 0);
       for (int t = 0; t < 2 * PP && 2 * p + t < T; ++t)
         for (int r = 0; r < RR; ++r) emit(2 * p + t, r, o[t][r]);
-      p += PP;
-    };
-    using I1 = std::integral_constant<int, 1>;
-    using I2 = std::integral_constant<int, 2>;
-    using I3 = std::integral_constant<int, 3>;
-    using I4 = std::integral_constant<int, 4>;
-    using I6 = std::integral_constant<int, 6>;
-    if (R == 4) {
-      if (left >= 6) run(I4{}, I6{});
-      else if (left >= 3) run(I4{}, I3{});
-      else if (left == 2) run(I4{}, I2{});
-      else run(I4{}, I1{});
-    } else {
-      if (left >= 6) run(I1{}, I6{});
-      else if (left >= 3) run(I1{}, I3{});
-      else if (left == 2) run(I1{}, I2{});
-      else run(I1{}, I1{});
-    }
+    });
   }
 }
 #endif
@@ -736,8 +744,6 @@ inline __m256 sum8(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
   return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, s));
 }
-inline float hsum_lo(__m512 v) { return f8_hsum(_mm512_castps512_ps256(v)); }
-inline float hsum_hi(__m512 v) { return f8_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
 
 // R 4-bit weight rows against PP pairs of activation rows (paired by pair_blocks; sx: row 2p's own, for the minimums
 // of the blocks past the last whole chunk of eight): out[t][r] for t < 2·PP.
@@ -826,8 +832,7 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
     for (int64_t n = n0; n < n1;) {
       const int R = n + 4 <= n1 ? 4 : 1;
       for (int64_t p = 0; p < rows / 2;) {
-        const int64_t left = rows / 2 - p;
-        const auto run = [&](auto rr, auto tile) {
+        p += pair_tiles(R, rows / 2 - p, [&](auto rr, auto tile) {  // as in dense_group2
           constexpr int RR = decltype(rr)::value, PP = decltype(tile)::value;
           float o[2 * PP][RR];
           q4_tile2<ASYM, RR, PP>(w + n * row_bytes, row_bytes, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb,
@@ -835,22 +840,7 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
                                  sxs + p * 2 * nb, K, o);
           for (int t = 0; t < 2 * PP && 2 * p + t < T; ++t)
             for (int r = 0; r < RR; ++r) emit(2 * p + t, n + r, o[t][r]);
-          p += PP;
-        };
-        using I1 = std::integral_constant<int, 1>;
-        using I2 = std::integral_constant<int, 2>;
-        using I3 = std::integral_constant<int, 3>;
-        using I4 = std::integral_constant<int, 4>;
-        using I6 = std::integral_constant<int, 6>;
-        if (R == 4) {
-          if (left >= 6) run(I4{}, I6{});
-          else if (left >= 3) run(I4{}, I3{});
-          else if (left == 2) run(I4{}, I2{});
-          else run(I4{}, I1{});
-        } else {
-          if (left >= 3) run(I1{}, I3{});
-          else run(I1{}, I1{});
-        }
+        });
       }
       n += R;
     }

@@ -559,14 +559,12 @@ def predict(
         uncorrected_tokens_per_s=tps,
         uncorrected_ttft_ms=1000.0 * ttft_s,
         ttft_compute_ms=1000.0 * prefill.compute_s,
-        # What does not grow with the prompt: the weights' read where the arithmetic does not hide it (a prompt's
-        # matrix products read the weights while they compute: counting the whole read made a model of many
-        # weights and few operations a token, such as a 1B at 44 tokens, 29-42 % too slow after a calibration on the
-        # starter), the step's overheads, and the call's set-up (and a draft's own prefill): the two parts add up
-        # to the uncorrected TTFT.
-        ttft_fixed_ms=1000.0 * (prefill.seconds - prefill.compute_s + ttft_s - prefill.seconds)
-        if not prefill.additive
-        else 1000.0 * (prefill.memory_s + prefill.overhead_s + ttft_s - prefill.seconds),
+        # What does not grow with the prompt: the call's set-up (and a draft's own prefill), the step's overheads
+        # and the weights' read where the arithmetic does not hide it (a prompt's matrix products read the weights
+        # while they compute; a step of several tokens is the larger of the two, one token on the kernels their
+        # sum). Counting the whole read made a model of many weights and few operations a token, a 1B at 44
+        # tokens, 29-42 % too slow after a calibration on the starter. The two parts add up to the uncorrected TTFT.
+        ttft_fixed_ms=1000.0 * (ttft_s - prefill.compute_s),
         bound=bound,
         acceptance=pred_acceptance,
         acceptance_measured=measured_acc,
