@@ -358,7 +358,7 @@ def test_starter_gguf_converts_to_bf16_within_the_bound(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's mappings (Linux)")
-def test_a_converted_gguf_loads_as_views_of_its_files_and_the_estimate_counts_them_once(tmp_path):
+def test_a_converted_gguf_loads_as_views_of_its_files_and_the_estimate_counts_them_once(tmp_path, monkeypatch):
     """safetensors hands out tensors backed by its mapping and the blocks are used as stored, so a converted
     GGUF at ``gguf`` holds its weights once: the estimate adds no load copy, only the fast path's fused blocks
     (copies beside the mapped originals). Both facts are checked here, so a loader that starts copying fails."""
@@ -370,6 +370,9 @@ def test_a_converted_gguf_loads_as_views_of_its_files_and_the_estimate_counts_th
     from redline.inference.memory.estimator import fast_path_copy_bytes, loading_bytes, packed_views
     from redline.inference.memory.policy import releases_pages
 
+    # Converted in the test's own folder: in the user's models folder each run left one more "tiny.Q8_0-…" model
+    # that `redline models` listed.
+    monkeypatch.setenv("REDLINE_MODELS_DIR", str(tmp_path / "models"))
     folder = build_tiny_model(tmp_path / "tiny", hidden=128, layers=2, heads=4, kv_heads=2)
     path = write_llama_gguf(folder, tmp_path / "tiny.Q8_0.gguf", {"attn": "Q8_0", "ffn": "Q8_0"})
     loaded = load(path, "gguf")
