@@ -156,30 +156,25 @@ inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
   for (int r = 0; r < R; ++r) y[r] = f8_hsum(acc[r]);
 }
 
-// 4-bit weights (GGUF nibble order) against tt <= TT activation rows, R weight rows at a time; out[t][r].
-// Q4_1 is scale·u + min; Q4_0, scale·(u − 8), runs as Q4_1 with min = −8·scale, so both take one unsigned ×
-// signed product (maddubs) per block without sign fix-ups. With TT > 1 (a prefill, a batch) each chunk of eight
-// blocks is unpacked once and reused by every activation row; each row's arithmetic is the same as with TT = 1,
-// so a sequence gets the same numbers alone or beside others.
+// 4-bit weights (GGUF nibble order) against tt <= TT activation rows, R weight rows at a time; out[t][r]. The NEON
+// and portable builds' form of the x86 builds' interleaved rows (q4_span there), with the same numbers: for each
+// block, the exact integer dot product (a sum of integers below 2^24, exact in fp32 in any order), scaled by
+// s·dx into one fused multiply-add chain, and the minimums' share c·sx into another, added at the end. Q4_1 is
+// scale·u + min; Q4_0, scale·(u − 8), runs as Q4_1 with min = −8·scale, so both take one unsigned × signed
+// product per block without sign fix-ups. With TT > 1 (a prefill, a batch) each block is unpacked once for every
+// activation row; a row's arithmetic does not depend on the others.
 template <bool ASYM, int R, int TT>
 inline void q4_tile(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int tt,
                     const int8_t* qx, const float* dx, const float* sx, int64_t K, float (*out)[R],
                     bool prefetch = false) {
-  F8 acc[TT][R], macc[TT][R];
-  float tail[TT][R];
+  float acc[TT][R], macc[TT][R];
   for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < R; ++r) {
-      acc[t][r] = macc[t][r] = f8_zero();
-      tail[t][r] = 0.f;
-    }
-  const F8 minus8 = f8_set1(-8.f);
-  I8x32 U[TT > 1 ? 8 : 1][R];
-  int64_t b = 0;
+    for (int r = 0; r < R; ++r) acc[t][r] = macc[t][r] = 0.f;
   // One activation row streaming the group from memory (``prefetch``: the first pass over it) prefetches the
   // group AHEAD rows on, as q8_rows does. Tiles of several rows are not measured with it, so they do not.
   const bool pf = TT == 1 && prefetch && prefetching();
-  for (; b + 8 <= nb; b += 8) {
-    if (pf)
+  for (int64_t b = 0; b < nb; ++b) {
+    if (pf && b % 8 == 0)
       for (int r = 0; r < R; ++r) {
         prefetch_lines(w + (AHEAD + r) * row_bytes + b * (BLOCK / 2), 8 * (BLOCK / 2));
         // 32 fp16 scales (and minimums) to a cache line.
@@ -188,42 +183,24 @@ inline void q4_tile(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
           if (ASYM) redline_kernels::prefetch(mn + (AHEAD + r) * nb + b);
         }
       }
-    F8 scv[R], cv[R];
+    I8x32 u[R];
+    float s[R], c[R];
     for (int r = 0; r < R; ++r) {
-      scv[r] = f8_from_f16(sc + r * nb + b);
-      cv[r] = ASYM ? f8_from_f16(mn + r * nb + b) : f8_mul(scv[r], minus8);
+      u[r] = i8_nibbles(w + r * row_bytes + b * (BLOCK / 2));
+      s[r] = f16(sc[r * nb + b]);
+      c[r] = ASYM ? f16(mn[r * nb + b]) : -8.f * s[r];
     }
-    if constexpr (TT > 1)
-      for (int j = 0; j < 8; ++j)
-        for (int r = 0; r < R; ++r) U[j][r] = i8_nibbles(w + r * row_bytes + (b + j) * (BLOCK / 2));
     for (int t = 0; t < tt; ++t) {
-      const F8 dxv = f8_load(dx + t * nb + b), sxv = f8_load(sx + t * nb + b);
-      F8 d[R];
+      const I8x32 q = i8_load(qx + t * K + b * BLOCK);
+      const float d = dx[t * nb + b], m = sx[t * nb + b];
       for (int r = 0; r < R; ++r) {
-        d[r] = f8_mul(scv[r], dxv);
-        macc[t][r] = f8_madd(cv[r], sxv, macc[t][r]);
-      }
-      for (int j = 0; j < 8; ++j) {
-        const I8x32 q = i8_load(qx + t * K + (b + j) * BLOCK);
-        for (int r = 0; r < R; ++r) {
-          const I8x32 u = TT > 1 ? U[TT > 1 ? j : 0][r] : i8_nibbles(w + r * row_bytes + (b + j) * (BLOCK / 2));
-          acc[t][r] = f8_madd(f8_lane(d[r], j), f8_dot_u8_i8(u, q), acc[t][r]);
-        }
+        acc[t][r] = f32_madd(s[r] * d, f8_hsum(f8_dot_u8_i8(u[r], q)), acc[t][r]);
+        macc[t][r] = f32_madd(c[r], m, macc[t][r]);
       }
     }
   }
-  for (; b < nb; ++b)
-    for (int t = 0; t < tt; ++t) {
-      const I8x32 q = i8_load(qx + t * K + b * BLOCK);
-      for (int r = 0; r < R; ++r) {
-        const float s = f16(sc[r * nb + b]);
-        const I8x32 u = i8_nibbles(w + r * row_bytes + b * (BLOCK / 2));
-        acc[t][r] = f8_madd(f8_set1(s * dx[t * nb + b]), f8_dot_u8_i8(u, q), acc[t][r]);
-        tail[t][r] += (ASYM ? f16(mn[r * nb + b]) : -8.f * s) * sx[t * nb + b];
-      }
-    }
   for (int t = 0; t < tt; ++t)
-    for (int r = 0; r < R; ++r) out[t][r] = f8_hsum(acc[t][r]) + f8_hsum(macc[t][r]) + tail[t][r];
+    for (int r = 0; r < R; ++r) out[t][r] = acc[t][r] + macc[t][r];
 }
 
 // y[t·ys + n0 + r] = f(t, r, value) for 4-bit weight rows n0..n0+R over all T activation rows: one activation row
@@ -685,51 +662,6 @@ inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
 }
 
 #if defined(REDLINE_AVX512_VNNI)
-// -- a prompt's 4-bit products in 512-bit tiles (avx512-vnni), as dense_tile2 does for bf16 --------------------------
-// One zmm register holds two activation rows' q4_tile accumulators for one weight row (lanes 0-7 row t, 8-15 row
-// t+1): the unpacked nibbles of a block sit in both halves, the two rows' int8 blocks side by side (pair_blocks), so
-// one vpdpbusd, one conversion, one lane broadcast and one multiply-add serve both rows, each half doing q4_tile's
-// operations in q4_tile's order on the same integers and scales: the same bits.
-
-// Paired activation blocks: qx2[p·2K + 64b ..] = row 2p's block b, then row 2p+1's; d2/s2[p·16nc + 16c + i] = row
-// 2p's d (s) of block 8c + i for i < 8, row 2p+1's for i ≥ 8, nc = ⌈nb / 8⌉ chunks of eight blocks (a last short
-// chunk padded with zeros). An odd last row's partner is zeros.
-inline int64_t block_chunks(int64_t nb) { return (nb + 7) / 8; }
-inline void pair_blocks(const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, int8_t* qx2,
-                        float* d2, float* s2) {
-  const int64_t nb = K / BLOCK, nc = block_chunks(nb);
-  for (int64_t t = 0; t < T; t += 2) {
-    const bool two = t + 1 < T;
-    for (int64_t b = 0; b < nb; ++b) {
-      std::memcpy(qx2 + t * K + 2 * b * BLOCK, qx + t * K + b * BLOCK, BLOCK);
-      if (two) std::memcpy(qx2 + t * K + (2 * b + 1) * BLOCK, qx + (t + 1) * K + b * BLOCK, BLOCK);
-      else std::memset(qx2 + t * K + (2 * b + 1) * BLOCK, 0, BLOCK);
-    }
-    float* dp = d2 + t / 2 * 16 * nc;
-    float* sp = s2 + t / 2 * 16 * nc;
-    for (int64_t c = 0; c < nc; ++c)
-      for (int64_t i = 0; i < 8; ++i) {
-        const int64_t blk = 8 * c + i;
-        const bool in = blk < nb;
-        dp[16 * c + i] = in ? dx[t * nb + blk] : 0.f;
-        sp[16 * c + i] = in ? sx[t * nb + blk] : 0.f;
-        dp[16 * c + 8 + i] = in && two ? dx[(t + 1) * nb + blk] : 0.f;
-        sp[16 * c + 8 + i] = in && two ? sx[(t + 1) * nb + blk] : 0.f;
-      }
-  }
-}
-// 16 bytes of nibbles -> i8_nibbles' 32 values in both halves
-inline __m512i nibbles2(const uint8_t* p) {
-  const __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)), _mm512_set1_epi8(0x0F));
-}
-inline __m512 f16x8_2(const uint16_t* p) {  // eight fp16 in both halves, as fp32
-  return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m512 f16x8_2(const uint16_t* p, int n) {  // the first n of eight (the rest zero, not read)
-  const __m128i h = _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << n) - 1), p);
-  return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(h));
-}
 // The eight sums of four registers of 8-lane pairs ([k0 | k1], [k2 | k3], …: two keys, two activation rows), in order,
 // each added as f8_hsum adds its lanes: ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)), so the same bits as eight f8_hsum calls, in 14
 // instructions instead of 56.
@@ -744,109 +676,312 @@ inline __m256 sum8(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
   return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, s));
 }
-
-// R 4-bit weight rows against PP pairs of activation rows (paired by pair_blocks; sx: row 2p's own, for the minimums
-// of the blocks past the last whole chunk of eight): out[t][r] for t < 2·PP.
-template <bool ASYM, int R, int PP>
-inline void q4_tile2(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb,
-                     const int8_t* qx2, const float* d2, const float* s2, const float* sx, int64_t K,
-                     float (*out)[R]) {
-  __m512 acc[PP][R], macc[PP][R];
-  float tail[2 * PP][R];
-  for (int p = 0; p < PP; ++p)
-    for (int r = 0; r < R; ++r) acc[p][r] = macc[p][r] = _mm512_setzero_ps();
-  for (int t = 0; t < 2 * PP; ++t)
-    for (int r = 0; r < R; ++r) tail[t][r] = 0.f;
-  const __m512 minus8 = _mm512_set1_ps(-8.f);
-  const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
-  alignas(64) __m512i U[8][R];
-  alignas(64) __m512 D[PP][R];
-  const int64_t pstride = 16 * block_chunks(nb);  // a pair's d2 / s2 floats
-  // The minimums' (or −8·scale's) share, a loop of its own so that the main loop's registers hold only its sums.
-  for (int64_t c = 0; c + 8 <= nb; c += 8)
-    for (int r = 0; r < R; ++r) {
-      const __m512 cv = ASYM ? f16x8_2(mn + r * nb + c) : _mm512_mul_ps(f16x8_2(sc + r * nb + c), minus8);
-      for (int p = 0; p < PP; ++p)
-        macc[p][r] = _mm512_fmadd_ps(cv, _mm512_loadu_ps(s2 + p * pstride + 2 * c), macc[p][r]);
-    }
-  // Chunks of eight blocks, the last one short (q4_tile's tail blocks: the same products and sums, their scales
-  // read masked); q4_tile adds a tail block's minimums one by one, so they are added apart (`tail`).
-  for (int64_t b = 0; b < nb; b += 8) {
-    const int cnt = static_cast<int>(std::min<int64_t>(8, nb - b));
-    for (int r = 0; r < R; ++r) {
-      const __m512 scv = cnt == 8 ? f16x8_2(sc + r * nb + b) : f16x8_2(sc + r * nb + b, cnt);
-      for (int p = 0; p < PP; ++p) D[p][r] = _mm512_mul_ps(scv, _mm512_loadu_ps(d2 + p * pstride + 2 * b));
-      for (int j = 0; j < cnt; ++j) U[j][r] = nibbles2(w + r * row_bytes + (b + j) * (BLOCK / 2));
-    }
-    for (int j = 0; j < cnt; ++j) {
-      const __m512i idx = _mm512_add_epi32(halves, _mm512_set1_epi32(j));
-      for (int p = 0; p < PP; ++p) {
-        const __m512i q = _mm512_loadu_si512(qx2 + p * 2 * K + 2 * (b + j) * BLOCK);
-        for (int r = 0; r < R; ++r) {
-          const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), U[j][r], q));
-          acc[p][r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, D[p][r]), dot, acc[p][r]);
-        }
-      }
-    }
-  }
-  for (int64_t b = nb / 8 * 8; b < nb; ++b)
-    for (int p = 0; p < PP; ++p) {
-      const int64_t t0 = 2 * p, t1 = 2 * p + 1;  // an odd count: q4_span pads sx with a zero row
-      for (int r = 0; r < R; ++r) {
-        const float c = ASYM ? f16(mn[r * nb + b]) : -8.f * f16(sc[r * nb + b]);
-        tail[t0][r] += c * sx[t0 * nb + b];
-        tail[t1][r] += c * sx[t1 * nb + b];
-      }
-    }
-  for (int p = 0; p < PP; ++p)
-    for (int r = 0; r < R; ++r) {
-      out[2 * p][r] = hsum_lo(acc[p][r]) + hsum_lo(macc[p][r]) + tail[2 * p][r];
-      out[2 * p + 1][r] = hsum_hi(acc[p][r]) + hsum_hi(macc[p][r]) + tail[2 * p + 1][r];
-    }
-}
 #endif
 
-// 4-bit rows (`row_bytes` apart; scales, and mins for Q4_1, `nb` a row) in groups of four, single rows for a remainder.
-// On avx512-vnni a prompt's rows go two to a 512-bit register (q4_tile2), in tiles of up to six pairs.
+#if defined(REDLINE_AVX2)
+// -- 4-bit products on x86: weight rows interleaved, a block's dot product whole --------------------------------------
+// A group of Q4G weight rows (sixteen, a 512-bit register's int32 lanes, on avx512-vnni; eight on the AVX2 builds) is
+// unpacked into lanes: for each block, vector g holds in lane r row r's four weights that meet the activation's bytes
+// 4g..4g+3 (GGUF's byte j holds weights j and j + 16, so the low nibbles of bytes 4c..4c+3 are weights 4c..4c+3 and
+// the high ones 16 + 4c..16 + 4c + 3). An activation row's block is then eight byte dot products against its four
+// bytes broadcast, summed in integers, and one conversion, one scale and one multiply-add serve all Q4G rows, where
+// a row at a time (q4_tile, kept for the NEON and portable builds) takes a conversion, a lane broadcast and a
+// multiply-add per row and block: llama.cpp's repacked Q4_0 does the same. The rows are interleaved as they are
+// read, into a thread's buffer, so the weights keep GGUF's layout (a GGUF file's blocks used in place, one copy).
+//
+// The numbers, in every x86 build and for any number of activation rows (alone or in a batch, a prompt or a decode
+// step: lanes are weight rows, so no activation row changes another's arithmetic), for weight row n and activation
+// row t, each sum a chain of fused multiply-adds in block order:
+//   y = Σ_b (s[n][b] · dx[t][b]) · dot_b  +  Σ_b c[n][b] · sx[t][b]
+// dot_b the block's exact integer dot product, c the Q4_1 minimum or −8·s (Q4_0 run as Q4_1, no sign fix-ups).
+#if defined(REDLINE_AVX512_VNNI)
+constexpr int Q4G = 16;
+using Q4I = __m512i;
+using Q4F = __m512;
+inline Q4I q4i_load(const void* p) { return _mm512_loadu_si512(p); }
+inline void q4i_store(void* p, Q4I v) { _mm512_storeu_si512(p, v); }
+inline Q4F q4f_load(const float* p) { return _mm512_loadu_ps(p); }
+inline Q4F q4f_set1(float v) { return _mm512_set1_ps(v); }
+inline Q4F q4f_zero() { return _mm512_setzero_ps(); }
+inline Q4F q4f_mul(Q4F a, Q4F b) { return _mm512_mul_ps(a, b); }
+inline Q4F q4f_add(Q4F a, Q4F b) { return _mm512_add_ps(a, b); }
+inline Q4F q4f_madd(Q4F a, Q4F b, Q4F c) { return _mm512_fmadd_ps(a, b, c); }
+inline void q4f_store(float* p, Q4F v) { _mm512_storeu_ps(p, v); }
+inline Q4F q4f_from_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// r[i] = row i's sixteen values -> r[j] = the sixteen rows' value j
+inline void q4f_transpose(Q4F* r) {
+  Q4F t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  Q4F s[16];  // s[4q + m]: rows 4q..4q+3's value 4k + m in lane k
+  for (int q = 0; q < 4; ++q) {
+    s[4 * q] = _mm512_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+    s[4 * q + 1] = _mm512_shuffle_ps(t[4 * q], t[4 * q + 2], 0xEE);
+    s[4 * q + 2] = _mm512_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+    s[4 * q + 3] = _mm512_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const Q4F a = _mm512_shuffle_f32x4(s[m], s[4 + m], 0x88), b = _mm512_shuffle_f32x4(s[m], s[4 + m], 0xDD);
+    const Q4F c = _mm512_shuffle_f32x4(s[8 + m], s[12 + m], 0x88), d = _mm512_shuffle_f32x4(s[8 + m], s[12 + m], 0xDD);
+    r[m] = _mm512_shuffle_f32x4(a, c, 0x88);
+    r[8 + m] = _mm512_shuffle_f32x4(a, c, 0xDD);
+    r[4 + m] = _mm512_shuffle_f32x4(b, d, 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(b, d, 0xDD);
+  }
+}
+// Rows i, i + 4, i + 8 and i + 12's sixteen bytes of one block, one row to each 128-bit lane.
+inline Q4I q4_rows_of(const uint8_t* const* r, int i, int64_t off) {
+  const auto x = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(r[i + 4 * k] + off)); };
+  const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(x(0)), x(1), 1);
+  const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(x(2)), x(3), 1);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+inline Q4I q4i_lo_epi32(Q4I a, Q4I b) { return _mm512_unpacklo_epi32(a, b); }
+inline Q4I q4i_hi_epi32(Q4I a, Q4I b) { return _mm512_unpackhi_epi32(a, b); }
+inline Q4I q4i_lo_epi64(Q4I a, Q4I b) { return _mm512_unpacklo_epi64(a, b); }
+inline Q4I q4i_hi_epi64(Q4I a, Q4I b) { return _mm512_unpackhi_epi64(a, b); }
+inline Q4I q4i_low_nibbles(Q4I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline Q4I q4i_high_nibbles(Q4I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+// A block's dot products: one accumulator, vpdpbusd adding in int32 (no saturation).
+struct Q4Dot {
+  Q4I acc = _mm512_setzero_si512();
+  void add(Q4I u, const int8_t* q) {
+    int32_t four;
+    std::memcpy(&four, q, 4);
+    acc = _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(four));
+  }
+  Q4F sum() const { return _mm512_cvtepi32_ps(acc); }
+};
+#else
+constexpr int Q4G = 8;
+using Q4I = __m256i;
+using Q4F = __m256;
+inline Q4I q4i_load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void q4i_store(void* p, Q4I v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline Q4F q4f_load(const float* p) { return _mm256_loadu_ps(p); }
+inline Q4F q4f_set1(float v) { return _mm256_set1_ps(v); }
+inline Q4F q4f_zero() { return _mm256_setzero_ps(); }
+inline Q4F q4f_mul(Q4F a, Q4F b) { return _mm256_mul_ps(a, b); }
+inline Q4F q4f_add(Q4F a, Q4F b) { return _mm256_add_ps(a, b); }
+inline Q4F q4f_madd(Q4F a, Q4F b, Q4F c) { return _mm256_fmadd_ps(a, b, c); }
+inline void q4f_store(float* p, Q4F v) { _mm256_storeu_ps(p, v); }
+inline Q4F q4f_from_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// r[i] = row i's eight values -> r[j] = the eight rows' value j
+inline void q4f_transpose(Q4F* r) {
+  Q4F t[8], s[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int q = 0; q < 2; ++q) {  // s[4q + m]: rows 4q..4q+3's values m and 4 + m
+    s[4 * q] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+    s[4 * q + 1] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0xEE);
+    s[4 * q + 2] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+    s[4 * q + 3] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm256_permute2f128_ps(s[m], s[4 + m], 0x20);
+    r[4 + m] = _mm256_permute2f128_ps(s[m], s[4 + m], 0x31);
+  }
+}
+// Rows i and i + 4's sixteen bytes of one block, one row to each 128-bit lane.
+inline Q4I q4_rows_of(const uint8_t* const* r, int i, int64_t off) {
+  const auto x = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(r[i + 4 * k] + off)); };
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(x(0)), x(1), 1);
+}
+inline Q4I q4i_lo_epi32(Q4I a, Q4I b) { return _mm256_unpacklo_epi32(a, b); }
+inline Q4I q4i_hi_epi32(Q4I a, Q4I b) { return _mm256_unpackhi_epi32(a, b); }
+inline Q4I q4i_lo_epi64(Q4I a, Q4I b) { return _mm256_unpacklo_epi64(a, b); }
+inline Q4I q4i_hi_epi64(Q4I a, Q4I b) { return _mm256_unpackhi_epi64(a, b); }
+inline Q4I q4i_low_nibbles(Q4I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline Q4I q4i_high_nibbles(Q4I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+#if defined(REDLINE_AVX_VNNI)
+struct Q4Dot {
+  Q4I acc = _mm256_setzero_si256();
+  void add(Q4I u, const int8_t* q) {
+    int32_t four;
+    std::memcpy(&four, q, 4);
+    acc = _mm256_dpbusd_avx_epi32(acc, u, _mm256_set1_epi32(four));
+  }
+  Q4F sum() const { return _mm256_cvtepi32_ps(acc); }
+};
+#else
+// maddubs' pairs summed in int16 over the block's eight vectors, then one madd into int32: a pair is at most
+// 2·15·127 = 3,810, eight of them 30,480 < 32,767, so nothing saturates or wraps: the same integers as vpdpbusd.
+struct Q4Dot {
+  Q4I acc = _mm256_setzero_si256();
+  void add(Q4I u, const int8_t* q) {
+    int32_t four;
+    std::memcpy(&four, q, 4);
+    acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, _mm256_set1_epi32(four)));
+  }
+  Q4F sum() const { return _mm256_cvtepi32_ps(_mm256_madd_epi16(acc, _mm256_set1_epi16(1))); }
+};
+#endif
+#endif
+
+// One block of Q4G rows (their pointers r, a missing row pointing at zeros) into its eight lane vectors u.
+inline void q4_interleave(const uint8_t* const* r, int64_t off, Q4I* u) {
+  const Q4I z0 = q4_rows_of(r, 0, off), z1 = q4_rows_of(r, 1, off), z2 = q4_rows_of(r, 2, off),
+            z3 = q4_rows_of(r, 3, off);
+  // each 128-bit lane: rows 4k..4k+3's four words -> word c of each (a 4x4 transpose of 32-bit words)
+  const Q4I t0 = q4i_lo_epi32(z0, z1), t1 = q4i_hi_epi32(z0, z1), t2 = q4i_lo_epi32(z2, z3), t3 = q4i_hi_epi32(z2, z3);
+  const Q4I c[4] = {q4i_lo_epi64(t0, t2), q4i_hi_epi64(t0, t2), q4i_lo_epi64(t1, t3), q4i_hi_epi64(t1, t3)};
+  for (int g = 0; g < 4; ++g) {
+    u[g] = q4i_low_nibbles(c[g]);
+    u[4 + g] = q4i_high_nibbles(c[g]);
+  }
+}
+
+// `count` blocks of a group's fp16 scales (or minimums: `rows` rows `stride` apart, the rest zeros) as fp32 in lanes:
+// out[b·Q4G + i] = row i's value of block b. Q4G blocks at a time through a transpose in registers (a value at a
+// time was a fifth of a decode step's products).
+inline void q4_lanes(const uint16_t* v, int64_t stride, int64_t count, int rows, float* out) {
+  int64_t b = 0;
+  for (; b + Q4G <= count; b += Q4G) {
+    Q4F r[Q4G];
+    for (int i = 0; i < Q4G; ++i) r[i] = i < rows ? q4f_from_f16(v + i * stride + b) : q4f_zero();
+    q4f_transpose(r);
+    for (int j = 0; j < Q4G; ++j) q4f_store(out + (b + j) * Q4G, r[j]);
+  }
+  for (; b < count; ++b)
+    for (int i = 0; i < Q4G; ++i) out[b * Q4G + i] = i < rows ? f16(v[i * stride + b]) : 0.f;
+}
+// The Q4_0 "minimums", −8·s (exact)
+inline void q4_minus8(const float* S, int64_t count, float* M) {
+  for (int64_t i = 0; i < count * Q4G; i += Q4G) q4f_store(M + i, q4f_mul(q4f_set1(-8.f), q4f_load(S + i)));
+}
+
+// TT activation rows against one group's blocks, block b's weights from `weights(b, u)` (unpacked as they are read,
+// or from the group's buffer), its scales in lanes at S + (b % held)·Q4G (a chunk's, or all of them); out[t] = the
+// Q4G outputs of row t.
+template <int TT, typename Weights>
+inline void q4_group_tile(const Weights& weights, const float* S, const float* M, int64_t held, int64_t nb,
+                          const int8_t* qx, const float* dx, const float* sx,
+                          int64_t K, float* out) {
+  Q4F acc[TT], macc[TT];
+  for (int t = 0; t < TT; ++t) acc[t] = macc[t] = q4f_zero();
+  Q4I u[8];
+  for (int64_t b = 0; b < nb; ++b) {
+    weights(b, u);
+    Q4Dot dot[TT];
+    for (int g = 0; g < 8; ++g)
+      for (int t = 0; t < TT; ++t) dot[t].add(u[g], qx + t * K + b * BLOCK + 4 * g);
+    const Q4F s = q4f_load(S + b % held * Q4G), m = q4f_load(M + b % held * Q4G);
+    for (int t = 0; t < TT; ++t) {
+      acc[t] = q4f_madd(q4f_mul(s, q4f_set1(dx[t * nb + b])), dot[t].sum(), acc[t]);
+      macc[t] = q4f_madd(m, q4f_set1(sx[t * nb + b]), macc[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t) q4f_store(out + t * Q4G, q4f_add(acc[t], macc[t]));
+}
+
+// run(t0, n) with n as a constant (its tile's accumulators in registers), for n = 1..N.
+template <int N, typename Run>
+inline void q4_sized(int n, int64_t t0, const Run& run) {
+  if constexpr (N >= 1) {
+    if (n == N) run(t0, std::integral_constant<int, N>{});
+    else q4_sized<N - 1>(n, t0, run);
+  }
+}
+// Activation rows in tiles of up to TMAX, the last tile smaller.
+template <int TMAX, typename Run>
+inline void q4_tiles(int64_t T, const Run& run) {
+  for (int64_t t0 = 0; t0 < T; t0 += TMAX) q4_sized<TMAX>(static_cast<int>(std::min<int64_t>(T - t0, TMAX)), t0, run);
+}
+
 template <bool ASYM, typename Emit>
 inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t n0,
                     int64_t n1, const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, Emit emit) {
+  // Up to DIRECT activation rows (a decode step or batch) take each block's weights as they are unpacked; more (a
+  // prompt) unpack the group once into this thread's buffers and read them once per tile of TILE rows.
 #if defined(REDLINE_AVX512_VNNI)
-  if (T >= PAIRED_ROWS && wide_tiles()) {
-    thread_local std::vector<int8_t> q2;  // this thread's copy of the activations in pair_blocks' layout
-    thread_local std::vector<float> d2, s2;
-    const int64_t rows = (T + 1) / 2 * 2;
-    q2.resize(static_cast<size_t>(rows * K));
-    const int64_t pstride = 16 * block_chunks(nb);
-    d2.resize(static_cast<size_t>(rows / 2 * pstride));
-    s2.resize(static_cast<size_t>(rows / 2 * pstride));
-    pair_blocks(qx, dx, sx, T, K, q2.data(), d2.data(), s2.data());
-    // sx of an odd count's missing last row is read as zeros (the tail blocks' minimums): a padded copy
-    thread_local std::vector<float> spad;
-    const float* sxs = sx;
-    if (T % 2) {
-      spad.assign(sx, sx + T * nb);
-      spad.resize(static_cast<size_t>(rows * nb), 0.f);
-      sxs = spad.data();
-    }
-    for (int64_t n = n0; n < n1;) {
-      const int R = n + 4 <= n1 ? 4 : 1;
-      for (int64_t p = 0; p < rows / 2;) {
-        p += pair_tiles(R, rows / 2 - p, [&](auto rr, auto tile) {  // as in dense_group2
-          constexpr int RR = decltype(rr)::value, PP = decltype(tile)::value;
-          float o[2 * PP][RR];
-          q4_tile2<ASYM, RR, PP>(w + n * row_bytes, row_bytes, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb,
-                                 q2.data() + p * 2 * K, d2.data() + p * pstride, s2.data() + p * pstride,
-                                 sxs + p * 2 * nb, K, o);
-          for (int t = 0; t < 2 * PP && 2 * p + t < T; ++t)
-            for (int r = 0; r < RR; ++r) emit(2 * p + t, n + r, o[t][r]);
-        });
-      }
-      n += R;
-    }
-    return;
-  }
+  constexpr int DIRECT = 4, TILE = 8;
+#else
+  constexpr int DIRECT = 2, TILE = 4;
 #endif
+  // Read once from memory (DIRECT), the rows are prefetched AHEAD_BLOCKS blocks ahead of their use (into the next
+  // group's rows near a group's end), and the next group's scales (and minimums), one contiguous run, spread over
+  // the group; the scales are put in lanes a chunk of Q4G blocks at a time, as the blocks come (all at a group's
+  // start they were 32 KB for a 1B model's 8,192-wide rows, and held the products of its down projection to 60 %
+  // of the memory's rate). Measured on the Zen 5 (tools: docs/performance.md, "Q4 rows interleaved").
+  constexpr int64_t AHEAD_BLOCKS = 32;
+  thread_local std::vector<float> SM;
+  thread_local std::vector<uint8_t> U, zeros;
+  const bool buffered = T > DIRECT;
+  SM.resize(static_cast<size_t>(2 * nb * Q4G));
+  float* S = SM.data();
+  float* M = S + nb * Q4G;
+  if (zeros.size() < static_cast<size_t>(nb * BLOCK / 2)) zeros.assign(static_cast<size_t>(nb * BLOCK / 2), 0);
+  if (buffered) U.resize(static_cast<size_t>(nb * 8 * Q4G * 4));
+  alignas(64) float out[TILE * Q4G];
+  for (int64_t n = n0; n < n1; n += Q4G) {
+    const int rows = static_cast<int>(std::min<int64_t>(Q4G, n1 - n));
+    const uint8_t* r[Q4G];
+    for (int i = 0; i < Q4G; ++i) r[i] = i < rows ? w + (n + i) * row_bytes : zeros.data();
+    const auto put = [&](int64_t t0, int tt) {
+      for (int t = 0; t < tt; ++t)
+        for (int i = 0; i < rows; ++i) emit(t0 + t, n + i, out[t * Q4G + i]);
+    };
+    if (!buffered) {
+      const bool pf = prefetching() && n + Q4G < n1;
+      const char* next_sc = reinterpret_cast<const char*>(sc + (n + Q4G) * nb);
+      const char* next_mn = ASYM ? reinterpret_cast<const char*>(mn + (n + Q4G) * nb) : nullptr;
+      const int64_t next_bytes = std::min<int64_t>(Q4G, n1 - n - Q4G) * nb * 2;
+      const auto unpack = [&](int64_t b, Q4I* u) {
+        if (pf && b % 4 == 0) {  // a line holds four blocks' nibbles, 32 blocks' scales
+          const int64_t tb = b + AHEAD_BLOCKS;
+          const uint8_t* base =
+              tb < nb ? w + n * row_bytes + tb * (BLOCK / 2) : w + (n + Q4G) * row_bytes + (tb - nb) * (BLOCK / 2);
+          for (int i = 0; i < Q4G; ++i) redline_kernels::prefetch(base + i * row_bytes);
+          for (int64_t o = b / 4 * 128; o < b / 4 * 128 + 128 && o < next_bytes; o += 64) {
+            redline_kernels::prefetch(next_sc + o);
+            if (ASYM) redline_kernels::prefetch(next_mn + o);
+          }
+        }
+        if (b % Q4G == 0) {  // this chunk's scales
+          const int64_t count = std::min<int64_t>(Q4G, nb - b);
+          q4_lanes(sc + n * nb + b, nb, count, rows, S);
+          if (ASYM) q4_lanes(mn + n * nb + b, nb, count, rows, M);
+          else q4_minus8(S, count, M);
+        }
+        q4_interleave(r, b * (BLOCK / 2), u);
+      };
+      q4_tiles<DIRECT>(T, [&](int64_t t0, auto tt) {
+        constexpr int TT = decltype(tt)::value;
+        q4_group_tile<TT>(unpack, S, M, Q4G, nb, qx + t0 * K, dx + t0 * nb, sx + t0 * nb, K, out);
+        put(t0, TT);
+      });
+      continue;
+    }
+    q4_lanes(sc + n * nb, nb, nb, rows, S);
+    if (ASYM) q4_lanes(mn + n * nb, nb, nb, rows, M);
+    else q4_minus8(S, nb, M);
+    uint8_t* ub = U.data();
+    for (int64_t b = 0; b < nb; ++b) {
+      Q4I u[8];
+      q4_interleave(r, b * (BLOCK / 2), u);
+      for (int g = 0; g < 8; ++g) q4i_store(ub + (b * 8 + g) * Q4G * 4, u[g]);
+    }
+    const auto load = [&](int64_t b, Q4I* u) {
+      for (int g = 0; g < 8; ++g) u[g] = q4i_load(ub + (b * 8 + g) * Q4G * 4);
+    };
+    q4_tiles<TILE>(T, [&](int64_t t0, auto tt) {
+      constexpr int TT = decltype(tt)::value;
+      q4_group_tile<TT>(load, S, M, nb, nb, qx + t0 * K, dx + t0 * nb, sx + t0 * nb, K, out);
+      put(t0, TT);
+    });
+  }
+}
+#else
+// 4-bit rows (`row_bytes` apart; scales, and mins for Q4_1, `nb` a row) in groups of four, single rows for a remainder.
+template <bool ASYM, typename Emit>
+inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t n0,
+                    int64_t n1, const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, Emit emit) {
   for (int64_t n = n0; n < n1;) {
     const int R = n + 4 <= n1 ? 4 : 1;
     const auto put = [&](int64_t t, int r, float v) { emit(t, n + r, v); };
@@ -857,5 +992,6 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
     n += R;
   }
 }
+#endif
 
 }  // namespace redline_kernels
