@@ -154,7 +154,9 @@ def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
             assert torch.equal(k.linear_q8(x, b8.qweight, b8.scales), want8), (variant, rows)
             assert torch.equal(k.linear_q4(x, b4.qweight, b4.scales, b4.mins), want4), (variant, rows)
             assert torch.equal(k.linear_q4(x, b4s.qweight, b4s.scales, empty), want4s), (variant, rows)
-    # 4-bit prompts in whole chunks of eight blocks only (K = 2048) and with a remainder (K = 576 above: 18 blocks)
+    # 4-bit rows in lanes, sixteen to a register on avx512-vnni, their scales put in lanes sixteen blocks at a time:
+    # whole chunks only (K = 2048: 64 blocks) and with a remainder (K = 576 above: 18 blocks); 70 and 98 weight rows
+    # leave a last group short
     w4 = torch.randn(70, 2048) * 0.05
     q4, q4s = block_quant.quantize_q4(w4), block_quant.quantize_q4(w4, True)
     for rows in (9, 27, 100):
@@ -192,6 +194,33 @@ def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
         want = avx2.linear_bf16(x, w)
         for variant in vnni:
             assert torch.equal(builds[variant].linear_bf16(x, w), want), (variant, shape, rows)
+
+
+def test_avx512_4bit_rows_eight_to_a_register_are_the_avx2_bits_too(builds):
+    """REDLINE_WIDE_TILES=0 runs avx512-vnni's 4-bit products eight weight rows to a 256-bit register (for measuring
+    the sixteen-row form against): the same bits as the avx2 build, which the sixteen-row form is held to above.
+    Read once per process, so checked in a process of its own."""
+    if "avx512-vnni" not in builds or "avx2" not in builds:
+        pytest.skip("this CPU has no avx512-vnni build")
+    code = """
+import torch
+from redline.inference.kernels import native
+from redline.inference.loading import block_quant
+wide, avx2 = native.library_for("avx512-vnni"), native.library_for("avx2")
+torch.manual_seed(3)
+for n, k in ((98, 576), (70, 2048)):
+    for symmetric in (False, True):
+        b = block_quant.quantize_q4(torch.randn(n, k) * 0.05, symmetric)
+        mins = b.mins if b.mins is not None else b.scales.new_empty(0)
+        for rows in (1, 3, 4, 5, 9, 44):
+            x = torch.randn(rows, k)
+            got, want = wide.linear_q4(x, b.qweight, b.scales, mins), avx2.linear_q4(x, b.qweight, b.scales, mins)
+            assert torch.equal(got, want), (n, k, symmetric, rows)
+print("same bits")
+"""
+    env = {**os.environ, "REDLINE_WIDE_TILES": "0"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]
 
 
 @pytest.mark.slow
