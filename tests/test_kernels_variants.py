@@ -197,9 +197,9 @@ def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
 
 
 def test_avx512_4bit_rows_eight_to_a_register_are_the_avx2_bits_too(builds):
-    """REDLINE_WIDE_TILES=0 runs avx512-vnni's 4-bit products eight weight rows to a 256-bit register (for measuring
-    the sixteen-row form against): the same bits as the avx2 build, which the sixteen-row form is held to above.
-    Read once per process, so checked in a process of its own."""
+    """REDLINE_WIDE_TILES=0 runs avx512-vnni's 4-bit prompt products eight weight rows to a 256-bit register, as its
+    decode rows always are (for measuring the sixteen-row form against): the same bits as the avx2 build, which the
+    sixteen-row form is held to above. The switch is read once per process, so this runs in a process of its own."""
     if "avx512-vnni" not in builds or "avx2" not in builds:
         pytest.skip("this CPU has no avx512-vnni build")
     code = """

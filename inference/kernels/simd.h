@@ -999,14 +999,15 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
   thread_local std::vector<uint8_t> zeros;  // a missing row of a last group
   if (zeros.size() < static_cast<size_t>(nb * BLOCK / 2)) zeros.assign(static_cast<size_t>(nb * BLOCK / 2), 0);
 #if defined(REDLINE_AVX512_VNNI)
-  // Eight rows to a register for a decode step measured the same as sixteen (one loaded 1B-shaped model, the two
-  // switched every eight steps, 12 rounds: 11.3 against 11.9 ms; the starter 2.2 against 2.1), so sixteen.
-  // REDLINE_WIDE_TILES=0 runs the eight-row form here too (the same bits), for measuring.
-  if (wide_tiles()) {
-    if (T <= 4) return q4_direct<Lanes16, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
-    return q4_buffered<Lanes16, 8, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
-  }
+  // A decode step reads eight rows at a time here too: sixteen streams of rows from memory were up to 1.19x slower
+  // a step on the 1B-shaped model (one loaded model, the row-at-a-time kernel this replaced, eight rows and sixteen
+  // switched every eight steps, 6 rounds in each of 3 processes: 15.6, 16.1 and 18.3 ms; on some runs of this
+  // machine sixteen led, 11.4 against 12.4), where eight stayed within 1.04x of the old kernel; on the starter both
+  // take 0.77-0.79x its time. A prompt, bound by its arithmetic, takes sixteen (REDLINE_WIDE_TILES=0: eight, for
+  // measuring; the same bits either way).
   if (T <= 4) return q4_direct<Lanes8, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
+  if (wide_tiles())
+    return q4_buffered<Lanes16, 8, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
   q4_buffered<Lanes8, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
 #else
   if (T <= 2) return q4_direct<Lanes8, 2, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
