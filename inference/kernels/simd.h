@@ -1,7 +1,9 @@
 // Building blocks shared by Redline's CPU kernels (cpu_kernels.cpp: one operator per call; decode_step.cpp: a whole
 // decode step in one call): threads, the int8 activation quantiser, the norms, the vectorised exp, and the
 // block-quantised and bf16 row products. Header-only and inline, so each translation unit inlines them into its own
-// loops; written in vec.h's operations, so the same code serves AVX2, NEON and the portable build.
+// loops; written in vec.h's operations, so the same code serves AVX2, NEON and the portable build, except where an
+// x86 form is faster and gives the same bits: the 4-bit rows interleaved into lanes (q4_span) and avx512-vnni's
+// 512-bit tiles.
 #pragma once
 
 #include "vec.h"
