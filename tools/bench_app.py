@@ -63,6 +63,7 @@ PROMPTS = [
 def use_profile(folder: Path) -> None:
     os.environ["XDG_DATA_HOME"] = str(folder / "data")
     os.environ["XDG_CONFIG_HOME"] = str(folder / "config")
+    os.environ["REDLINE_KV_PAGES_DIR"] = str(folder / "kv-pages")  # cold, and not the user's pages
     if not os.environ.get("DISPLAY"):
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
 

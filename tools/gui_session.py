@@ -15,12 +15,14 @@ OUT = ROOT / "docs" / "screenshots"
 
 
 def throwaway_profile(prefix: str) -> Path:
-    """Conversations, settings and learned corrections go to a temporary folder, never the user's.
+    """Conversations, settings, learned corrections and prefix-cache pages go to a temporary folder, never the user's.
     Offscreen unless DISPLAY is set (e.g. under xvfb-run)."""
     profile = Path(tempfile.mkdtemp(prefix=prefix))
     os.environ["XDG_DATA_HOME"] = str(profile / "data")
     os.environ["XDG_CONFIG_HOME"] = str(profile / "config")
     os.environ["REDLINE_DATA_DIR"] = str(profile / "redline-data")
+    # and the prefix cache's pages on disk: a run starts cold and leaves the user's folder alone
+    os.environ["REDLINE_KV_PAGES_DIR"] = str(profile / "kv-pages")
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     sys.path.insert(0, str(ROOT))
