@@ -158,103 +158,70 @@ inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
   for (int r = 0; r < R; ++r) y[r] = f8_hsum(acc[r]);
 }
 
-// 4-bit weights (GGUF nibble order) against tt <= TT activation rows, R weight rows at a time; out[t][r]. The NEON
-// and portable builds' form of the x86 builds' interleaved rows (q4_span there), with the same numbers: for each
-// block, the exact integer dot product (a sum of integers below 2^24, exact in fp32 in any order), scaled by
-// s·dx into one fused multiply-add chain, and the minimums' share c·sx into another, added at the end. Q4_1 is
-// scale·u + min; Q4_0, scale·(u − 8), runs as Q4_1 with min = −8·scale, so both take one unsigned × signed
-// product per block without sign fix-ups. With TT > 1 (a prefill, a batch) each block is unpacked once for every
-// activation row; a row's arithmetic does not depend on the others.
-template <bool ASYM, int R, int TT>
-inline void q4_tile(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int tt,
-                    const int8_t* qx, const float* dx, const float* sx, int64_t K, float (*out)[R],
-                    bool prefetch = false) {
-  float acc[TT][R], macc[TT][R];
-  for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < R; ++r) acc[t][r] = macc[t][r] = 0.f;
-  // One activation row streaming the group from memory (``prefetch``: the first pass over it) prefetches the
-  // group AHEAD rows on, as q8_rows does. Tiles of several rows are not measured with it, so they do not.
-  const bool pf = TT == 1 && prefetch && prefetching();
+// 4-bit rows on the NEON and portable builds: the x86 builds' numbers (q4_span there) with vec.h's operations.
+// Eight weight rows at a time: each row's block dot product is an 8-lane vector (f8_dot_u8_i8), and f8_sums8 turns
+// the eight rows' vectors into one vector whose lane r is row r's whole dot (a sum of integers below 2^24: exact in
+// fp32 in any order), so the scale and the multiply-add chain over blocks run eight rows to a vector, lane r doing
+// what lane r of an x86 register does. Q4_1 is scale·u + min; Q4_0, scale·(u − 8), runs as Q4_1 with min =
+// −8·scale. With several activation rows each block is unpacked once for all of them; a row's arithmetic does not
+// depend on the others. out[t·8 + r]; `rows` ≤ 8 real weight rows (the rest read as zeros, never emitted).
+template <bool ASYM, int TT>
+inline void q4_tile8(const uint8_t* const* wr, const uint16_t* sc, const uint16_t* mn, int64_t nb, int rows,
+                     const int8_t* qx, const float* dx, const float* sx, int64_t K, float* out, bool prefetch_next,
+                     const uint8_t* next, int64_t row_bytes) {
+  F8 acc[TT], macc[TT];
+  for (int t = 0; t < TT; ++t) acc[t] = macc[t] = f8_zero();
+  F8 S[8], C[8];  // this chunk of eight blocks' scales and minimums, lane r = row r
   for (int64_t b = 0; b < nb; ++b) {
-    if (pf && b % 8 == 0)
-      for (int r = 0; r < R; ++r) {
-        prefetch_lines(w + (AHEAD + r) * row_bytes + b * (BLOCK / 2), 8 * (BLOCK / 2));
-        // 32 fp16 scales (and minimums) to a cache line.
-        if (b % 32 == 0) {
-          redline_kernels::prefetch(sc + (AHEAD + r) * nb + b);
-          if (ASYM) redline_kernels::prefetch(mn + (AHEAD + r) * nb + b);
+    if (prefetch_next && b % 4 == 0) {
+      // One activation row reads the rows from memory: a line (four blocks) of each 32 blocks ahead, into the next
+      // eight rows near the end, and the scales' line 32 blocks ahead (as q4_direct on x86).
+      const int64_t tb = b + 32;
+      for (int r = 0; r < 8; ++r)
+        redline_kernels::prefetch(tb < nb ? wr[r] + tb * (BLOCK / 2) : next + r * row_bytes + (tb - nb) * (BLOCK / 2));
+      if (b % 32 == 0)
+        for (int r = 0; r < 8; ++r) {
+          const int64_t at = tb < nb ? r * nb + tb : (8 + r) * nb + tb - nb;
+          redline_kernels::prefetch(sc + at);
+          if (ASYM) redline_kernels::prefetch(mn + at);
         }
-      }
-    I8x32 u[R];
-    float s[R], c[R];
-    for (int r = 0; r < R; ++r) {
-      u[r] = i8_nibbles(w + r * row_bytes + b * (BLOCK / 2));
-      s[r] = f16(sc[r * nb + b]);
-      c[r] = ASYM ? f16(mn[r * nb + b]) : -8.f * s[r];
     }
-    for (int t = 0; t < tt; ++t) {
+    if (b % 8 == 0) {
+      if (b + 8 <= nb) {  // eight rows' eight scales each, transposed in registers
+        for (int r = 0; r < 8; ++r) {
+          S[r] = r < rows ? f8_from_f16(sc + r * nb + b) : f8_zero();
+          C[r] = ASYM && r < rows ? f8_from_f16(mn + r * nb + b) : f8_zero();
+        }
+        f8_transpose8(S);
+        if (ASYM) f8_transpose8(C);
+      } else {  // a last short chunk: value by value
+        alignas(32) float s[8][8] = {}, c[8][8] = {};
+        for (int64_t j = 0; j < nb - b; ++j)
+          for (int r = 0; r < rows; ++r) {
+            s[j][r] = f16(sc[r * nb + b + j]);
+            if (ASYM) c[j][r] = f16(mn[r * nb + b + j]);
+          }
+        for (int j = 0; j < 8; ++j) S[j] = f8_load(s[j]), C[j] = f8_load(c[j]);
+      }
+      if (!ASYM)
+        for (int j = 0; j < 8; ++j) C[j] = f8_mul(f8_set1(-8.f), S[j]);
+    }
+    // One activation row unpacks each row's nibbles as it takes its dot (fewer live registers); several unpack
+    // them once for all.
+    I8x32 u[TT > 1 ? 8 : 1];
+    if constexpr (TT > 1)
+      for (int r = 0; r < 8; ++r) u[r] = i8_nibbles(wr[r] + b * (BLOCK / 2));
+    const F8 sv = S[b % 8], cv = C[b % 8];
+    for (int t = 0; t < TT; ++t) {
       const I8x32 q = i8_load(qx + t * K + b * BLOCK);
-      const float d = dx[t * nb + b], m = sx[t * nb + b];
-      for (int r = 0; r < R; ++r) {
-        acc[t][r] = f32_madd(s[r] * d, f8_hsum(f8_dot_u8_i8(u[r], q)), acc[t][r]);
-        macc[t][r] = f32_madd(c[r], m, macc[t][r]);
-      }
+      F8 dots[8];
+      for (int r = 0; r < 8; ++r)
+        dots[r] = f8_dot_u8_i8(TT > 1 ? u[TT > 1 ? r : 0] : i8_nibbles(wr[r] + b * (BLOCK / 2)), q);
+      acc[t] = f8_madd(f8_mul(sv, f8_set1(dx[t * nb + b])), f8_sums8(dots), acc[t]);
+      macc[t] = f8_madd(cv, f8_set1(sx[t * nb + b]), macc[t]);
     }
   }
-  for (int t = 0; t < tt; ++t)
-    for (int r = 0; r < R; ++r) out[t][r] = acc[t][r] + macc[t][r];
-}
-
-// y[t·ys + n0 + r] = f(t, r, value) for 4-bit weight rows n0..n0+R over all T activation rows: one activation row
-// as it comes, a batch of up to eight in tiles of up to four, a prompt in tiles of 16 rows.
-template <bool ASYM, int R, typename Emit>
-inline void q4_rows(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t T,
-                    const int8_t* qx, const float* dx, const float* sx, int64_t K, Emit emit) {
-  constexpr int TILE = 16;
-  float out[TILE][R];
-  if (T == 1) {
-    // One activation row: two weight rows at a time (measured faster than four on a 2-core Zen 3, most for the
-    // long rows of a down projection: fewer streams for the prefetcher).
-    constexpr int P = R % 2 == 0 ? 2 : 1;
-    float pair[1][P];
-    for (int r = 0; r < R; r += P) {
-      q4_tile<ASYM, P, 1>(w + r * row_bytes, row_bytes, sc + r * nb, ASYM ? mn + r * nb : nullptr, nb, 1, qx, dx, sx, K,
-                          pair, true);
-      for (int p = 0; p < P; ++p) emit(0, r + p, pair[0][p]);
-    }
-    return;
-  }
-  if (T <= 8) {
-    // A decode batch: tiles of up to four activation rows, their size known when compiled, so the accumulators
-    // stay in registers (a runtime-sized tile of 16 keeps them in memory). Measured (q4 step on the starter, median
-    // of 6 rounds alternating with the tile of 16, load 1.2-1.6): two sequences 15.3 -> 11.6 ms, three 18.9 ->
-    // 17.2, four 23.2 -> 19.9; one unchanged (7.0-7.3).
-    constexpr int P = R % 2 == 0 ? 2 : 1;
-    const auto rows = [&](int64_t t0, auto tt) {
-      constexpr int TT = decltype(tt)::value;
-      float o[TT][P];
-      for (int r = 0; r < R; r += P) {
-        q4_tile<ASYM, P, TT>(w + r * row_bytes, row_bytes, sc + r * nb, ASYM ? mn + r * nb : nullptr, nb, TT,
-                             qx + t0 * K, dx + t0 * nb, sx + t0 * nb, K, o, t0 == 0);
-        for (int t = 0; t < TT; ++t)
-          for (int p = 0; p < P; ++p) emit(t0 + t, r + p, o[t][p]);
-      }
-    };
-    for (int64_t t0 = 0; t0 < T;) {
-      const int64_t left = T - t0;
-      if (left >= 4) rows(t0, std::integral_constant<int, 4>{}), t0 += 4;
-      else if (left == 3) rows(t0, std::integral_constant<int, 3>{}), t0 += 3;
-      else if (left == 2) rows(t0, std::integral_constant<int, 2>{}), t0 += 2;
-      else rows(t0, std::integral_constant<int, 1>{}), t0 += 1;
-    }
-    return;
-  }
-  for (int64_t t0 = 0; t0 < T; t0 += TILE) {
-    const int tt = static_cast<int>(std::min<int64_t>(TILE, T - t0));
-    q4_tile<ASYM, R, TILE>(w, row_bytes, sc, mn, nb, tt, qx + t0 * K, dx + t0 * nb, sx + t0 * nb, K, out);
-    for (int t = 0; t < tt; ++t)
-      for (int r = 0; r < R; ++r) emit(t0 + t, r, out[t][r]);
-  }
+  for (int t = 0; t < TT; ++t) f8_store(out + t * 8, f8_add(acc[t], macc[t]));
 }
 
 inline F8 wload(const float* p) { return f8_load(p); }
@@ -687,8 +654,8 @@ inline __m256 sum8(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
 // (GGUF's byte j holds weights j and j + 16, so the low nibbles of bytes 4c..4c+3 are weights 4c..4c+3 and the high
 // ones 16 + 4c..16 + 4c + 3). An activation row's block is then eight byte dot products against its four bytes
 // broadcast, summed in integers, and one conversion, one scale and one multiply-add serve all G rows, where a row
-// at a time (q4_tile, kept for the NEON and portable builds) takes a conversion, a lane broadcast and a
-// multiply-add per row and block: llama.cpp's repacked Q4_0 does the same. The rows are interleaved as they are
+// at a time took a conversion, a lane broadcast and a multiply-add per row and block: llama.cpp's repacked Q4_0
+// does the same. (The NEON and portable builds reach the same lanes after the dot products: q4_tile8.) The rows are interleaved as they are
 // read, into a thread's buffer, so the weights keep GGUF's layout (a GGUF file's blocks used in place, one copy).
 //
 // The numbers, in every build and for any number of activation rows (alone or in a batch, a prompt or a decode
@@ -1017,18 +984,33 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
 #endif
 }
 #else
-// 4-bit rows (`row_bytes` apart; scales, and mins for Q4_1, `nb` a row) in groups of four, single rows for a remainder.
+// 4-bit rows (`row_bytes` apart; scales, and mins for Q4_1, `nb` a row) eight at a time (q4_tile8), the activation
+// rows in tiles of up to four.
 template <bool ASYM, typename Emit>
 inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t n0,
                     int64_t n1, const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, Emit emit) {
-  for (int64_t n = n0; n < n1;) {
-    const int R = n + 4 <= n1 ? 4 : 1;
-    const auto put = [&](int64_t t, int r, float v) { emit(t, n + r, v); };
-    if (R == 4)
-      q4_rows<ASYM, 4>(w + n * row_bytes, row_bytes, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, T, qx, dx, sx, K, put);
-    else
-      q4_rows<ASYM, 1>(w + n * row_bytes, row_bytes, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, T, qx, dx, sx, K, put);
-    n += R;
+  thread_local std::vector<uint8_t> zeros;  // a missing row of a last group
+  if (zeros.size() < static_cast<size_t>(nb * BLOCK / 2)) zeros.assign(static_cast<size_t>(nb * BLOCK / 2), 0);
+  float out[4 * 8];
+  for (int64_t n = n0; n < n1; n += 8) {
+    const int rows = static_cast<int>(std::min<int64_t>(8, n1 - n));
+    const uint8_t* wr[8];
+    for (int r = 0; r < 8; ++r) wr[r] = r < rows ? w + (n + r) * row_bytes : zeros.data();
+    const bool pf = T == 1 && prefetching();  // prefetches past the last row are dropped, harmless
+    for (int64_t t0 = 0; t0 < T; t0 += 4) {
+      const int tt = static_cast<int>(std::min<int64_t>(4, T - t0));
+      const auto run = [&](auto size) {
+        constexpr int TT = decltype(size)::value;
+        q4_tile8<ASYM, TT>(wr, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, rows, qx + t0 * K, dx + t0 * nb,
+                           sx + t0 * nb, K, out, pf, w + (n + 8) * row_bytes, row_bytes);
+      };
+      if (tt == 4) run(std::integral_constant<int, 4>{});
+      else if (tt == 3) run(std::integral_constant<int, 3>{});
+      else if (tt == 2) run(std::integral_constant<int, 2>{});
+      else run(std::integral_constant<int, 1>{});
+      for (int t = 0; t < tt; ++t)
+        for (int r = 0; r < rows; ++r) emit(t0 + t, n + r, out[t * 8 + r]);
+    }
   }
 }
 #endif

@@ -149,6 +149,31 @@ inline float f8_hsum(F8 v) {
   sh = _mm_movehl_ps(sh, lo);
   return _mm_cvtss_f32(_mm_add_ss(lo, sh));
 }
+// Lane j = the sum of v[j]'s eight lanes, for sums of integers (exact in fp32 in any order: the order is free).
+inline F8 f8_sums8(const F8* v) {
+  const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);  // [v0..v3 low | v0..v3 high], v4..v7
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+// r[i] = row i's eight values -> r[j] = the eight rows' value j
+inline void f8_transpose8(F8* r) {
+  F8 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int q = 0; q < 2; ++q) {  // u[4q + m]: rows 4q..4q+3's values m and 4 + m
+    u[4 * q] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+    u[4 * q + 1] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0xEE);
+    u[4 * q + 2] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+    u[4 * q + 3] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
+    r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
+  }
+}
 inline float f8_hmax(F8 m) {
   __m128 mm = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
   mm = _mm_max_ps(mm, _mm_movehl_ps(mm, mm));
@@ -287,6 +312,35 @@ inline float f8_hsum(F8 v) {
   const float32x4_t p = vpaddq_f32(s, s);       // s0 + s1, s2 + s3, …
   return vgetq_lane_f32(p, 0) + vgetq_lane_f32(p, 1);
 }
+// Lane j = the sum of v[j]'s eight lanes, for sums of integers (exact in fp32 in any order: the order is free).
+inline F8 f8_sums8(const F8* v) {
+  float32x4_t x[8];
+  for (int j = 0; j < 8; ++j) x[j] = vpaddq_f32(v[j].lo, v[j].hi);
+  const float32x4_t a = vpaddq_f32(vpaddq_f32(x[0], x[1]), vpaddq_f32(x[2], x[3]));
+  const float32x4_t b = vpaddq_f32(vpaddq_f32(x[4], x[5]), vpaddq_f32(x[6], x[7]));
+  return {a, b};
+}
+// r[i] = row i's eight values -> r[j] = the eight rows' value j (four 4x4 transposes)
+inline void f8_transpose8(F8* r) {
+  const auto t4 = [](float32x4_t a0, float32x4_t a1, float32x4_t a2, float32x4_t a3, float32x4_t* c) {
+    const float32x4_t t0 = vtrn1q_f32(a0, a1), t1 = vtrn2q_f32(a0, a1), t2 = vtrn1q_f32(a2, a3),
+                      t3 = vtrn2q_f32(a2, a3);
+    const auto d = [](float32x4_t x) { return vreinterpretq_f64_f32(x); };
+    c[0] = vreinterpretq_f32_f64(vtrn1q_f64(d(t0), d(t2)));
+    c[1] = vreinterpretq_f32_f64(vtrn1q_f64(d(t1), d(t3)));
+    c[2] = vreinterpretq_f32_f64(vtrn2q_f64(d(t0), d(t2)));
+    c[3] = vreinterpretq_f32_f64(vtrn2q_f64(d(t1), d(t3)));
+  };
+  float32x4_t tl[4], bl[4], tr[4], br[4];  // rows 0-3 / 4-7, values 0-3 (lo) / 4-7 (hi)
+  t4(r[0].lo, r[1].lo, r[2].lo, r[3].lo, tl);
+  t4(r[4].lo, r[5].lo, r[6].lo, r[7].lo, bl);
+  t4(r[0].hi, r[1].hi, r[2].hi, r[3].hi, tr);
+  t4(r[4].hi, r[5].hi, r[6].hi, r[7].hi, br);
+  for (int j = 0; j < 4; ++j) {
+    r[j] = {tl[j], bl[j]};
+    r[4 + j] = {tr[j], br[j]};
+  }
+}
 inline float f8_hmax(F8 m) {
   float t[8];
   f8_store(t, m);
@@ -414,6 +468,19 @@ inline F8 f8_lane(const F8& v, int j) { return f8_set1(v.v[j]); }
 inline float f8_hsum(const F8& a) {
   const float s0 = a.v[0] + a.v[4], s1 = a.v[1] + a.v[5], s2 = a.v[2] + a.v[6], s3 = a.v[3] + a.v[7];
   return (s0 + s1) + (s2 + s3);
+}
+// Lane j = the sum of v[j]'s eight lanes, for sums of integers (exact in fp32 in any order).
+inline F8 f8_sums8(const F8* v) {
+  F8 r;
+  for (int j = 0; j < 8; ++j) r.v[j] = f8_hsum(v[j]);
+  return r;
+}
+// r[i] = row i's eight values -> r[j] = the eight rows' value j
+inline void f8_transpose8(F8* r) {
+  F8 t[8];
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j) t[j].v[i] = r[i].v[j];
+  for (int j = 0; j < 8; ++j) r[j] = t[j];
 }
 inline float f8_hmax(const F8& m) {
   float r = m.v[0];
