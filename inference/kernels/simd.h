@@ -691,24 +691,7 @@ struct Lanes8 {
   static I hi64(I a, I b) { return _mm256_unpackhi_epi64(a, b); }
   static I low_nibbles(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
   static I high_nibbles(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
-  // r[i] = row i's eight values -> r[j] = the eight rows' value j
-  static void transpose(F* r) {
-    F t[8], s[8];
-    for (int i = 0; i < 4; ++i) {
-      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int q = 0; q < 2; ++q) {  // s[4q + m]: rows 4q..4q+3's values m and 4 + m
-      s[4 * q] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
-      s[4 * q + 1] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0xEE);
-      s[4 * q + 2] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
-      s[4 * q + 3] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xEE);
-    }
-    for (int m = 0; m < 4; ++m) {
-      r[m] = _mm256_permute2f128_ps(s[m], s[4 + m], 0x20);
-      r[4 + m] = _mm256_permute2f128_ps(s[m], s[4 + m], 0x31);
-    }
-  }
+  static void transpose(F* r) { f8_transpose8(r); }  // r[i] = row i's values -> r[j] = the rows' value j
   // A block's dot products for one activation row, summed in integers.
   struct Dot {
     I acc = _mm256_setzero_si256();
