@@ -158,6 +158,26 @@ inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
   for (int r = 0; r < R; ++r) y[r] = f8_hsum(acc[r]);
 }
 
+// run(t0, n) with n as a constant (its tile's accumulators in registers), for n = 1..N.
+template <int N, typename Run>
+inline void q4_sized(int n, int64_t t0, const Run& run) {
+  if constexpr (N >= 1) {
+    if (n == N) run(t0, std::integral_constant<int, N>{});
+    else q4_sized<N - 1>(n, t0, run);
+  }
+}
+// Activation rows in tiles of up to TMAX, the last tile smaller.
+template <int TMAX, typename Run>
+inline void q4_tiles(int64_t T, const Run& run) {
+  for (int64_t t0 = 0; t0 < T; t0 += TMAX) q4_sized<TMAX>(static_cast<int>(std::min<int64_t>(T - t0, TMAX)), t0, run);
+}
+// A 4-bit row of zeros `nb` blocks long (this thread's): what a last group's missing rows read.
+inline const uint8_t* q4_zero_row(int64_t nb) {
+  thread_local std::vector<uint8_t> zeros;
+  if (zeros.size() < static_cast<size_t>(nb * BLOCK / 2)) zeros.assign(static_cast<size_t>(nb * BLOCK / 2), 0);
+  return zeros.data();
+}
+
 // 4-bit rows on the NEON and portable builds: the x86 builds' numbers (q4_span there) with vec.h's operations.
 // Eight weight rows at a time: each row's block dot product is an 8-lane vector (f8_dot_u8_i8), and f8_sums8 turns
 // the eight rows' vectors into one vector whose lane r is row r's whole dot (a sum of integers below 2^24: exact in
@@ -815,9 +835,13 @@ inline void q4_lanes(const uint16_t* v, int64_t stride, int64_t count, int rows,
   for (; b < count; ++b)
     for (int i = 0; i < G; ++i) out[b * G + i] = i < rows ? f16(v[i * stride + b]) : 0.f;
 }
-// The Q4_0 "minimums", −8·s (exact)
-template <typename L>
-inline void q4_minus8(const float* S, int64_t count, float* M) {
+// `count` blocks of a group's scales into S and minimums into M, in lanes (q4_lanes); Q4_0's "minimums" are −8·s
+// (exact).
+template <typename L, bool ASYM>
+inline void q4_scales(const uint16_t* sc, const uint16_t* mn, int64_t stride, int64_t count, int rows, float* S,
+                      float* M) {
+  q4_lanes<L>(sc, stride, count, rows, S);
+  if (ASYM) return q4_lanes<L>(mn, stride, count, rows, M);
   for (int64_t i = 0; i < count * L::G; i += L::G) L::fstore(M + i, L::fmul(L::fset1(-8.f), L::fload(S + i)));
 }
 
@@ -843,20 +867,6 @@ inline void q4_group_tile(const Weights& weights, const float* S, const float* M
     }
   }
   for (int t = 0; t < TT; ++t) L::fstore(out + t * L::G, L::fadd(acc[t], macc[t]));
-}
-
-// run(t0, n) with n as a constant (its tile's accumulators in registers), for n = 1..N.
-template <int N, typename Run>
-inline void q4_sized(int n, int64_t t0, const Run& run) {
-  if constexpr (N >= 1) {
-    if (n == N) run(t0, std::integral_constant<int, N>{});
-    else q4_sized<N - 1>(n, t0, run);
-  }
-}
-// Activation rows in tiles of up to TMAX, the last tile smaller.
-template <int TMAX, typename Run>
-inline void q4_tiles(int64_t T, const Run& run) {
-  for (int64_t t0 = 0; t0 < T; t0 += TMAX) q4_sized<TMAX>(static_cast<int>(std::min<int64_t>(T - t0, TMAX)), t0, run);
 }
 
 // Up to DIRECT activation rows (a decode step or batch): each block's weights unpacked as they come, read once from
@@ -892,9 +902,7 @@ inline void q4_direct(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, c
       }
       if (b % G == 0) {  // this chunk's scales
         const int64_t count = std::min<int64_t>(G, nb - b);
-        q4_lanes<L>(sc + n * nb + b, nb, count, rows, S);
-        if (ASYM) q4_lanes<L>(mn + n * nb + b, nb, count, rows, M);
-        else q4_minus8<L>(S, count, M);
+        q4_scales<L, ASYM>(sc + n * nb + b, ASYM ? mn + n * nb + b : nullptr, nb, count, rows, S, M);
       }
       q4_interleave<L>(r, b * (BLOCK / 2), u);
     };
@@ -925,9 +933,7 @@ inline void q4_buffered(const uint8_t* w, int64_t row_bytes, const uint16_t* sc,
     const int rows = static_cast<int>(std::min<int64_t>(G, n1 - n));
     const uint8_t* r[G];
     for (int i = 0; i < G; ++i) r[i] = i < rows ? w + (n + i) * row_bytes : zeros;
-    q4_lanes<L>(sc + n * nb, nb, nb, rows, S);
-    if (ASYM) q4_lanes<L>(mn + n * nb, nb, nb, rows, M);
-    else q4_minus8<L>(S, nb, M);
+    q4_scales<L, ASYM>(sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, nb, rows, S, M);
     for (int64_t b = 0; b < nb; ++b) {
       typename L::I u[8];
       q4_interleave<L>(r, b * (BLOCK / 2), u);
@@ -948,8 +954,7 @@ inline void q4_buffered(const uint8_t* w, int64_t row_bytes, const uint16_t* sc,
 template <bool ASYM, typename Emit>
 inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t n0,
                     int64_t n1, const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, Emit emit) {
-  thread_local std::vector<uint8_t> zeros;  // a missing row of a last group
-  if (zeros.size() < static_cast<size_t>(nb * BLOCK / 2)) zeros.assign(static_cast<size_t>(nb * BLOCK / 2), 0);
+  const uint8_t* zeros = q4_zero_row(nb);
 #if defined(REDLINE_AVX512_VNNI)
   // A decode step reads eight rows at a time here too: sixteen streams of rows from memory were up to 1.19x slower
   // a step on the 1B-shaped model (one loaded model, the row-at-a-time kernel this replaced, eight rows and sixteen
@@ -957,13 +962,13 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
   // machine sixteen led, 11.4 against 12.4), where eight stayed within 1.04x of the old kernel; on the starter both
   // take 0.77-0.79x its time. A prompt, bound by its arithmetic, takes sixteen (REDLINE_WIDE_TILES=0: eight, for
   // measuring; the same bits either way).
-  if (T <= 4) return q4_direct<Lanes8, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
+  if (T <= 4) return q4_direct<Lanes8, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros, emit);
   if (wide_tiles())
-    return q4_buffered<Lanes16, 8, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
-  q4_buffered<Lanes8, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
+    return q4_buffered<Lanes16, 8, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros, emit);
+  q4_buffered<Lanes8, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros, emit);
 #else
-  if (T <= 2) return q4_direct<Lanes8, 2, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
-  q4_buffered<Lanes8, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros.data(), emit);
+  if (T <= 2) return q4_direct<Lanes8, 2, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros, emit);
+  q4_buffered<Lanes8, 4, ASYM>(w, row_bytes, sc, mn, nb, n0, n1, qx, dx, sx, T, K, zeros, emit);
 #endif
 }
 #else
@@ -972,28 +977,20 @@ inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, con
 template <bool ASYM, typename Emit>
 inline void q4_span(const uint8_t* w, int64_t row_bytes, const uint16_t* sc, const uint16_t* mn, int64_t nb, int64_t n0,
                     int64_t n1, const int8_t* qx, const float* dx, const float* sx, int64_t T, int64_t K, Emit emit) {
-  thread_local std::vector<uint8_t> zeros;  // a missing row of a last group
-  if (zeros.size() < static_cast<size_t>(nb * BLOCK / 2)) zeros.assign(static_cast<size_t>(nb * BLOCK / 2), 0);
+  const uint8_t* zeros = q4_zero_row(nb);
   float out[4 * 8];
   for (int64_t n = n0; n < n1; n += 8) {
     const int rows = static_cast<int>(std::min<int64_t>(8, n1 - n));
     const uint8_t* wr[8];
-    for (int r = 0; r < 8; ++r) wr[r] = r < rows ? w + (n + r) * row_bytes : zeros.data();
+    for (int r = 0; r < 8; ++r) wr[r] = r < rows ? w + (n + r) * row_bytes : zeros;
     const bool pf = T == 1 && prefetching();  // prefetches past the last row are dropped, harmless
-    for (int64_t t0 = 0; t0 < T; t0 += 4) {
-      const int tt = static_cast<int>(std::min<int64_t>(4, T - t0));
-      const auto run = [&](auto size) {
-        constexpr int TT = decltype(size)::value;
-        q4_tile8<ASYM, TT>(wr, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, rows, qx + t0 * K, dx + t0 * nb,
-                           sx + t0 * nb, K, out, pf, w + (n + 8) * row_bytes, row_bytes);
-      };
-      if (tt == 4) run(std::integral_constant<int, 4>{});
-      else if (tt == 3) run(std::integral_constant<int, 3>{});
-      else if (tt == 2) run(std::integral_constant<int, 2>{});
-      else run(std::integral_constant<int, 1>{});
-      for (int t = 0; t < tt; ++t)
+    q4_tiles<4>(T, [&](int64_t t0, auto tt) {
+      constexpr int TT = decltype(tt)::value;
+      q4_tile8<ASYM, TT>(wr, sc + n * nb, ASYM ? mn + n * nb : nullptr, nb, rows, qx + t0 * K, dx + t0 * nb,
+                         sx + t0 * nb, K, out, pf, w + (n + 8) * row_bytes, row_bytes);
+      for (int t = 0; t < TT; ++t)
         for (int r = 0; r < rows; ++r) emit(t0 + t, n + r, out[t * 8 + r]);
-    }
+    });
   }
 }
 #endif

@@ -130,7 +130,6 @@ inline F8 f8_div(F8 a, F8 b) { return _mm256_div_ps(a, b); }
 inline F8 f8_max(F8 a, F8 b) { return _mm256_max_ps(a, b); }  // a > b ? a : b
 inline F8 f8_min(F8 a, F8 b) { return _mm256_min_ps(a, b); }  // a < b ? a : b
 inline F8 f8_madd(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }   // a·b + c, one rounding
-inline float f32_madd(float a, float b, float c) { return std::fma(a, b, c); }  // vfmadd (-mfma)
 inline F8 f8_nmadd(F8 a, F8 b, F8 c) { return _mm256_fnmadd_ps(a, b, c); }  // c − a·b, one rounding
 inline F8 f8_abs(F8 a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 inline F8 f8_neg(F8 a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
@@ -296,7 +295,6 @@ inline F8 f8_min(F8 a, F8 b) {
   return {vbslq_f32(vcltq_f32(a.lo, b.lo), a.lo, b.lo), vbslq_f32(vcltq_f32(a.hi, b.hi), a.hi, b.hi)};
 }
 inline F8 f8_madd(F8 a, F8 b, F8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }
-inline float f32_madd(float a, float b, float c) { return std::fma(a, b, c); }  // fmadd
 inline F8 f8_nmadd(F8 a, F8 b, F8 c) { return {vfmsq_f32(c.lo, a.lo, b.lo), vfmsq_f32(c.hi, a.hi, b.hi)}; }
 inline F8 f8_abs(F8 a) { return {vabsq_f32(a.lo), vabsq_f32(a.hi)}; }
 inline F8 f8_neg(F8 a) { return {vnegq_f32(a.lo), vnegq_f32(a.hi)}; }
@@ -441,11 +439,9 @@ inline F8 f8_min(const F8& a, const F8& b) { REDLINE_F8_MAP(a.v[i] < b.v[i] ? a.
 #if defined(REDLINE_EXACT_FMA)
 inline F8 f8_madd(const F8& a, const F8& b, const F8& c) { REDLINE_F8_MAP(std::fma(a.v[i], b.v[i], c.v[i])); }
 inline F8 f8_nmadd(const F8& a, const F8& b, const F8& c) { REDLINE_F8_MAP(std::fma(-a.v[i], b.v[i], c.v[i])); }
-inline float f32_madd(float a, float b, float c) { return std::fma(a, b, c); }
 #else
 inline F8 f8_madd(const F8& a, const F8& b, const F8& c) { REDLINE_F8_MAP(a.v[i] * b.v[i] + c.v[i]); }
 inline F8 f8_nmadd(const F8& a, const F8& b, const F8& c) { REDLINE_F8_MAP(c.v[i] - a.v[i] * b.v[i]); }
-inline float f32_madd(float a, float b, float c) { return a * b + c; }
 #endif
 inline F8 f8_abs(const F8& a) { REDLINE_F8_MAP(f32_from(f32_bits(a.v[i]) & 0x7FFFFFFF)); }
 inline F8 f8_neg(const F8& a) { REDLINE_F8_MAP(f32_from(f32_bits(a.v[i]) ^ 0x80000000)); }
