@@ -19,9 +19,11 @@ Writes ``gpu-check.md``, ``gpu-check.json`` and ``gpu-check.log`` to ``--out`` (
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -251,6 +253,7 @@ def main(argv=None) -> int:
     )
     tokens = 8 if args.dry_run else args.tokens
     work = Path(tempfile.mkdtemp(prefix="redline-gpu-check-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the built models; the report goes to --out
     shapes = []
     starter = dict(STARTER_CONFIG)
     if args.dry_run:  # a few layers of the starter's shape: the same code, in seconds
