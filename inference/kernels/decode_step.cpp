@@ -168,7 +168,7 @@ void product_range(const Product& p, const Acts& a, int64_t T, int64_t n0, int64
 // Attention over keys lo..hi of row t's KV head kvh: the whole row (parts == 1) or one of `parts` parts whose
 // unnormalised result goes to the part buffer at `part`.
 struct Unit {
-  int64_t t, kvh, lo, hi, parts, part;
+  int64_t t, kvh, lo, hi, parts, part, p;  // p: which of the parts
 };
 constexpr int64_t SPLIT_KEYS = 512;
 
@@ -211,12 +211,23 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
     for (int64_t g = 0; g < Hkv; ++g) {
       if (S > 1) merges.push_back(static_cast<int64_t>(units.size()));
       for (int64_t p = 0; p < S; ++p) {
-        units.push_back(Unit{t, g, n * p / S, n * (p + 1) / S, S, part_floats});
+        units.push_back(Unit{t, g, n * p / S, n * (p + 1) / S, S, part_floats, p});
         if (S > 1) part_floats += group * (D + 2);
       }
     }
   }
   std::vector<float> parts(static_cast<size_t>(part_floats));
+  // Run by KV head and part, then row: a prompt's rows (in a chunk, or beside streaming replies) read the same
+  // keys, which the same thread then finds in its cache for the next row instead of reading them again from memory
+  // (row by row, each thread read the whole layer's cache for each of its rows: a second prompt row at 1,500
+  // positions added 1.5 ms of attention to the starter's step, the first 2.1). Each unit's sums are its own, so
+  // the order changes no number.
+  std::vector<int32_t> order(units.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+    const Unit &u = units[x], &v = units[y];
+    return u.kvh != v.kvh ? u.kvh < v.kvh : u.p < v.p;
+  });
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -287,7 +298,7 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
       stage(2);
       share(static_cast<int64_t>(units.size()), 1, tid, nt, a, b);
       for (int64_t i = a; i < b; ++i) {
-        const Unit& u = units[i];
+        const Unit& u = units[order[i]];
         const int64_t first = u.t * H + u.kvh * group;  // the group's heads are adjacent
         if (u.parts == 1)
           attend_group(group, qr.data() + first * D, kv, u.t, u.kvh, u.hi, scale, sc, attn.data() + first * D);
