@@ -46,7 +46,7 @@ class ConcurrencyRow:
     latency_ms_p95: Optional[float] = None
     throughput_tokens_per_s: Optional[float] = None  # all decode tokens ÷ wall time
     wall_s: Optional[float] = None
-    kv_peak_bytes: Optional[int] = None  # the KV cache at its largest
+    kv_peak_bytes: Optional[int] = None  # the KV cache's memory at its largest (pages written)
     kv_needed_bytes: Optional[int] = None  # what the tokens held at that moment need
     ttft_ms: list[float] = field(default_factory=list)  # per request, in arrival order
     latency_ms: list[float] = field(default_factory=list)
@@ -123,8 +123,8 @@ def _redline(
             )
         if len(batcher):
             batcher.step()
-            if kv.nbytes >= peak:
-                peak = kv.nbytes
+            if kv.touched_bytes() >= peak:  # what it takes of memory: the pool has room reserved beyond
+                peak = kv.touched_bytes()
                 needed_at_peak = max(needed_at_peak, per_token * sum(a.seq.position + 1 for a in batcher.active))
         elif waiting:
             time.sleep(max(0.0, min(0.01, arrivals[waiting[0]] - time.perf_counter())))

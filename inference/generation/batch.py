@@ -248,6 +248,9 @@ class Batcher:
             for a in self.active:
                 if not a.seq.prefilling and not a.seq.done:
                     lengths[a.seq.seq] = a.seq.position + 1 + min(rest, max(0, a.seq.max_new - a.seq.steps))
+        # And room for every running request to reach its limit (the admission check counted it): a reply that
+        # grows its pages as it decodes would copy the pool every so often, a stall each time.
+        self.dec.kv.make_room({a.seq.seq: a.gen.prepared.tokens for a in self.active} | {sink.id: prepared.tokens})
         self.dec.kv.reserve_all(lengths)
         if wants_compile(request.options.compile, self.target.device):
             self.dec.compile_in_background(1)  # batch-1 steps (one reply at a time) use it once it is ready
