@@ -12,7 +12,9 @@ place at the next step. Each sequence keeps its own sampling, stopping, seed and
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -38,6 +40,10 @@ GAP_STEPS = 2.5
 # the weights per chunk, which delayed its first token and cut the server's throughput at 4 clients to 0.89×
 # (tools/bench_server.py). Long prompts are still paced.
 WHOLE_PROMPT_S = 0.1
+# The normal step is the median of this many steps with no prompt beside them: an average took in a late wake-up of
+# the machine (a 12 ms step among 3.5 ms ones raised it by half), and the whole read that followed was paced to
+# that inflated budget (a p99 gap of 7.5 steps in one round of tools/prefill_stall_bench.py).
+STEP_SAMPLES = 15
 
 
 class PrefillPace:
@@ -49,7 +55,8 @@ class PrefillPace:
 
     def __init__(self, fixed: Optional[int] = None):
         self.fixed = fixed
-        self.step_s: Optional[float] = None  # a decode step with no prompt beside it, exponentially averaged
+        self.step_s: Optional[float] = None  # a decode step with no prompt beside it: the median of the last few
+        self.steps: deque[float] = deque(maxlen=STEP_SAMPLES)
         self.size = 16.0  # the size to read beside streaming replies, steered from here (kept unrounded, so a chunk
         # of one row that is under budget by less than half still grows)
         self.waited = False  # whether a chunk read beside them was measured yet
@@ -81,7 +88,8 @@ class PrefillPace:
         self.size = float(rows)
 
     def measured_step(self, seconds: float) -> None:
-        self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
+        self.steps.append(seconds)
+        self.step_s = statistics.median(self.steps)
 
     def measured_rows(self, tokens: int, seconds: float) -> None:
         """A chunk of ``tokens`` prompt tokens took ``seconds`` of its own (a decode step beside it not counted)."""
