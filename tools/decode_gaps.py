@@ -23,30 +23,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
+    from mixed_step_profile import load_target, request
 
-    from redline.inference import DecodeOptions, Engine, GenerationRequest, SamplingSettings, resolve_precision
     from redline.inference.events import TokenEvent
     from redline.inference.generation.batch import Batcher
     from redline.inference.generation.lifecycle import DirectSink
 
-    engine = Engine()
-    engine.record_memory = False
-    engine.load(args.model, resolve_precision(args.precision, engine.device))
-    target = engine.target
+    target = load_target(args.model, args.precision)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, target.tokenizer.vocab_size, (40,), generator=g).tolist()
     times: list[float] = []
-    request = GenerationRequest(
-        input_ids=prompt,
-        sampling=SamplingSettings(max_new_tokens=args.tokens, temperature=0, min_new_tokens=args.tokens),
-        options=DecodeOptions(strategy="fast", reuse_prefix=False),
-        record=False,
-    )
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     with torch.inference_mode():
         b = Batcher(target, 2)
         sink = DirectSink(lambda e: times.append(time.perf_counter()) if isinstance(e, TokenEvent) else None)
-        b.run_one(sink, request, time.perf_counter())
+        b.run_one(sink, request(prompt, args.tokens), time.perf_counter())
     gaps = [(t1 - t0) * 1e3 for t0, t1 in zip(times, times[1:])]
     s = sorted(gaps)
     med = statistics.median(gaps)

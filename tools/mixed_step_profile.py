@@ -16,6 +16,28 @@ import time
 STAGES = ["norm", "qkv", "rotary+cache", "attention", "quantise", "o", "norm", "gate_up", "silu·up", "down", "head"]
 
 
+def load_target(model: str, precision: str):
+    """The model loaded as the app loads it, without recording its memory (a benchmark's loads are not the user's)."""
+    from redline.inference import Engine, resolve_precision
+
+    engine = Engine()
+    engine.record_memory = False
+    engine.load(model, resolve_precision(precision, engine.device))
+    return engine.target
+
+
+def request(ids, new: int):
+    """A greedy request on the fast path of exactly ``new`` tokens, sharing no prefix with earlier ones."""
+    from redline.inference import DecodeOptions, GenerationRequest, SamplingSettings
+
+    return GenerationRequest(
+        input_ids=ids,
+        sampling=SamplingSettings(max_new_tokens=new, temperature=0, min_new_tokens=new),
+        options=DecodeOptions(strategy="fast", reuse_prefix=False),
+        record=False,
+    )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="starter")
@@ -27,27 +49,14 @@ def main(argv=None) -> int:
 
     import torch
 
-    from redline.inference import DecodeOptions, Engine, GenerationRequest, SamplingSettings, resolve_precision
     from redline.inference.generation.batch import Batcher
     from redline.inference.generation.lifecycle import DirectSink
 
-    engine = Engine()
-    engine.record_memory = False
-    engine.load(args.model, resolve_precision(args.precision, engine.device))
-    target = engine.target
+    target = load_target(args.model, args.precision)
     g = torch.Generator().manual_seed(0)
     vocab = target.tokenizer.vocab_size
     short = torch.randint(100, vocab, (40,), generator=g).tolist()
     long = torch.randint(100, vocab, (args.position + 200 * len(args.rows.split(",")),), generator=g).tolist()
-    options = DecodeOptions(strategy="fast", reuse_prefix=False)
-
-    def request(ids, new):
-        return GenerationRequest(
-            input_ids=ids,
-            sampling=SamplingSettings(max_new_tokens=new, temperature=0, min_new_tokens=new),
-            options=options,
-            record=False,
-        )
 
     profile = torch.ops.redline.step_profile
     print(f"model {args.model}, {args.precision}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
