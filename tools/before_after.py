@@ -20,9 +20,11 @@ continuous-batching tokens/s. For the server, ``tools/bench_server.py --versus D
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,6 +40,7 @@ def side_env(root: Path) -> dict:
     (ahead of whichever checkout the venv's editable install points at)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     shim = Path(tempfile.mkdtemp(prefix="before-after-"))
+    atexit.register(shutil.rmtree, shim, ignore_errors=True)
     (shim / "redline").symlink_to(root.resolve())
     env["PYTHONPATH"] = str(shim)
     return env
