@@ -168,7 +168,7 @@ void product_range(const Product& p, const Acts& a, int64_t T, int64_t n0, int64
 // Attention over keys lo..hi of row t's KV head kvh: the whole row (parts == 1) or one of `parts` parts whose
 // unnormalised result goes to the part buffer at `part`.
 struct Unit {
-  int64_t t, kvh, lo, hi, parts, part, p;  // p: which of the parts
+  int64_t t, kvh, lo, hi, parts, part;
 };
 constexpr int64_t SPLIT_KEYS = 512;
 
@@ -201,33 +201,36 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
   std::vector<float> scores(static_cast<size_t>(nthreads) * group * longest), scratch(static_cast<size_t>(nthreads) * D);
   // Attention work: one unit per row and KV head, or, past SPLIT_KEYS positions, one per part of the keys (merged
   // afterwards), so one long sequence keeps every thread busy. The split depends on the row alone: a sequence
-  // gets the same numbers alone or in a batch.
-  std::vector<Unit> units;
-  std::vector<int64_t> merges;  // index of each split group's first part
-  int64_t part_floats = 0;
+  // gets the same numbers alone or in a batch. A split row and KV head's parts lie together in `parts` (merge_parts
+  // reads them a stride apart); `merges` lists each such group as its first part.
+  std::vector<int64_t> splits(T), first_part(T * Hkv);  // each row's parts; each split group's first part's place
+  std::vector<Unit> units, merges;
+  int64_t part_floats = 0, most_parts = 1;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t n = pos[t] + 1;
     const int64_t S = splittable(group, D) ? std::max<int64_t>(1, (n + SPLIT_KEYS - 1) / SPLIT_KEYS) : 1;
-    for (int64_t g = 0; g < Hkv; ++g) {
-      if (S > 1) merges.push_back(static_cast<int64_t>(units.size()));
-      for (int64_t p = 0; p < S; ++p) {
-        units.push_back(Unit{t, g, n * p / S, n * (p + 1) / S, S, part_floats, p});
-        if (S > 1) part_floats += group * (D + 2);
+    splits[t] = S;
+    most_parts = std::max(most_parts, S);
+    if (S > 1)
+      for (int64_t g = 0; g < Hkv; ++g) {
+        first_part[t * Hkv + g] = part_floats;
+        merges.push_back(Unit{t, g, 0, n, S, part_floats});
+        part_floats += S * group * (D + 2);
       }
-    }
   }
-  std::vector<float> parts(static_cast<size_t>(part_floats));
-  // Run by KV head and part, then row: a prompt's rows (in a chunk, or beside streaming replies) read the same
+  // Listed by KV head and part, then row: a prompt's rows (in a chunk, or beside streaming replies) read the same
   // keys, which the same thread then finds in its cache for the next row instead of reading them again from memory
   // (row by row, each thread read the whole layer's cache for each of its rows: a second prompt row at 1,500
   // positions added 1.5 ms of attention to the starter's step, the first 2.1). Each unit's sums are its own, so
   // the order changes no number.
-  std::vector<int32_t> order(units.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-    const Unit &u = units[x], &v = units[y];
-    return u.kvh != v.kvh ? u.kvh < v.kvh : u.p < v.p;
-  });
+  for (int64_t g = 0; g < Hkv; ++g)
+    for (int64_t p = 0; p < most_parts; ++p)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t n = pos[t] + 1, S = splits[t];
+        if (p < S)
+          units.push_back(Unit{t, g, n * p / S, n * (p + 1) / S, S, first_part[t * Hkv + g] + p * group * (D + 2)});
+      }
+  std::vector<float> parts(static_cast<size_t>(part_floats));
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -298,7 +301,7 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
       stage(2);
       share(static_cast<int64_t>(units.size()), 1, tid, nt, a, b);
       for (int64_t i = a; i < b; ++i) {
-        const Unit& u = units[order[i]];
+        const Unit& u = units[i];
         const int64_t first = u.t * H + u.kvh * group;  // the group's heads are adjacent
         if (u.parts == 1)
           attend_group(group, qr.data() + first * D, kv, u.t, u.kvh, u.hi, scale, sc, attn.data() + first * D);
@@ -310,7 +313,7 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
       if (!merges.empty()) {
         share(static_cast<int64_t>(merges.size()) * group, 1, tid, nt, a, b);
         for (int64_t i = a; i < b; ++i) {
-          const Unit& u = units[merges[i / group]];  // the first part of a split group
+          const Unit& u = merges[i / group];  // the first part of a split group
           const int64_t g = i % group, head = u.t * H + u.kvh * group + g;
           merge_parts(parts.data() + u.part + g * (D + 2), u.parts, group * (D + 2), D, attn.data() + head * D);
         }
