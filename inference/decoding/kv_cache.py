@@ -255,13 +255,6 @@ class PagedKV:
             table.append(page)
             self.refs[page] = 1
 
-    def reserve_all(self, lengths: dict[int, int]) -> None:
-        """``reserve`` for several sequences (seq → length), growing a small-page pool at most once: each growth
-        copies the whole pool."""
-        self.make_room(lengths)
-        for seq, length in lengths.items():
-            self.reserve(seq, length)
-
     def make_room(self, lengths: dict[int, int]) -> None:
         """Grow the pool once, now, so that each sequence (seq → length) can reach its length without another
         growth (small pages only; never past the budget). A growth copies the whole pool: grown by an eighth as

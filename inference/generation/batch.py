@@ -41,8 +41,9 @@ GAP_STEPS = 2.5
 # (tools/bench_server.py). Long prompts are still paced.
 WHOLE_PROMPT_S = 0.1
 # The normal step is the median of this many steps with no prompt beside them: an average took in a late wake-up of
-# the machine (a 12 ms step among 3.5 ms ones raised it by half), and the whole read that followed was paced to
-# that inflated budget (a p99 gap of 7.5 steps in one round of tools/prefill_stall_bench.py).
+# the machine (0.2 of a 12 ms step among 3.5 ms ones raises it by half), and the whole read that followed would be
+# paced to that inflated budget (the likely cause of one round's p99 gap of 7.5 steps in an A/B of the stall
+# bench; not reproduced).
 STEP_SAMPLES = 15
 
 
@@ -243,23 +244,25 @@ class Batcher:
         gen.result.cached_tokens = cached
         gen.announce()
         self.dec.ensure_context(prepared.tokens)
-        # Every page of the prompt now, while nothing else is in the step: reserved chunk by chunk, a long prompt
-        # grew the pool (a copy of all of it) every eighth of the way, and each growth was the longest gap a reply
-        # streaming beside it saw (a 2,000-token prompt: 20-34 ms against a 4 ms step, tools/prefill_stall_bench.py).
-        # The same for the replies streaming now: each grows by a token a step while this prompt is read beside
-        # them (a chunk is at least a token), so they get the pages for that many tokens, within their own limit,
-        # now; a new page for one of them later would grow the pool the long prompt has made large. The admission
-        # check has counted all these tokens already; pages not written when a request ends are freed.
+        # Room for every running request to reach its limit (the admission check counted it), in one growth of the
+        # pool now: a growth copies the pool, and grown as they went, a long prompt copied it every eighth of the
+        # way (20-34 ms gaps beside a 4 ms step, tools/prefill_stall_bench.py) and a reply decoding alone every 128
+        # tokens (12 ms at 1,000 tokens, 20 ms at 1,900, beside a 4.7 ms step, tools/decode_gaps.py).
+        kv = self.dec.kv
+        kv.make_room({a.seq.seq: a.gen.prepared.tokens for a in self.active} | {sink.id: prepared.tokens})
+        # The prompt's pages are taken now too, while nothing else is in the step, and, beside a long one, the
+        # streaming replies' pages for the tokens they make while it is read (a chunk is at least a token, so one
+        # each a step): where the pool is at its budget, taking a page evicts a cached one (written to disk where
+        # there is a store), which then happens here, not in a step the streaming replies wait for. Pages not
+        # written when a request ends are freed.
         lengths = {sink.id: len(prepared.prompt)}
         rest = len(prepared.prompt) - cached
         if rest > PREFILL_CHUNK:
             for a in self.active:
                 if not a.seq.prefilling and not a.seq.done:
                     lengths[a.seq.seq] = a.seq.position + 1 + min(rest, max(0, a.seq.max_new - a.seq.steps))
-        # And room for every running request to reach its limit (the admission check counted it): a reply that
-        # grows its pages as it decodes would copy the pool every so often, a stall each time.
-        self.dec.kv.make_room({a.seq.seq: a.gen.prepared.tokens for a in self.active} | {sink.id: prepared.tokens})
-        self.dec.kv.reserve_all(lengths)
+        for seq, length in lengths.items():
+            kv.reserve(seq, length)
         if wants_compile(request.options.compile, self.target.device):
             self.dec.compile_in_background(1)  # batch-1 steps (one reply at a time) use it once it is ready
         seq = FastSequence(
