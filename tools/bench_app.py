@@ -40,6 +40,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from gui_session import use_profile  # noqa: E402 - tools/ is not a package; this script's folder is on the path
+
 MB = 1024**2
 PROMPTS = [
     "Name a colour.",
@@ -58,14 +61,6 @@ PROMPTS = [
 # ---------------------------------------------------------------------------------------------------------------
 # helpers shared by the children
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def use_profile(folder: Path) -> None:
-    os.environ["XDG_DATA_HOME"] = str(folder / "data")
-    os.environ["XDG_CONFIG_HOME"] = str(folder / "config")
-    os.environ["REDLINE_KV_PAGES_DIR"] = str(folder / "kv-pages")  # cold, and not the user's pages
-    if not os.environ.get("DISPLAY"):
-        os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
 
 def write_settings(**values) -> None:

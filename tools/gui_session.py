@@ -14,17 +14,21 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "screenshots"
 
 
-def throwaway_profile(prefix: str) -> Path:
-    """Conversations, settings, learned corrections and prefix-cache pages go to a temporary folder, never the user's.
-    Offscreen unless DISPLAY is set (e.g. under xvfb-run)."""
-    profile = Path(tempfile.mkdtemp(prefix=prefix))
-    os.environ["XDG_DATA_HOME"] = str(profile / "data")
-    os.environ["XDG_CONFIG_HOME"] = str(profile / "config")
-    os.environ["REDLINE_DATA_DIR"] = str(profile / "redline-data")
-    # and the prefix cache's pages on disk: a run starts cold and leaves the user's folder alone
-    os.environ["REDLINE_KV_PAGES_DIR"] = str(profile / "kv-pages")
+def use_profile(folder: Path) -> None:
+    """Conversations, settings and prefix-cache pages in ``folder``, never the user's (a run starts cold and leaves
+    the user's pages alone). Offscreen unless DISPLAY is set (e.g. under xvfb-run)."""
+    os.environ["XDG_DATA_HOME"] = str(folder / "data")
+    os.environ["XDG_CONFIG_HOME"] = str(folder / "config")
+    os.environ["REDLINE_KV_PAGES_DIR"] = str(folder / "kv-pages")
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def throwaway_profile(prefix: str) -> Path:
+    """``use_profile`` in a temporary folder, learned corrections there too."""
+    profile = Path(tempfile.mkdtemp(prefix=prefix))
+    use_profile(profile)
+    os.environ["REDLINE_DATA_DIR"] = str(profile / "redline-data")
     sys.path.insert(0, str(ROOT))
     return profile
 
