@@ -128,8 +128,9 @@ def test_every_build_gives_the_reference_results(builds):
 
 def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
     """The VNNI builds change only how the byte products are summed (one vpdpbusd for maddubs and madd: the
-    same integers), and avx512-vnni tiles bf16 rows four by four or six, and a prompt's rows in 512-bit registers
-    two rows to a register (each output still one 8-lane sum in order), so products of every size, a batch and a
+    same integers), and avx512-vnni tiles bf16 rows four by four or six, and a prompt's (or a batch's) rows in
+    512-bit registers two rows to a register (each output still one 8-lane sum in order; for Q8_0 the weights take
+    vpdpbusd's offset and the activations' share of it is taken out), so products of every size, a batch and a
     prompt of many rows (odd counts, every tile size, the cache blocks of a wide one), are the AVX2 build's bits."""
     vnni = [v for v in builds if v.endswith("-vnni")]
     if "avx2" not in builds or not vnni:
@@ -139,6 +140,7 @@ def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
     wq = torch.randn(98, 576) * 0.05
     wq[0, :32] = -wq[0, :32].abs().max()  # a block whose every weight is the most negative: -127 in Q8_0
     b8, b4, b4s = block_quant.quantize_q8(wq), block_quant.quantize_q4(wq), block_quant.quantize_q4(wq, True)
+    b8.qweight[1, 32:64] = -128  # not what our quantiser writes, but a GGUF file may hold it: int8's whole range
     empty = b4s.scales.new_empty(0)
     dense = (torch.randn(962, 576) * 0.05).bfloat16()  # 962: a remainder past the groups of four rows
     for rows in (1, 2, 3, 4, 5, 6, 7, 9, 10, 20, 44):
@@ -196,10 +198,11 @@ def test_the_vnni_builds_give_the_avx2_builds_bits(builds):
             assert torch.equal(builds[variant].linear_bf16(x, w), want), (variant, shape, rows)
 
 
-def test_avx512_4bit_rows_eight_to_a_register_are_the_avx2_bits_too(builds):
+def test_avx512_without_its_wide_tiles_gives_the_avx2_bits_too(builds):
     """REDLINE_WIDE_TILES=0 runs avx512-vnni's 4-bit prompt products eight weight rows to a 256-bit register, as its
-    decode rows always are (for measuring the sixteen-row form against): the same bits as the avx2 build, which the
-    sixteen-row form is held to above. The switch is read once per process, so this runs in a process of its own."""
+    decode rows always are, and its Q8_0 rows in 256-bit tiles, not paired (for measuring the 512-bit forms against):
+    the same bits as the avx2 build, which the 512-bit forms are held to above. The switch is read once per process,
+    so this runs in a process of its own."""
     if "avx512-vnni" not in builds or "avx2" not in builds:
         pytest.skip("this CPU has no avx512-vnni build")
     code = """
@@ -216,6 +219,10 @@ for n, k in ((98, 576), (70, 2048)):
             x = torch.randn(rows, k)
             got, want = wide.linear_q4(x, b.qweight, b.scales, mins), avx2.linear_q4(x, b.qweight, b.scales, mins)
             assert torch.equal(got, want), (n, k, symmetric, rows)
+    b = block_quant.quantize_q8(torch.randn(n, k) * 0.05)
+    for rows in (2, 3, 4, 5, 9, 44):  # Q8_0 rows in 256-bit tiles (q8_tile), not paired
+        x = torch.randn(rows, k)
+        assert torch.equal(wide.linear_q8(x, b.qweight, b.scales), avx2.linear_q8(x, b.qweight, b.scales)), (n, k, rows)
 print("same bits")
 """
     env = {**os.environ, "REDLINE_WIDE_TILES": "0"}
