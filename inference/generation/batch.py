@@ -33,8 +33,12 @@ MIN_PREFILL_CHUNK = 4  # fewest read alone: a chunk's fixed costs (a pass over e
 MIN_MIXED_CHUNK = 1
 KV_SHARE = 0.8  # of the memory free when the batch starts, what its KV cache may take (the rest stays headroom)
 # While a prompt is read beside streaming replies, their longest gap between tokens may be this many of their
-# normal steps (issue 27.5's bound is 3; the margin absorbs one chunk's overshoot). tools/prefill_stall_bench.py.
-GAP_STEPS = 2.5
+# normal steps (issue 27.5's bound is 3; the margin absorbs one chunk's overshoot and most of a shared machine's
+# late wake-ups). 2.5 left the starter's p99 gap at 3.0-3.3 steps; 2.2, once Q8_0 prompt rows ran paired in 512-bit
+# registers, at 2.7-3.1, and the 1B-shaped model's longest gap within 3 (2.93-2.96), with the newcomer's first token
+# 1.06-1.14x later than at 2.5 and no later than at 2.5 before that kernel (tools/prefill_stall_bench.py, Zen 5;
+# docs/concurrency.md).
+GAP_STEPS = 2.2
 # A prompt whose rest reads in this long (at the rate its chunks measured) is read whole even beside streaming
 # replies: they see one gap this long at most, not a stutter, and splitting a short prompt costs a pass over
 # the weights per chunk, which delayed its first token and cut the server's throughput at 4 clients to 0.89×
