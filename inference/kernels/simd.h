@@ -125,6 +125,15 @@ inline void prefetch_lines(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) prefetch(c + o);
 }
 
+// Eight blocks from block b of the R Q8_0 rows AHEAD rows on, and their scales: what the first pass over a group of
+// rows prefetches of the next group as it reads its own.
+inline void prefetch_q8_blocks(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_t nb, int64_t b, int R) {
+  for (int r = 0; r < R; ++r) {
+    prefetch_lines(w + (AHEAD + r) * wstride + b * BLOCK, 8 * BLOCK);
+    redline_kernels::prefetch(sc + (AHEAD + r) * nb + b);
+  }
+}
+
 // R rows of Q8_0 weights (int8 [R, K], fp16 scales) against one activation row. Scales are converted eight
 // blocks at a time.
 template <int R>
@@ -138,11 +147,7 @@ inline void q8_rows(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
   int64_t b = 0;
   const bool pf = prefetch && prefetching();
   for (; b + 8 <= nb; b += 8) {
-    if (pf)
-      for (int r = 0; r < R; ++r) {
-        prefetch_lines(w + (AHEAD + r) * wstride + b * BLOCK, 8 * BLOCK);
-        redline_kernels::prefetch(sc + (AHEAD + r) * nb + b);
-      }
+    if (pf) prefetch_q8_blocks(w, wstride, sc, nb, b, R);
     const F8 dxv = f8_load(dx + b);
     F8 d[R];
     for (int r = 0; r < R; ++r) d[r] = f8_mul(f8_from_f16(sc + r * nb + b), dxv);
@@ -566,11 +571,7 @@ inline void q8_tile(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
   const bool pf = prefetch && prefetching();
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
-    if (pf)
-      for (int r = 0; r < R; ++r) {
-        prefetch_lines(w + (AHEAD + r) * wstride + b * BLOCK, 8 * BLOCK);
-        redline_kernels::prefetch(sc + (AHEAD + r) * nb + b);
-      }
+    if (pf) prefetch_q8_blocks(w, wstride, sc, nb, b, R);
     for (int r = 0; r < R; ++r) {
       const F8 s = f8_from_f16(sc + r * nb + b);
       for (int t = 0; t < TT; ++t) f8_store(ds[t][r], f8_mul(s, f8_load(dx + t * nb + b)));
@@ -656,11 +657,7 @@ inline void q8_tile2(const int8_t* w, int64_t wstride, const uint16_t* sc, int64
   };
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
-    if (pf)
-      for (int r = 0; r < R; ++r) {
-        prefetch_lines(w + (AHEAD + r) * wstride + b * BLOCK, 8 * BLOCK);
-        redline_kernels::prefetch(sc + (AHEAD + r) * nb + b);
-      }
+    if (pf) prefetch_q8_blocks(w, wstride, sc, nb, b, R);
     for (int r = 0; r < R; ++r) f8_store(sf[r], f8_from_f16(sc + r * nb + b));
     for (int j = 0; j < 8; ++j) block(b + j, &sf[0][j]);
   }
