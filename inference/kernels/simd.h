@@ -614,8 +614,8 @@ inline void q8_tile(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_
 // (tools/before_after.py, q8): a 1,716-token prompt's first token 1.20x sooner on the starter and on the 1B-shaped
 // model, a 44-token one's 1.32x (docs/performance.md, "Q8_0 rows paired").
 //
-// Pairs of activation rows [T, K] in q2 (2K bytes a pair): for pair p and block j, 64 bytes, row 2p's block then row 2p + 1's; and in
-// corr, 16 int32 per pair and block: −128 × each lane's sum of four activation bytes.
+// Pairs of activation rows [T, K] in q2 (2K bytes a pair): for pair p and block j, 64 bytes, row 2p's block then
+// row 2p + 1's; and in corr, 16 int32 per pair and block: −128 × each lane's sum of four activation bytes.
 inline void pair_q8(const int8_t* qx, int64_t pairs, int64_t K, int8_t* q2, int32_t* corr) {
   const int64_t nb = K / BLOCK;
   const __m512i ones = _mm512_set1_epi8(1), m128 = _mm512_set1_epi32(-128);
@@ -672,56 +672,44 @@ inline void q8_tile2(const int8_t* w, int64_t wstride, const uint16_t* sc, int64
 
 // Q8_0 rows (int8, `wstride` bytes apart, fp16 scales `nb` a row): each activation row in turn against a group of
 // four; the group is read from memory by the first row (which prefetches the next group) and from the cache after.
-// On avx512-vnni, four activation rows at a time in one tile (q8_tile), the rest row by row.
+// On avx512-vnni, pairs of activation rows in 512-bit tiles (q8_tile2; with REDLINE_WIDE_TILES=0, four rows at a
+// time in 256-bit ones, q8_tile), the rest row by row.
 template <typename Emit>
 inline void q8_span(const int8_t* w, int64_t wstride, const uint16_t* sc, int64_t nb, int64_t n0, int64_t n1,
                     const int8_t* qx, const float* dx, int64_t T, int64_t K, Emit emit) {
   float out[4];
 #if defined(REDLINE_AVX512_VNNI)
-  if (T >= 2 && wide_tiles()) {  // pairs of rows in 512-bit tiles (q8_tile2), an odd last row as q8_rows
-    const int64_t pairs = T / 2;
-    thread_local std::vector<int8_t> q2;
-    thread_local std::vector<int32_t> corr;
+  // Two or more rows go in pairs in 512-bit tiles (q8_tile2), the activations paired once for the whole span; an
+  // odd last row, and a group of fewer than four weight rows, row by row below.
+  const int64_t pairs = T >= 2 && wide_tiles() ? T / 2 : 0;
+  thread_local std::vector<int8_t> q2;
+  thread_local std::vector<int32_t> corr;
+  if (pairs > 0) {
     q2.resize(static_cast<size_t>(pairs * 2 * K));
     corr.resize(static_cast<size_t>(pairs * nb * 16));
     pair_q8(qx, pairs, K, q2.data(), corr.data());
-    for (int64_t n = n0; n < n1; n += 4) {
-      if (n + 4 > n1) {
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t m = n; m < n1; ++m) {
-            q8_rows<1>(w + m * wstride, wstride, sc + m * nb, nb, qx + t * K, dx + t * nb, out, t == 0);
-            emit(t, m, out[0]);
-          }
-        break;
-      }
-      int64_t p = 0;
-      float tile[4][4];
-      // The first tile of a group reads it from memory (and prefetches the next); the later ones from the cache.
-      for (; p + 2 <= pairs; p += 2) {
-        q8_tile2<4, 2>(w + n * wstride, wstride, sc + n * nb, nb, q2.data() + p * 2 * K, corr.data() + p * nb * 16,
-                       dx + 2 * p * nb, p == 0, tile);
-        for (int u = 0; u < 4; ++u)
-          for (int r = 0; r < 4; ++r) emit(2 * p + u, n + r, tile[u][r]);
-      }
-      if (p < pairs) {
-        q8_tile2<4, 1>(w + n * wstride, wstride, sc + n * nb, nb, q2.data() + p * 2 * K, corr.data() + p * nb * 16,
-                       dx + 2 * p * nb, p == 0, tile);
-        for (int u = 0; u < 2; ++u)
-          for (int r = 0; r < 4; ++r) emit(2 * p + u, n + r, tile[u][r]);
-      }
-      if (T % 2) {
-        q8_rows<4>(w + n * wstride, wstride, sc + n * nb, nb, qx + (T - 1) * K, dx + (T - 1) * nb, out, false);
-        for (int r = 0; r < 4; ++r) emit(T - 1, n + r, out[r]);
-      }
-    }
-    return;
   }
 #endif
   for (int64_t n = n0; n < n1; n += 4) {
     int64_t t = 0;
 #if defined(REDLINE_AVX512_VNNI)
     float tile[4][4];
-    // Tiles of four rows; five left go as three and two (not four and one).
+    // TP pairs from pair p in one tile; the first tile of a group reads it from memory (and prefetches the next),
+    // the later ones from the cache.
+    const auto pair_tile = [&](int64_t p, auto tp) {
+      constexpr int TP = decltype(tp)::value;
+      q8_tile2<4, TP>(w + n * wstride, wstride, sc + n * nb, nb, q2.data() + p * 2 * K, corr.data() + p * nb * 16,
+                      dx + 2 * p * nb, p == 0, tile);
+      for (int u = 0; u < 2 * TP; ++u)
+        for (int r = 0; r < 4; ++r) emit(2 * p + u, n + r, tile[u][r]);
+    };
+    if (n + 4 <= n1 && pairs > 0) {
+      int64_t p = 0;
+      for (; p + 2 <= pairs; p += 2) pair_tile(p, std::integral_constant<int, 2>{});
+      if (p < pairs) pair_tile(p, std::integral_constant<int, 1>{});
+      t = 2 * pairs;
+    }
+    // Without pairs (REDLINE_WIDE_TILES=0): tiles of four rows; five left go as three and two (not four and one).
     for (; n + 4 <= n1 && t + 4 <= T && T - t != 5; t += 4) {
       q8_tile<4, 4>(w + n * wstride, wstride, sc + n * nb, nb, qx + t * K, dx + t * nb, K, t == 0, tile);
       for (int u = 0; u < 4; ++u)
