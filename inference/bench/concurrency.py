@@ -123,8 +123,9 @@ def _redline(
             )
         if len(batcher):
             batcher.step()
-            if kv.touched_bytes() >= peak:  # what it takes of memory: the pool has room reserved beyond
-                peak = kv.touched_bytes()
+            touched = kv.touched_bytes()  # what it takes of memory: the pool has room reserved beyond
+            if touched >= peak:
+                peak = touched
                 needed_at_peak = max(needed_at_peak, per_token * sum(a.seq.position + 1 for a in batcher.active))
         elif waiting:
             time.sleep(max(0.0, min(0.01, arrivals[waiting[0]] - time.perf_counter())))

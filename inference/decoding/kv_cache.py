@@ -268,8 +268,12 @@ class PagedKV:
         if self.budget_pages is not None:
             grow = min(grow, self.budget_pages - self.pages)
         if grow > 0:
-            self.free.extend(range(self.pages, self.pages + grow))
-            self._allocate(self.pages + grow)
+            self._grow(grow)
+
+    def _grow(self, n: int) -> None:
+        """``n`` more pages, free; a copy of the pages handed out so far (``_allocate``)."""
+        self.free.extend(range(self.pages, self.pages + n))
+        self._allocate(self.pages + n)
 
     def _take(self, n: int) -> list[int]:
         """``n`` pages to write into: free ones, then (when the cache is at its limit or the pool at its budget)
@@ -290,8 +294,7 @@ class PagedKV:
                     grow = max(n - len(self.free), min(grow, self.budget_pages - self.pages))
             else:
                 grow = max(1, self.pages)  # one page per sequence: the pool doubles
-            self.free.extend(range(self.pages, self.pages + grow))
-            self._allocate(self.pages + grow)
+            self._grow(grow)
         taken, self.free = self.free[:n], self.free[n:]
         if taken:
             self.high_water = max(self.high_water, max(taken) + 1)
