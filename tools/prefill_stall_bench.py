@@ -18,6 +18,18 @@ import os
 import statistics
 import sys
 import time
+from typing import NamedTuple
+
+
+class Round(NamedTuple):
+    """One round's measures of the streaming reply (seconds, and the share of its gaps over 3 normal steps)."""
+
+    step: float  # its normal step: the median gap before the long prompt arrived
+    longest: float
+    ttft: float  # the long prompt's first token, from its arrival
+    p99: float
+    p95: float
+    over_3: float
 
 
 def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int, alone_steps: int = 0):
@@ -76,14 +88,13 @@ def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int
     while len(b):
         b.step()
     gaps.sort()
-    over = sum(g > 3 * normal for g in gaps)
-    return (
-        normal,
-        gaps[-1],
-        long_first[0] - arrived,
-        gaps[int(0.99 * (len(gaps) - 1))],
-        gaps[int(0.95 * (len(gaps) - 1))],
-        over / len(gaps),
+    return Round(
+        step=normal,
+        longest=gaps[-1],
+        ttft=long_first[0] - arrived,
+        p99=gaps[int(0.99 * (len(gaps) - 1))],
+        p95=gaps[int(0.95 * (len(gaps) - 1))],
+        over_3=sum(g > 3 * normal for g in gaps) / len(gaps),
     )
 
 
@@ -111,14 +122,15 @@ def main(argv=None) -> int:
     prompt_ids = torch.randint(100, vocab, (40,), generator=g).tolist()
     long_ids = torch.randint(100, vocab, (args.prompt_tokens,), generator=g).tolist()
     modes = {f"fixed {PREFILL_CHUNK}": PREFILL_CHUNK, "paced": None}
-    rows: dict[str, list[tuple[float, ...]]] = {m: [] for m in modes}
+    rows: dict[str, list[Round]] = {m: [] for m in modes}
     rows["alone"] = []  # the streaming reply with no prompt beside it, as many steps as the paced read took
     with torch.inference_mode():
         for r in range(args.rounds):
             order = list(modes) if r % 2 == 0 else list(reversed(modes))
             for mode in order:
                 rows[mode].append(one_round(target, Batcher, modes[mode], prompt_ids, long_ids, args.warm_tokens))
-            steps = max(1, round(rows["paced"][-1][2] / rows["paced"][-1][0]))  # its newcomer's TTFT in steps
+            paced = rows["paced"][-1]
+            steps = max(1, round(paced.ttft / paced.step))  # its newcomer's TTFT in steps
             rows["alone"].append(one_round(target, Batcher, None, prompt_ids, None, args.warm_tokens, steps))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -133,10 +145,10 @@ def main(argv=None) -> int:
     )
     for mode, rs in rows.items():
         print(
-            f"{mode:<12} {med(x[0] for x in rs) * 1000:>8.1f} {med(x[1] for x in rs) * 1000:>15.1f} "
-            f"{med(x[1] / x[0] for x in rs):>11.2f} {med(x[3] / x[0] for x in rs):>15.2f} "
-            f"{med(x[4] / x[0] for x in rs):>15.2f} {med(x[5] for x in rs):>17.2%} "
-            f"{(f'{med(x[2] for x in rs):.2f}' if mode != 'alone' else '–'):>16}"
+            f"{mode:<12} {med(x.step for x in rs) * 1000:>8.1f} {med(x.longest for x in rs) * 1000:>15.1f} "
+            f"{med(x.longest / x.step for x in rs):>11.2f} {med(x.p99 / x.step for x in rs):>15.2f} "
+            f"{med(x.p95 / x.step for x in rs):>15.2f} {med(x.over_3 for x in rs):>17.2%} "
+            f"{(f'{med(x.ttft for x in rs):.2f}' if mode != 'alone' else '–'):>16}"
         )
     print(
         "alone: the streaming reply with no prompt beside it for about as many steps as the paced read took; its "
