@@ -1,5 +1,5 @@
 """``python -m redline``: the same program as the ``redline`` command."""
 
-from redline.app.cli import main
+from .app.cli import main
 
 raise SystemExit(main())

@@ -1,17 +1,17 @@
 """Builds Redline's native CPU kernels into the wheel (everything else about the package is in pyproject.toml).
 
-``python -m build --wheel`` compiles inference/kernels/ once per CPU variant of this machine's architecture
-(``inference/kernels/build.py``: avx512-vnni, avx2-vnni, avx2 and generic on x86-64, neon-dotprod and neon on
-ARM64) into
-``redline/inference/kernels/prebuilt/``, with the OpenMP runtime they link (GCC's libgomp.so.1) beside them, so an
-installed Redline never compiles anything. The wheel is tagged ``py3-none-<platform>`` (the library uses no Python
-API, so one wheel serves every Python 3.11+); on Linux the platform is ``manylinux_2_N_<arch>``, N the newest glibc
-symbol version the carried libraries ask for (what ``auditwheel show`` reports: ``make wheel`` runs it where it is
-installed). Not ``auditwheel repair``: it would rename libgomp, and torch's copy and ours would then be two OpenMP
-thread pools (build.py's ``bundle_openmp_runtime`` says why that is slower).
+``python -m build --wheel`` compiles inference/kernels/cpu/ once per CPU variant of this machine's architecture
+(``inference/kernels/cpu/build.py``: avx512-vnni, avx2-vnni, avx2 and generic on x86-64, neon-dotprod and neon on
+ARM64) into ``redline/inference/kernels/cpu/prebuilt/``, with the OpenMP runtime they link (GCC's libgomp.so.1)
+beside them, so an installed Redline never compiles anything. The wheel is tagged ``py3-none-<platform>`` (the
+library uses no Python API, so one wheel serves every Python 3.11+); on Linux the platform is
+``manylinux_2_N_<arch>``, N the newest glibc symbol version the carried libraries ask for (what ``auditwheel show``
+reports: ``make wheel`` runs it where it is installed). Not ``auditwheel repair``: it would rename libgomp, and
+torch's copy and ours would then be two OpenMP thread pools (build.py's ``bundle_openmp_runtime`` says why that is
+slower).
 
 An editable install (``pip install -e .``, what ``make`` does) builds nothing: a source checkout builds its
-kernels on first use instead (inference/kernels/native.py).
+kernels on first use instead (inference/kernels/cpu/library.py).
 
 Environment:
   REDLINE_KERNEL_VARIANTS   variants to build (comma-separated; default: this machine's, all of them; "none" for
@@ -19,7 +19,7 @@ Environment:
   REDLINE_REQUIRE_KERNELS   1: a failed compile fails the build (``make wheel`` and the packaging test set it);
                             otherwise the wheel is built without kernels, with a warning, and falls back to a
                             first-use build or torch's operators
-  REDLINE_KERNEL_CACHE      a folder of earlier builds keyed as native.py keys a checkout's own (the tests point it
+  REDLINE_KERNEL_CACHE      a folder of earlier builds keyed as library.py keys a checkout's own (the tests point it
                             at the per-machine cache, so the packaging test compiles nothing the checkout built)
   CXX                       the compiler (default: c++, g++ or clang++; MSVC's cl on Windows, see build.py)
 """
@@ -36,7 +36,7 @@ from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 ROOT = Path(__file__).resolve().parent
-KERNELS = ROOT / "inference" / "kernels"
+KERNELS = ROOT / "inference" / "kernels" / "cpu"
 _built = {}  # "folder": where build_py put the libraries (the wheel's tag reads them)
 
 
@@ -48,7 +48,7 @@ def _recipe():
 
 
 class BuildWithKernels(build_py):
-    """build_py, then the kernel libraries into the build tree's redline/inference/kernels/prebuilt/."""
+    """build_py, then the kernel libraries into the build tree's redline/inference/kernels/cpu/prebuilt/."""
 
     def find_package_modules(self, package, package_dir):
         # The repository root is the package `redline`, so this script sits in it: not a module of the package.
@@ -62,7 +62,7 @@ class BuildWithKernels(build_py):
         recipe = _recipe()
         wanted = os.environ.get("REDLINE_KERNEL_VARIANTS", ",".join(recipe.VARIANTS.get(recipe.machine(), ())))
         variants = [v for v in wanted.split(",") if v and v != "none"]
-        out = Path(self.build_lib) / "redline" / "inference" / "kernels" / "prebuilt"
+        out = Path(self.build_lib) / "redline" / "inference" / "kernels" / "cpu" / "prebuilt"
         strict = os.environ.get("REDLINE_REQUIRE_KERNELS", "").strip() in ("1", "true", "yes")
 
         cache = os.environ.get("REDLINE_KERNEL_CACHE", "").strip()
@@ -72,7 +72,7 @@ class BuildWithKernels(build_py):
             compiler = recipe.find_compiler("aarch64" if variant.startswith("neon") else "x86_64")
             if not cache or compiler is None:
                 return recipe.compile_library(variant, target, source_dir=KERNELS)
-            # The same key as a source checkout's first-use build (native.py): same sources, flags and compiler,
+            # The same key as a source checkout's first-use build (library.py): same sources, flags and compiler,
             # so the same bytes; built once per machine for the tests' wheels and the checkout alike.
             cached = Path(cache) / recipe.build_key(variant, compiler) / recipe.library_name(variant)
             if not cached.is_file():

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from redline.app import __version__, cli_bench, cli_chat, cli_estimate, cli_models, cli_serve, launch
+from . import __version__, cli_bench, cli_chat, cli_estimate, cli_models, cli_serve, launch
 
 SUBCOMMANDS = [cli_chat, cli_models, cli_estimate, cli_bench, cli_serve]
 
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # `redline bench --markdown` quotes it
     if args.smoke_test:
-        from redline.app.smoke import run_smoke_test
+        # lazy: the smoke test opens the window; Qt loads for it, never for the command line's other commands
+        from .smoke import run_smoke_test
 
         return run_smoke_test()
     if args.command is None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from redline.app.cli_args import SEED_MAX, at_least, whole_number, whole_number_list
-from redline.app.terminal import TerminalProgress
-from redline.inference import (
+from ..inference import (
     ACCEPTED_FORMS,
     SEED_PRESET,
     SWEEP_MODES,
@@ -26,9 +25,12 @@ from redline.inference import (
     builtin_prompt_sets,
     configs_text,
     every_precision,
+    kv_form_job,
+    kv_forms,
     ladder,
     load_prompt_set,
     parse_configs,
+    probe_machine,
     run_bench,
     save_report,
     to_csv,
@@ -36,6 +38,10 @@ from redline.inference import (
     to_markdown,
     to_text,
 )
+from .cli_args import SEED_MAX, at_least, whole_number, whole_number_list
+from .cli_chat import add_kv_argument
+from .server_keys import ServerKeys
+from .terminal import TerminalProgress
 
 DEFAULT_CONFIGS = "naive:fp32,kv:fp32"
 
@@ -58,9 +64,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--set",
         dest="ready_set",
-        choices=("ladder", "every-precision"),
+        choices=("ladder", "every-precision", "kv-forms"),
         help="a ready-made set instead of --configs: the ladder (naive → kv → quantised → speculative → static, "
-        "the model drafting for itself) or every precision with kv",
+        "the model drafting for itself), every precision with kv, or the fast path with its KV cache in 16 and in "
+        "8 bits side by side (kv-forms: the q8 rows' quality columns compare them)",
     )
     p.add_argument(
         "--baseline",
@@ -152,6 +159,7 @@ def add_parser(sub) -> None:
         "the format the speed lab panel reopens",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    add_kv_argument(p)
     p.set_defaults(func=run)
 
 
@@ -172,11 +180,11 @@ def _baseline_index(text: str, labels: list[str]) -> int:
 
 def spec_from_args(args) -> BenchSpec:
     if args.ready_set == "ladder":
-        from redline.inference import probe_machine
-
         configs = parse_configs(configs_text(ladder(probe_machine(include_gpus=True).device, args.model)))
     elif args.ready_set == "every-precision":
         configs = every_precision("kv")
+    elif args.ready_set == "kv-forms":
+        configs = parse_configs(configs_text(kv_forms(probe_machine(include_gpus=True).device)))
     else:
         configs = parse_configs(args.configs)
     warmup = args.warmup if args.warmup is not None else (SEED_PRESET["warmup"] if args.seed_preset else 1)
@@ -206,9 +214,6 @@ def spec_from_args(args) -> BenchSpec:
 
 def _server_keys(configs) -> dict:
     """The API key of each server a remote:URL configuration names: $REDLINE_REMOTE_API_KEY or the saved one."""
-    import os
-
-    from redline.app.server_keys import ServerKeys
 
     keys, saved, env = {}, ServerKeys(), os.environ.get("REDLINE_REMOTE_API_KEY", "").strip()
     for c in configs:
@@ -246,6 +251,7 @@ def run(args) -> int:
     service = EngineService(lambda: Engine(args.device))
     bar = TerminalProgress()
     cancel = threading.Event()
+    service.call(kv_form_job(args.kv), "the KV cache's form")  # for every load of the run, in order before it
     handle = service.call(lambda engine, report: run_bench(engine, spec, report, cancel.is_set), "the speed lab")
 
     def on_event(ev) -> None:

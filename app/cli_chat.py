@@ -8,14 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from redline.app.cli_args import SEED_MAX, above, at_least, whole_number
-from redline.app.terminal import TerminalProgress
-from redline.app.trust_store import TrustStore, opt_in_from
-from redline.inference import (
+from ..inference import (
     ACCEPTED_FORMS,
     DEFAULT_PRIORITY,
+    KV_FORMS,
     PRECISIONS,
     PRIORITIES,
+    REASONING_EFFORTS,
     STRATEGIES,
     DecodeOptions,
     EngineService,
@@ -23,13 +22,19 @@ from redline.inference import (
     Progress,
     RedlineError,
     SamplingSettings,
+    Thinking,
     TokenEvent,
     check_address_space,
     code_opt_in,
     default_device,
     is_server_url,
+    kv_form_job,
     resolve_auto,
 )
+from .cli_args import SEED_MAX, above, at_least, whole_number
+from .server_keys import ServerKeys
+from .terminal import TerminalProgress
+from .trust_store import TrustStore, opt_in_from
 
 REMOTE_KEY_ENV = "REDLINE_REMOTE_API_KEY"
 
@@ -45,7 +50,6 @@ def remote_key(args) -> str | None:
         return key or None
     if os.environ.get(REMOTE_KEY_ENV, "").strip():
         return os.environ[REMOTE_KEY_ENV].strip()
-    from redline.app.server_keys import ServerKeys
 
     return ServerKeys().get(args.model)
 
@@ -101,6 +105,19 @@ def add_model_arguments(p: argparse.ArgumentParser, remote: bool = True) -> None
     p.add_argument(
         "--allow-pickle", action="store_true", help="allow pickle-based .bin weights (loaded with weights_only=True)"
     )
+    add_kv_argument(p)
+
+
+def add_kv_argument(p: argparse.ArgumentParser) -> None:
+    """``--kv bf16|q8``: the fast path's KV cache in its float dtype or in 8 bits (chat, serve, bench)."""
+    p.add_argument(
+        "--kv",
+        default="bf16",
+        choices=KV_FORMS,
+        help="the fast path's KV cache: bf16 (default: the model's float dtype) or q8 (int8 with a scale per token "
+        "and head: about half the memory and the bytes a step reads; see docs/performance.md for what it costs); in "
+        "redline bench, the form of rows that name none (a row's +kv=q8|bf16 wins)",
+    )
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,10 +142,89 @@ def add_parser(sub) -> None:
     )
     p.add_argument("prompt", nargs="?", help="the message; omit for an interactive chat")
     p.add_argument("--system", help="system prompt")
-    p.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON record instead of streaming text (a reasoning model's thinking in 'reasoning', apart "
+        "from the answer in 'text')",
+    )
+    add_thinking_arguments(p)
     add_model_arguments(p)
     add_sampling_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_thinking_arguments(p: argparse.ArgumentParser) -> None:
+    """A reasoning model's switch (docs/chat.md#reasoning-models); a model that does not reason ignores them."""
+    p.add_argument(
+        "--thinking",
+        choices=("on", "off"),
+        default=None,
+        help="a reasoning model thinks before it answers (default: the model's own choice)",
+    )
+    p.add_argument(
+        "--reasoning-effort", choices=REASONING_EFFORTS, help="how hard it thinks, where the model has levels"
+    )
+    p.add_argument(
+        "--thinking-budget",
+        default=None,
+        help="at most this many thinking tokens; then the thinking is closed and the answer follows",
+        **whole_number(1),
+    )
+    p.add_argument(
+        "--hide-thinking",
+        action="store_true",
+        help="do not print a reasoning model's thinking (shown dimmed otherwise; on stderr when stdout is not a "
+        "terminal, so a redirect keeps the answer alone)",
+    )
+
+
+def thinking_from_args(args) -> Thinking | None:
+    thinking = getattr(args, "thinking", None)
+    effort = getattr(args, "reasoning_effort", None)
+    budget = getattr(args, "thinking_budget", None)
+    if thinking is None and effort is None and budget is None:
+        return None
+    return Thinking(enabled=None if thinking is None else thinking == "on", effort=effort, budget=budget)
+
+
+class ReplyPrinter:
+    """Writes a reply as it streams: a reasoning model's thinking dimmed (on a terminal; plain on stderr when stdout is
+    not one, so a redirect holds the answer alone), a blank line, then the answer; the thinking left out with
+    ``hide``."""
+
+    DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+    def __init__(self, out=None, err=None, hide: bool = False):
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.hide = hide
+        tty = getattr(self.out, "isatty", lambda: False)()
+        self.color = tty and not os.environ.get("NO_COLOR")
+        self.thought = self.out if tty else self.err
+        self.thinking = False  # thinking text written, the answer not begun
+
+    def __call__(self, event: TokenEvent) -> None:
+        if event.reasoning and not self.hide:
+            if not self.thinking and self.color:
+                self.thought.write(self.DIM)
+            self.thinking = True
+            self.thought.write(event.reasoning)
+            self.thought.flush()
+        if event.text:
+            self._close()
+            self.out.write(event.text)
+            self.out.flush()
+
+    def _close(self) -> None:
+        if self.thinking:
+            self.thought.write((self.RESET if self.color else "") + "\n\n")
+            self.thought.flush()
+            self.thinking = False
+
+    def end(self) -> None:
+        """The reply ended (a reply cut off while thinking leaves the colour reset)."""
+        self._close()
 
 
 def sampling_from_args(args) -> SamplingSettings:
@@ -176,6 +272,7 @@ def start_engine(args, quiet: bool = False) -> EngineService:
     progress = TerminalProgress()
     speculative = args.strategy == "speculative"
     try:
+        service.call(kv_form_job(getattr(args, "kv", "bf16")), "the KV cache's form").result()  # for the load below
         handle = service.load(
             args.model,
             args.precision,
@@ -184,6 +281,7 @@ def start_engine(args, quiet: bool = False) -> EngineService:
             opt_in=opt_in,
             api_key=remote_key(args) if remote else None,
             draft_required=True,  # --strategy speculative without its draft would only fail later
+            context=getattr(args, "context", None),  # what a load that runs out of memory names
         )
         for ev in handle.events():
             if isinstance(ev, Progress):
@@ -197,7 +295,7 @@ def start_engine(args, quiet: bool = False) -> EngineService:
         print("note: --draft is only used with --strategy speculative", file=sys.stderr)
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
-    strategies = service.engine.target.capabilities.strategies
+    strategies = service.target.capabilities.strategies
     if args.strategy not in strategies and args.strategy != "auto" and not quiet:
         print(
             f"note: --strategy {args.strategy} is not sent: {report.name} decodes as its server chooses",
@@ -218,11 +316,14 @@ def resolve_auto_args(device: str, args, quiet: bool = False):
         args.strategy,
         getattr(args, "priority", DEFAULT_PRIORITY),
         getattr(args, "context", None),
+        kv=getattr(args, "kv", "bf16"),
     )
     if args.precision == "auto" and choice.precision:
         args.precision = choice.precision
     if args.strategy == "auto":
         args.strategy = choice.strategy
+    if hasattr(args, "kv"):
+        args.kv = choice.kv  # 8 bits where only that makes the context fit (the reason says so)
     if not quiet:
         print(f"note: {choice.reason}", file=sys.stderr)
     return choice
@@ -235,24 +336,28 @@ def _stream_reply(service: EngineService, messages: list[dict], args) -> "object
         options=options_from_args(args),
         context=args.context,
         client="cli",
+        thinking=thinking_from_args(args),
     )
     handle = service.submit(request)
+    printer = ReplyPrinter(hide=getattr(args, "hide_thinking", False))
     try:
         for ev in handle.events():
-            if isinstance(ev, TokenEvent) and ev.text and not args.json:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
+            if isinstance(ev, TokenEvent) and not args.json:
+                printer(ev)
     except KeyboardInterrupt:
         handle.cancel()  # stops this reply within one decode step; what was written is kept
         handle.wait(30)
         raise
+    finally:
+        printer.end()
     return handle.result()
 
 
 def result_record(service: EngineService, result) -> dict:
     record = result.to_dict()
-    record["model"] = service.engine.target.name
-    record["device"] = service.engine.target.device
+    record["model"] = service.target.name
+    record["answer_tokens"] = result.answer_tokens  # beside reasoning_tokens: they add up to new_tokens
+    record["device"] = service.target.device
     return record
 
 
@@ -281,19 +386,26 @@ def run(args) -> int:
             if not note.startswith("Traceback"):
                 print(f"note: {note}", file=sys.stderr)
         if result.tokens_per_s:
-            print(
-                f"[{result.new_tokens} tokens, {result.tokens_per_s:.1f} tok/s, "
-                f"TTFT {result.ttft_ms:.0f} ms, {result.finish_reason}]",
-                file=sys.stderr,
-            )
+            print(f"[{summary(result)}]", file=sys.stderr)
     if result.finish_reason == "error":
         print(f"error: {result.error}", file=sys.stderr)
         return 1
     return 0
 
 
+def summary(result) -> str:
+    """The line after a reply: its tokens, speed, TTFT and end; a reasoning model's thinking and answer apart."""
+    tokens = f"{result.new_tokens} tokens"
+    first = ""
+    if result.reasoning_format is not None:
+        tokens += f" ({result.reasoning_tokens} thinking, {result.answer_tokens} answer)"
+        if result.ttfat_ms is not None and result.reasoning_tokens:
+            first = f", first answer token {result.ttfat_ms:.0f} ms"
+    return f"{tokens}, {result.tokens_per_s:.1f} tok/s, TTFT {result.ttft_ms:.0f} ms{first}, {result.finish_reason}"
+
+
 def interactive(service: EngineService, args) -> int:
-    target = service.engine.target
+    target = service.target
     print(
         f"Chatting with {target.name} ({target.precision.label()}, {target.device}). /exit quits, /reset starts over.",
         file=sys.stderr,

@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import sys
 
-from redline.app.cli_args import above, whole_number
-from redline.inference import (
+from ..inference import (
+    CHAT_NEW_TOKENS,
+    CHAT_PROMPT_TOKENS,
     CONSUMER_GPUS,
+    DEFAULT_CONTEXT_CAP,
     DEFAULT_PRIORITY,
+    KV_FORMS,
     MB,
+    NEXT_TURN_TOKENS,
     PRECISIONS,
     PRIORITIES,
+    Engine,
     Estimate,
     KernelsReport,
     Planner,
@@ -24,14 +29,15 @@ from redline.inference import (
     correction_bytes,
     detect_target,
     format_bytes,
+    measure_acceptance,
     parse_precision,
     precisions_for,
     read_shape,
     suggest,
     this_machine,
 )
-
-DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here
+from .cli_args import above, whole_number
+from .terminal import TerminalProgress
 
 
 def add_parser(sub) -> None:
@@ -52,6 +58,13 @@ def add_parser(sub) -> None:
         **whole_number(1),
     )
     p.add_argument("--batch", default=1, **whole_number(1))
+    p.add_argument(
+        "--kv",
+        default="bf16",
+        choices=KV_FORMS,
+        help="the KV cache's form: bf16 (default, the model's float dtype) or q8 (8-bit rows, about half the "
+        "memory a token; the fast path keeps it, as `redline chat --kv q8`)",
+    )
     p.add_argument("--draft", help="a draft model for speculative decoding (its weights and KV cache are added)")
     p.add_argument("--draft-precision", default=None, help="the draft's precision (default: the same)")
     where = p.add_mutually_exclusive_group()
@@ -113,7 +126,7 @@ def build_report(args) -> dict:
     context = args.context or min(shape.max_positions, DEFAULT_CONTEXT_CAP)
     correction = correction_bytes(target.device, key=target.calibration_key) if target.calibration_key else 0
     draft_spec = parse_precision(args.draft_precision) if args.draft_precision else None
-    planner = Planner(shape, target, args.batch, draft, draft_spec, correction)
+    planner = Planner(shape, target, args.batch, draft, draft_spec, correction, args.kv)
     names = precisions_for(shape) if args.precision in ("all", "auto") else [args.precision]
     estimates = [planner.estimate(parse_precision(p), context) for p in names]
     advice = suggest(planner, context, None if args.precision in ("all", "auto") else args.precision)
@@ -139,6 +152,8 @@ def build_report(args) -> dict:
         "layers": shape.layers,
         "kv_heads": shape.kv_heads,
         "head_dim": shape.head_dim,
+        "max_positions": shape.max_positions,
+        "sliding_window": max((w for w in shape.layer_windows if w), default=None),
         "context": context,
         "batch": args.batch,
         "draft": draft.name if draft else None,
@@ -155,13 +170,57 @@ def build_report(args) -> dict:
         report["bandwidth_bound_tokens_per_s"] = {
             e.precision: round(target.bandwidth_gb_s * 1e9 / (e.weights_bytes + e.draft_bytes), 1) for e in estimates
         }
+    report["kv"] = args.kv
     report["speed"] = speed_report(args, shape, draft, target, planner, context, names)
+    # Each length at the precision auto takes for --priority (the memory suggestion's where auto has none).
+    chosen = report["speed"]["auto"][args.priority]["precision"] or advice.precision or names[0]
+    report["lengths"] = length_costs(planner, parse_precision(chosen), context)
     report["_estimates"] = estimates
     return report
 
 
-SPEED_PROMPT_TOKENS, SPEED_NEW_TOKENS = 64, 256  # "a chat reply": the lengths the tok/s column assumes
-NEXT_TURN_TOKENS = 130  # a conversation's next message: what a turn reads when the prefix cache holds the rest
+def length_costs(planner, spec, context: int) -> dict:
+    """What each context length costs at ``spec``: the KV cache a token in each form, and the memory at lengths from
+    2,048 tokens doubling up to the model's own limit (the length asked among them), with whether each fits."""
+    shape = planner.shape
+    per_token = {kv: planner.with_kv(kv).estimate(spec, 1, strategy="fast").kv_cache_bytes for kv in KV_FORMS}
+    lengths, n = {context, shape.max_positions}, 2048
+    while n < shape.max_positions:
+        lengths.add(n)
+        n *= 2
+    rows = []
+    for length in sorted(lengths):
+        e = {kv: planner.with_kv(kv).estimate(spec, length, strategy="fast") for kv in KV_FORMS}
+        row = {"context": length, "fits": bool(e[planner.kv].fits), "total_bytes": e[planner.kv].total_bytes}
+        row |= {f"kv_{kv}_bytes": e[kv].kv_cache_bytes for kv in KV_FORMS} | {"fits_q8": bool(e["q8"].fits)}
+        rows.append(row)
+    return {"precision": spec.label(), "kv_bytes_per_token": per_token, "rows": rows}
+
+
+def print_lengths(report: dict) -> None:
+    lengths = report["lengths"]
+    per = lengths["kv_bytes_per_token"]
+    windows = " (sliding-window layers keep only their window)" if report.get("sliding_window") else ""
+    print(
+        f"\nKV cache per token: {per['bf16']:,} bytes in 16 bits, {per['q8']:,} in 8 bits (--kv q8){windows}; "
+        f"each length at {lengths['precision']} with the {report['kv']} cache, up to the model's "
+        f"{report['max_positions']:,} tokens:"
+    )
+    rows = [("context", "KV bf16", "KV q8", "total", "fits", "fits with q8 KV")]
+    for r in lengths["rows"]:
+        rows.append(
+            (
+                f"{r['context']:,}",
+                _mb(r["kv_bf16_bytes"]),
+                _mb(r["kv_q8_bytes"]),
+                _mb(r["total_bytes"]),
+                "yes" if r["fits"] else "no",
+                "yes" if r["fits_q8"] else "no",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
 
 def speed_machine(args, target):
@@ -182,18 +241,19 @@ def speed_report(args, shape, draft, target, planner, context, names) -> dict:
     for name in names:
         spec = parse_precision(name)
         for strategy in ("kv", "fast"):
-            p = speed.predict(shape, spec, strategy, SPEED_PROMPT_TOKENS, SPEED_NEW_TOKENS)
+            kv = planner.kv_form(spec, strategy)  # --kv q8 where the fast path keeps the cache
+            p = speed.predict(shape, spec, strategy, CHAT_PROMPT_TOKENS, CHAT_NEW_TOKENS, kv=kv)
             if strategy == "fast" and p.path != "fast":
                 continue  # the fast path does not run this one: it would be kv again
-            full_prompt = max(1, context - SPEED_NEW_TOKENS)
-            full = speed.predict(shape, spec, strategy, full_prompt, SPEED_NEW_TOKENS)
+            full_prompt = max(1, context - CHAT_NEW_TOKENS)
+            full = speed.predict(shape, spec, strategy, full_prompt, CHAT_NEW_TOKENS, kv=kv)
             # The next turn of that conversation: the prefix cache (the fast path's) holds all but its new message.
-            cached = max(0, full_prompt - NEXT_TURN_TOKENS) if strategy == "fast" else 0
-            turn = speed.predict(shape, spec, strategy, full_prompt, SPEED_NEW_TOKENS, cached_tokens=cached)
+            turn = speed.next_turn(shape, spec, strategy, context, kv=kv)
             rows.append(
                 {
                     "precision": name,
                     "strategy": strategy,
+                    "kv": kv,
                     "tokens_per_s": round(p.tokens_per_s, 2),
                     "ttft_ms": round(p.ttft_ms, 1),
                     "tokens_per_s_full_context": round(full.tokens_per_s, 2),
@@ -212,8 +272,8 @@ def speed_report(args, shape, draft, target, planner, context, names) -> dict:
             )
     out = {
         "machine": machine.to_dict(),
-        "prompt_tokens": SPEED_PROMPT_TOKENS,
-        "new_tokens": SPEED_NEW_TOKENS,
+        "prompt_tokens": CHAT_PROMPT_TOKENS,
+        "new_tokens": CHAT_NEW_TOKENS,
         "next_turn_tokens": NEXT_TURN_TOKENS,
         "context": context,
         "predictions": rows,
@@ -229,8 +289,8 @@ def speed_report(args, shape, draft, target, planner, context, names) -> dict:
             priority,
             pinned or "auto",
             "auto",
-            SPEED_PROMPT_TOKENS,
-            SPEED_NEW_TOKENS,
+            CHAT_PROMPT_TOKENS,
+            CHAT_NEW_TOKENS,
         ).to_dict()
         for priority in PRIORITIES
     }
@@ -256,7 +316,7 @@ def speed_report(args, shape, draft, target, planner, context, names) -> dict:
             draft,
             dprec,
             args.draft_tokens,
-            SPEED_PROMPT_TOKENS,
+            CHAT_PROMPT_TOKENS,
             measured.acceptance_rate if measured else None,
         )
         out["draft_advice"] = adv.to_dict()
@@ -264,12 +324,10 @@ def speed_report(args, shape, draft, target, planner, context, names) -> dict:
 
 
 def planner_without_draft(planner: Planner) -> Planner:
-    return Planner(planner.shape, planner.target, planner.batch, None, None, planner.correction)
+    return Planner(planner.shape, planner.target, planner.batch, None, None, planner.correction, planner.kv)
 
 
 def measure(args, target_precision: str, draft_precision: str):
-    from redline.app.terminal import TerminalProgress
-    from redline.inference import Engine, measure_acceptance
 
     engine = Engine()
     progress = TerminalProgress()
@@ -292,6 +350,7 @@ def print_report(report: dict) -> None:
         f"{report['target']}: {format_bytes(report['available_bytes'])} available\n"
     )
     print(table(report["_estimates"]))
+    print_lengths(report)
     if "bandwidth_bound_tokens_per_s" in report:
         bounds = ", ".join(f"{p} {v:g}" for p, v in report["bandwidth_bound_tokens_per_s"].items())
         print(f"\nbandwidth bound at batch 1 (tokens/s at most): {bounds}")

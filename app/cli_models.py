@@ -8,12 +8,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from redline.app.terminal import TerminalProgress
-from redline.inference import (
+from ..inference import (
     PRIORITIES,
     STARTER_NAME,
     RedlineError,
     age_text,
+    default_device,
     delete_local_model,
     delete_text,
     fetch_variant,
@@ -28,6 +28,9 @@ from redline.inference import (
     resolve_model,
     search_hub,
 )
+from .presets import PresetStore
+from .settings import load_settings
+from .terminal import TerminalProgress
 
 
 def add_parser(sub) -> None:
@@ -69,13 +72,11 @@ def folder_size(path: Path) -> int:
 def _priority(args) -> str:
     if getattr(args, "priority", None):
         return args.priority
-    from redline.app.settings import load_settings
 
     return load_settings()[0].priority
 
 
 def _recent() -> list[str]:
-    from redline.app.presets import PresetStore
 
     try:
         return PresetStore().recent_models()
@@ -85,7 +86,6 @@ def _recent() -> list[str]:
 
 def _prediction(model: str, priority: str) -> str:
     """How ``model`` would run here, on one line ("bf16 · 1.2 GB · fits · ≈ 40 tok/s")."""
-    from redline.inference import default_device
 
     try:
         choice = resolve_auto(model, default_device(), priority=priority)
@@ -178,8 +178,6 @@ def run_pull(args) -> int:
     progress = TerminalProgress()
     try:
         if args.variant:
-            from redline.inference import default_device
-
             rv = repo_variants(args.model, default_device())  # the variants this machine offers
             variant = next((v for v in rv.variants if v.name.lower() == args.variant.lower()), None)
             if variant is None:

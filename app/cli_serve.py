@@ -14,9 +14,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from redline.app.cli_args import whole_number
-from redline.app.cli_chat import add_model_arguments, start_engine
-from redline.inference import (
+from ..inference import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     ApiServer,
@@ -25,6 +23,8 @@ from redline.inference import (
     ServerConfigError,
     is_loopback,
 )
+from .cli_args import whole_number
+from .cli_chat import add_model_arguments, start_engine
 
 KEY_ENV = "REDLINE_API_KEY"
 
@@ -123,9 +123,10 @@ def run(args) -> int:
         config = config_from_args(args)
         config.validate()  # before the model spends time loading
         service = start_engine(args)
+        config.strategy = args.strategy  # `auto` as start_engine resolved it (its note said which and why)
         server = ApiServer(service, config)
         address = server.start()
-        target = service.engine.target
+        target = service.target
         print(f"Serving {target.name} ({target.precision.label()}, {target.device}) at {address}", file=sys.stderr)
         if not is_loopback(config.host):
             print(

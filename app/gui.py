@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from typing import Optional
 
-from redline.app import __license__, __version__
-from redline.app.presets import PresetStore
-from redline.app.server_keys import ServerKeys
-from redline.app.settings import load_settings, save_settings, settings_path
-from redline.app.store import Store, open_store
-from redline.app.trust_store import TrustStore
+import qasync
+from PySide6.QtWidgets import QApplication
+
+from ..inference import models_dir
+from ..ui.about import AboutInfo
+from ..ui.bridge import EngineBridge
+from ..ui.garbage import UiGarbageCollector
+from ..ui.lazy_panel import LazyPanel
+from ..ui.style import app_icon
+from ..ui.window.main_window import MainWindow
+from . import __license__, __version__
+from .presets import PresetStore
+from .private_files import data_dir
+from .server_keys import ServerKeys
+from .settings import load_settings, save_settings, settings_path
+from .store import Store, open_store
+from .trust_store import TrustStore
 
 APP_ID = "io.github.redline_app.Redline"  # reverse-DNS id: the .desktop file and AppStream metadata use it
 
 
 def configure_application(app) -> None:
     """Name, icon and desktop-file id of the QApplication (Wayland matches the window to the .desktop file)."""
-    from redline.ui.style import app_icon
 
     app.setApplicationName("Redline")
     app.setApplicationDisplayName("Redline")
@@ -30,10 +41,8 @@ def configure_application(app) -> None:
 
 def about_info(store: Store, settings_file=None):
     """What Help → About shows about this installation: version, licence, where its files are."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import constants as hf_constants
-
-    from redline.inference import models_dir
-    from redline.ui.about import AboutInfo
 
     return AboutInfo(
         version=__version__,
@@ -57,8 +66,6 @@ def build_window(
 
     Without a store, the conversation database is opened with ``open_store``: a corrupt or locked
     database never stops the window from opening; the window says what happened."""
-    from redline.ui.bridge import EngineBridge
-    from redline.ui.window.main_window import MainWindow
 
     settings, warning = load_settings()
     store_warning = None
@@ -85,13 +92,13 @@ def build_window(
 def add_speed_lab(window, engine) -> None:
     """The speed lab shares the chat's engine; built when its tab is first opened. Its Model field starts as
     the chat's model (a server's address when the chat is connected to one) and follows each load."""
-    from redline.app.private_files import data_dir
-    from redline.ui.lazy_panel import LazyPanel
 
     def build():
-        from redline.app.server_keys import ServerKeys
-        from redline.ui.speedlab import SpeedLabPanel
-        from redline.ui.speedlab.link import follow_speed_lab
+        # lazy: speedlab imports pyqtgraph (the charts' library loads when a chart is first shown)
+        from ..ui.speedlab import SpeedLabPanel
+
+        # lazy: speedlab imports pyqtgraph (the charts' library loads when a chart is first shown)
+        from ..ui.speedlab.link import follow_speed_lab
 
         presets = window.presets
         panel = SpeedLabPanel(
@@ -109,10 +116,6 @@ def add_speed_lab(window, engine) -> None:
 
 
 def run_gui(model: Optional[str] = None, engine_factory=None) -> int:
-    import qasync
-    from PySide6.QtWidgets import QApplication
-
-    from redline.ui.garbage import UiGarbageCollector
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     configure_application(app)
@@ -137,8 +140,7 @@ def finish_quit(window) -> int:
     Everything is saved by then (the replies with their figures, the settings when they changed, the store closed),
     so the process ends with ``os._exit``: Python's own finalisation would collect and tear down every module
     (torch, transformers: millions of objects), which took 3.4-5.7 s on a 2-core machine with the starter loaded
-    and nothing running (``tools/quit_time.py``), while the window was already gone."""
-    import logging
+    and nothing running (``tools/benchmarks/quit_time.py``), while the window was already gone."""
 
     window.shutdown()
     window.store.close()

@@ -90,7 +90,8 @@ def open_gui(model: Optional[str], terminal_chat: Callable[[str], int]) -> int:
         print(f"{problem}\nUntil then, here is the terminal chat ({chat}).", file=sys.stderr)
         return terminal_chat(model or "starter")
     try:
-        from redline.app.gui import run_gui
+        # lazy: it may be missing or fail to load here, which the handler below says
+        from .gui import run_gui
 
         return run_gui(model=model)
     except ImportError as exc:

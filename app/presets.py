@@ -15,8 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from redline.app.private_files import config_dir, write_private
-from redline.app.settings import Settings
+from .private_files import config_dir, write_private
+from .settings import Settings
 
 # The settings a preset carries (everything but nothing: all of Settings' fields are part of a configuration).
 PRESET_FIELDS = tuple(f.name for f in fields(Settings))

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from redline.app.private_files import config_dir, write_private
-from redline.inference import parse_server_spec
+from ..inference import parse_server_spec
+from .private_files import config_dir, write_private
 
 
 def _key_for(url: str) -> str:

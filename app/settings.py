@@ -14,11 +14,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
-from redline.app.private_files import config_dir, write_private
-from redline.inference import DEFAULT_PRIORITY, PRIORITIES, STRATEGIES
+from ..inference import DEFAULT_PRIORITY, KV_FORMS, PRIORITIES, REASONING_EFFORTS, STRATEGIES, Thinking
+from .private_files import config_dir, write_private
 
 # Changing any of these means the model (or draft) has to be loaded again.
-RELOAD_FIELDS = ("model", "precision", "draft_model", "draft_precision")
+RELOAD_FIELDS = ("model", "precision", "draft_model", "draft_precision", "kv_cache")
+THEMES = ("system", "light", "dark")  # the window's theme: follow the desktop, or one of its two
 AUTO = "auto"  # precision and strategy: chosen when the model loads (inference.resolve_auto), by ``priority``
 
 
@@ -38,17 +39,28 @@ class Settings:
     top_k: Optional[int] = None
     repetition_penalty: Optional[float] = None
     seed: Optional[int] = None
+    # A reasoning model's thinking (docs/chat.md#reasoning-models): "auto" (the model's own default), "on" or "off";
+    # its effort where the model has levels ("auto" or one of REASONING_EFFORTS); at most this many thinking tokens
+    # before the answer is forced (0: no limit). A model that does not reason ignores them.
+    thinking: str = AUTO
+    reasoning_effort: str = AUTO
+    thinking_budget: int = 0
     # The engine service (read at start): replies decoded together at most, and requests that may wait.
     max_active_replies: int = 4
     max_queued_requests: int = 32
     # What the prefix cache may keep of a conversation's earlier turns (bytes of KV cache no reply uses, within the
     # KV budget), so the next turn reads only its new message; 0 turns it off. Applied at once, and at each load.
     prefix_cache_bytes: int = 256_000_000
+    # The fast path's KV cache: "bf16" (the model's float dtype) or "q8" (8 bits, a scale per token and head: about
+    # half the memory; docs/performance.md). Taken at each load (a change reloads the model).
+    kv_cache: str = "bf16"
     # The window's server (Server → Serve the model): where it listens and which browser origins may call it.
     # Its API key is kept apart, in a private file (app/server_keys.py), never here.
     server_host: str = "127.0.0.1"
     server_port: int = 8642
     server_cors: tuple[str, ...] = ()
+    # The window's colours: "system" follows the desktop's light or dark scheme (ui/style.py); "light" or "dark".
+    theme: str = "system"
 
     def needs_reload(self, other: "Settings") -> bool:
         """Would going from self to other need the model or draft loaded again?"""
@@ -59,6 +71,16 @@ class Settings:
             return True
         # The draft is only loaded for the speculative strategy.
         return (self.strategy == "speculative") != (other.strategy == "speculative")
+
+    def thinking_setting(self) -> Optional[Thinking]:
+        """What the replies ask of a reasoning model (None: its own defaults)."""
+        if (self.thinking, self.reasoning_effort, self.thinking_budget) == (AUTO, AUTO, 0):
+            return None
+        return Thinking(
+            enabled=None if self.thinking == AUTO else self.thinking == "on",
+            effort=None if self.reasoning_effort == AUTO else self.reasoning_effort,
+            budget=self.thinking_budget or None,
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -104,11 +126,22 @@ class Settings:
         num("prefix_cache_bytes", int, False)
         if self.prefix_cache_bytes < 0:
             raise ValueError("prefix_cache_bytes must be 0 (off) or more")
+        if self.kv_cache not in KV_FORMS:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_FORMS)}, not {self.kv_cache!r}")
         num("context_length", int)
+        if self.thinking not in (AUTO, "on", "off"):
+            raise ValueError(f"thinking must be auto, on or off, not {self.thinking!r}")
+        if self.reasoning_effort != AUTO and self.reasoning_effort not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning_effort must be auto or one of {', '.join(REASONING_EFFORTS)}")
+        num("thinking_budget", int, False)
+        if self.thinking_budget < 0:
+            raise ValueError("thinking_budget must be 0 (no limit) or more")
         num("top_k", int)
         num("seed", int)
         for name in ("temperature", "top_p", "repetition_penalty"):
             num(name)
+        if self.theme not in THEMES:
+            raise ValueError(f"theme must be one of {', '.join(THEMES)}, not {self.theme!r}")
         if not isinstance(self.server_host, str) or not self.server_host.strip():
             raise ValueError("server_host must be an address such as 127.0.0.1")
         num("server_port", int, False)

@@ -17,6 +17,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+from PySide6.QtWidgets import QApplication
+
+from ..ui.about import AboutDialog
+from ..ui.bridge import EngineBridge
+from ..ui.window.main_window import MainWindow
+from . import __version__
+from .gui import about_info, configure_application
+from .settings import Settings
+from .store import Store
+
 EVENT_PROCESSING_S = 0.5  # long enough for the first paint and the memory sampler's first reading
 EXPOSE_TIMEOUT_S = 10.0
 
@@ -32,16 +43,6 @@ def _process_events_for(app, seconds: float, until=None) -> None:
 
 def run_smoke_test() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    import psutil
-    from PySide6.QtWidgets import QApplication
-
-    from redline.app import __version__
-    from redline.app.gui import about_info, configure_application
-    from redline.app.settings import Settings
-    from redline.app.store import Store
-    from redline.ui.about import AboutDialog
-    from redline.ui.bridge import EngineBridge
-    from redline.ui.window.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     configure_application(app)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from redline.app.private_files import data_dir, private_dir
+from .private_files import data_dir, private_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS messages (
     content TEXT NOT NULL,
     partial INTEGER NOT NULL DEFAULT 0,
     stats TEXT,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    reasoning TEXT NOT NULL DEFAULT ''  -- a reasoning model's thinking, apart from the answer in content
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 -- the conversation list is ordered by last activity: with thousands of conversations, no sort on open
@@ -87,6 +88,7 @@ class Message:
     partial: bool = False
     stats: dict = field(default_factory=dict)
     created: float = 0.0
+    reasoning: str = ""  # a reasoning model's thinking before this reply (kept; never sent back to the model)
 
 
 def _create_private(path: Path) -> None:
@@ -118,6 +120,7 @@ class Store:
             self._conn.execute("PRAGMA synchronous = NORMAL")
             with self._conn:
                 self._conn.executescript(SCHEMA)
+                self._migrate()
             # Can we write? Another program's exclusive transaction shows up here, not on reads in WAL mode.
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.execute("ROLLBACK")
@@ -136,6 +139,13 @@ class Store:
         except DatabaseCorrupt:
             self._conn.close()
             raise
+
+    def _migrate(self) -> None:
+        """Bring a database an earlier Redline wrote up to this schema: columns added since, with their defaults
+        (its messages keep what they had; a reply from before reasoning models has no thinking)."""
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(messages)")}
+        if "reasoning" not in columns:
+            self._conn.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")
 
     def drop_empty_partial_replies(self) -> int:
         """Assistant messages that never got a token because the app was killed first (their placeholder still
@@ -255,8 +265,18 @@ class Store:
             self._conn.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return Message(cur.lastrowid, conversation_id, pos, role, content, partial, stats or {}, now)
 
-    def update_message(self, message_id: int, content: str, partial: bool, stats: Optional[dict] = None) -> None:
+    def update_message(
+        self,
+        message_id: int,
+        content: str,
+        partial: bool,
+        stats: Optional[dict] = None,
+        reasoning: Optional[str] = None,
+    ) -> None:
+        """``reasoning``: the reply's thinking so far (None leaves what is stored)."""
         with self._conn:
+            if reasoning is not None:
+                self._conn.execute("UPDATE messages SET reasoning = ? WHERE id = ?", (reasoning, message_id))
             if stats is None:
                 self._conn.execute(
                     "UPDATE messages SET content = ?, partial = ? WHERE id = ?", (content, int(partial), message_id)
@@ -310,6 +330,9 @@ class Store:
                 bits = [f"{s['new_tokens']} tokens"]
                 if s.get("tokens_per_s"):
                     bits.append(f"{s['tokens_per_s']:.1f} tok/s")
+                if (s.get("queued_ms") or 0) >= 100:  # its wait behind other work, apart from its TTFT
+                    what = f" for {s['waited_for']}" if s.get("waited_for") else ""
+                    bits.append(f"waited {s['queued_ms'] / 1000:.1f} s{what}")
                 if s.get("ttft_ms") is not None:
                     bits.append(f"TTFT {s['ttft_ms']:.0f} ms")
                 bits += [str(s[k]) for k in ("strategy", "precision") if s.get(k)]

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from redline.app.private_files import config_dir, write_private
-from redline.inference import NeedsOptIn
+from ..inference import NeedsOptIn
+from .private_files import config_dir, write_private
 
 
 class TrustStore:
@@ -68,22 +68,3 @@ def opt_in_from(
         return False
 
     return opt_in
-
-
-def load_with_trust(
-    engine,
-    model: str,
-    precision,
-    progress=None,
-    *,
-    store: TrustStore,
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
-    confirm: Optional[Callable[[NeedsOptIn], bool]] = None,
-):
-    """Load through ``engine``, honouring remembered opt-ins and the user's explicit ones (``opt_in_from``);
-    without one, NeedsOptIn propagates with its explanation."""
-    opt_in = opt_in_from(store, trust_remote_code, allow_pickle, confirm)
-    if progress is not None:
-        return engine.load(model, precision, progress, opt_in=opt_in)
-    return engine.load(model, precision, opt_in=opt_in)

@@ -19,11 +19,22 @@ Subpackages, each a part of the engine:
   priority; speculative-decoding advice.
 """
 
-from redline.inference.bench.configs import BenchConfig, format_config, parse_config, parse_configs
-from redline.inference.bench.export import COLUMNS, SWEEP_COLUMNS, to_csv, to_json, to_markdown, to_text
-from redline.inference.bench.lab import SEED_PRESET, BenchSpec, run_bench
-from redline.inference.bench.prompts import PromptSet, builtin_prompt_sets, load_prompt_set
-from redline.inference.bench.results import (
+from .backends.remote import RemoteError, display_url, is_server_url, parse_server_spec
+from .backends.remote import list_models as list_server_models
+from .bench.configs import BenchConfig, format_config, parse_config, parse_configs
+from .bench.export import (
+    COLUMNS,
+    REASONING_COLUMNS,
+    SWEEP_COLUMNS,
+    hidden_columns,
+    to_csv,
+    to_json,
+    to_markdown,
+    to_text,
+)
+from .bench.lab import SEED_PRESET, BenchSpec, run_bench
+from .bench.prompts import PromptSet, builtin_prompt_sets, load_prompt_set
+from .bench.results import (
     BenchConcurrencyRow,
     BenchLive,
     BenchPhase,
@@ -35,14 +46,14 @@ from redline.inference.bench.results import (
     ConfigResult,
     SweepRow,
 )
-from redline.inference.bench.saving import list_reports, load_report, save_report
-from redline.inference.bench.sets import READY_SETS, configs_text, every_precision, from_presets, ladder
-from redline.inference.bench.sweep import MODES as SWEEP_MODES
-from redline.inference.browse.fetch import Fetched
-from redline.inference.browse.fetch import fetch as fetch_variant
-from redline.inference.browse.library import LocalModel, age_text, delete_text, local_library, reclaimable_bytes
-from redline.inference.browse.library import delete as delete_local_model
-from redline.inference.browse.predict import (
+from .bench.saving import list_reports, load_report, save_report
+from .bench.sets import READY_SETS, configs_text, every_precision, for_model, from_presets, kv_forms, ladder
+from .bench.sweep import MODES as SWEEP_MODES
+from .browse.fetch import Fetched
+from .browse.fetch import fetch as fetch_variant
+from .browse.library import LocalModel, age_text, delete_text, local_library, reclaimable_bytes
+from .browse.library import delete as delete_local_model
+from .browse.predict import (
     FITS,
     NO_FIT,
     TIGHT,
@@ -51,15 +62,16 @@ from redline.inference.browse.predict import (
     predict_repo,
     process_rss,
 )
-from redline.inference.browse.search import HubModel
-from redline.inference.browse.search import search as search_hub
-from redline.inference.browse.search import warm_up as warm_up_browser
-from redline.inference.browse.variants import RepoVariants, Variant, repo_variants
-from redline.inference.decoding.draft_check import check_pair
-from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
-from redline.inference.decoding.tool_calls import ToolCall, calls_text, read_calls
-from redline.inference.engine import Engine, LoadReport, LoadRequest
-from redline.inference.errors import (
+from .browse.search import HubModel
+from .browse.search import search as search_hub
+from .browse.search import warm_up as warm_up_browser
+from .browse.variants import RepoVariants, Variant, repo_variants
+from .cost import KV_FORMS
+from .decoding.draft_check import check_pair
+from .decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
+from .decoding.tool_calls import ToolCall, calls_text, read_calls
+from .engine import Engine, LoadReport, LoadRequest
+from .errors import (
     Busy,
     Cancelled,
     ContextExceeded,
@@ -73,7 +85,12 @@ from redline.inference.errors import (
     StarterUnavailable,
     UnsupportedConfiguration,
 )
-from redline.inference.events import (
+from .estimate.calibration import correction_bytes, measured_peak_bytes, predict_loaded
+from .estimate.describe import describe as describe_model
+from .estimate.estimator import Estimate, accuracy_margin
+from .estimate.fit import Planner, Target, detect_target, precisions_for, suggest
+from .estimate.model_shapes import read_shape
+from .events import (
     Completed,
     Failed,
     FinishedEvent,
@@ -86,11 +103,11 @@ from redline.inference.events import (
     StatsEvent,
     TokenEvent,
 )
-from redline.inference.generation.request import GenerationRequest
-from redline.inference.hardware.gpus import CONSUMER_GPUS
-from redline.inference.hardware.probe import default_device, torch_cuda_build
-from redline.inference.hardware.probe import probe as probe_machine
-from redline.inference.jobs import (
+from .generation.request import GenerationRequest
+from .hardware.gpus import CONSUMER_GPUS
+from .hardware.probe import default_device, torch_cuda_build
+from .hardware.probe import probe as probe_machine
+from .jobs import (
     KernelsReport,
     KvCacheHeld,
     MachineInfo,
@@ -100,46 +117,48 @@ from redline.inference.jobs import (
     hardware_job,
     kernels_job,
     kv_cache_held,
+    kv_form_job,
     machine_job,
     pair_job,
     predictions_job,
     prefix_cache_job,
 )
-from redline.inference.loading.loader import check_address_space, code_opt_in
-from redline.inference.loading.precision import PRECISIONS, PrecisionSpec, parse_precision, resolve_precision
-from redline.inference.memory.calibration import correction_bytes, measured_peak_bytes, predict_loaded
-from redline.inference.memory.estimator import Estimate, accuracy_margin
-from redline.inference.memory.fit import Planner, Target, detect_target, precisions_for, suggest
-from redline.inference.memory.measured import snapshot as memory_snapshot
-from redline.inference.memory.model_shapes import read_shape
-from redline.inference.memory.policy import collector as garbage_collector
-from redline.inference.memory.policy import set_collector as set_garbage_collector
-from redline.inference.paths import models_dir
-from redline.inference.remote.client import RemoteError, display_url, is_server_url, parse_server_spec
-from redline.inference.remote.client import list_models as list_server_models
-from redline.inference.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, ServerConfigError, is_loopback
-from redline.inference.server.lifetime import ApiServer
-from redline.inference.service.requests import RequestHandle
-from redline.inference.service.scheduler import EngineService
-from redline.inference.sources.describe import describe as describe_model
-from redline.inference.sources.gguf import is_complete as is_converted
-from redline.inference.sources.resolve import ACCEPTED_FORMS
-from redline.inference.sources.resolve import resolve as resolve_model
-from redline.inference.sources.starter import STARTER_NAME, legacy_starter_folder, starter_folder
-from redline.inference.speed.arithmetic import Machine, SpeedPrediction, cached_machine, card_machine, this_machine
-from redline.inference.speed.calibration import SpeedCalibration
-from redline.inference.speed.choose import (
+from .loading.loader import check_address_space
+from .memory.measured import snapshot as memory_snapshot
+from .memory.policy import collector as garbage_collector
+from .memory.policy import set_collector as set_garbage_collector
+from .paths import models_dir
+from .precision import AS_FILE, PRECISIONS, PrecisionSpec, parse_precision, resolve_precision
+from .reasoning import EFFORTS as REASONING_EFFORTS
+from .reasoning import Thinking
+from .server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, ServerConfigError, is_loopback
+from .server.lifetime import ApiServer
+from .service.requests import RequestHandle
+from .service.scheduler import EngineService
+from .sources.config import code_opt_in
+from .sources.gguf import is_complete as is_converted
+from .sources.resolve import ACCEPTED_FORMS
+from .sources.resolve import resolve as resolve_model
+from .sources.starter import STARTER_NAME, legacy_starter_folder, starter_folder
+from .speed.arithmetic import Machine, SpeedPrediction, cached_machine, card_machine, this_machine
+from .speed.calibration import SpeedCalibration
+from .speed.choose import (
+    DEFAULT_CONTEXT_CAP,
     DEFAULT_PRIORITY,
     PRIORITIES,
     PRIORITY_LABELS,
     AutoChoice,
+    Candidate,
     check_priority,
     choose,
+    fastest_that_fits,
+    rank_strategies,
     resolve_auto,
 )
-from redline.inference.speed.model import SpeedModel
-from redline.inference.speed.speculative import AcceptanceMeasurement, DraftAdvice, advise, measure_acceptance
-from redline.inference.units import GB, MB, format_bytes
+from .speed.model import CHAT_NEW_TOKENS, CHAT_PROMPT_TOKENS, NEXT_TURN_TOKENS, SpeedModel
+from .speed.speculative import AcceptanceMeasurement, DraftAdvice, advise, measure_acceptance
+from .stats import decode_tokens_per_s, percentile, token_latencies_ms
+from .units import GB, MB, format_bytes
 
 __all__ = [
     "age_text",
@@ -170,6 +189,8 @@ __all__ = [
     "kernels_job",
     "KvCacheHeld",
     "kv_cache_held",
+    "kv_form_job",
+    "KV_FORMS",
     "prefix_cache_job",
     "KernelsReport",
     "machine_job",
@@ -198,7 +219,20 @@ __all__ = [
     "check_pair",
     "check_priority",
     "choose",
+    "Candidate",
+    "fastest_that_fits",
+    "rank_strategies",
+    "DEFAULT_CONTEXT_CAP",
+    "CHAT_NEW_TOKENS",
+    "CHAT_PROMPT_TOKENS",
+    "NEXT_TURN_TOKENS",
+    "decode_tokens_per_s",
+    "percentile",
+    "token_latencies_ms",
+    "AS_FILE",
     "COLUMNS",
+    "REASONING_COLUMNS",
+    "hidden_columns",
     "ConfigResult",
     "configs_text",
     "CONSUMER_GPUS",
@@ -216,6 +250,7 @@ __all__ = [
     "Estimate",
     "every_precision",
     "FinishedEvent",
+    "for_model",
     "format_bytes",
     "format_config",
     "from_presets",
@@ -226,6 +261,7 @@ __all__ = [
     "IncompatibleDraft",
     "is_converted",
     "legacy_starter_folder",
+    "kv_forms",
     "ladder",
     "list_reports",
     "load_prompt_set",
@@ -261,6 +297,7 @@ __all__ = [
     "resolve_model",
     "resolve_precision",
     "run_bench",
+    "REASONING_EFFORTS",
     "SamplingSettings",
     "save_report",
     "SEED_PRESET",
@@ -283,6 +320,7 @@ __all__ = [
     "to_json",
     "to_markdown",
     "to_text",
+    "Thinking",
     "TokenEvent",
     "torch_cuda_build",
     "UnsupportedConfiguration",

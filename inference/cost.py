@@ -13,11 +13,12 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from redline.inference.errors import ModelLoadError
-from redline.inference.loading.precision import PrecisionSpec
+from .errors import ModelLoadError
+from .kernels.cpu.library import will_run
+from .precision import AS_FILE, WEIGHT_ONLY, PrecisionSpec
 
 if TYPE_CHECKING:
-    from redline.inference.memory.estimator import ModelShape
+    from .estimate.estimator import ModelShape
 
 DTYPE_BYTES = {
     "float32": 4,
@@ -33,7 +34,10 @@ DTYPE_BYTES = {
 BNB_4BIT_BLOCK = 64  # bitsandbytes' default 4-bit block size
 BNB_NESTED_BLOCK = 256  # double quantisation: absmax values per nested block
 
-BLOCK = 32  # block_quant.BLOCK: weights per GGUF block
+# Weights per block (kernels/block_quant.BLOCK, which imports torch; this module must not): GGUF's blocks and
+# torch's int4 groups (loading/weight_only.INT4_GROUP) alike share a scale (and a zero or min) per 32 weights.
+# tests/test_one_of_each.py holds the three equal.
+BLOCK = 32
 # The architectures Redline's fast decode path runs (decoding/fastpath.py reads this list; a model's modules are
 # checked there too, once loaded).
 FAST_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
@@ -70,6 +74,20 @@ def _kind(device: str) -> str:
 
 
 # --------------------------------------------------------------------------- the KV cache
+# The KV cache's forms (``--kv``): "bf16" keeps keys and values in the cache's float dtype, "q8" in 8-bit rows, each
+# token's row of a head its int8 values and an fp16 scale (kernels/kv_quant.py, whose SCALE_BYTES this repeats: this
+# module imports no torch).
+KV_FORMS = ("bf16", "q8")
+KV_Q8_SCALE_BYTES = 2
+
+
+def kv_row_bytes(head_dim: int, dtype_bytes: int, form: str = "bf16") -> int:
+    """Bytes of one token's keys (or values) of one KV head: head_dim × bytes, or head_dim + 2 in 8 bits."""
+    if form not in KV_FORMS:
+        raise ValueError(f"the KV cache is kept as {' or '.join(KV_FORMS)}, not {form!r}")
+    return head_dim + KV_Q8_SCALE_BYTES if form == "q8" else head_dim * dtype_bytes
+
+
 def kv_cache_bytes(
     layers: int,
     kv_heads: int,
@@ -78,15 +96,17 @@ def kv_cache_bytes(
     batch: int,
     dtype_bytes: int,
     layer_windows: Optional[list[Optional[int]]] = None,
+    form: str = "bf16",
 ) -> int:
-    """2 (K and V) × layers × KV heads × head dim × tokens × batch × bytes.
+    """2 (K and V) × layers × KV heads × head dim × tokens × batch × bytes (``form`` "q8": head dim + 2 bytes a
+    row, whatever ``dtype_bytes``).
 
     A sliding-window layer keeps at most its window of tokens. (The seed's
     example, 32 layers × 32 KV heads × 128 × 2048 tokens × batch 4 × 2 bytes,
     is 4,294,967,296 bytes = 4 GiB.)
     """
     windows = layer_windows if layer_windows else [None] * layers
-    per_token_layer = 2 * kv_heads * head_dim * batch * dtype_bytes
+    per_token_layer = 2 * kv_heads * kv_row_bytes(head_dim, dtype_bytes, form) * batch
     return sum(per_token_layer * (min(tokens, w) if w else tokens) for w in windows[:layers])
 
 
@@ -112,11 +132,6 @@ class WeightBytes:
         return self.quantised + self.constants + self.unquantised
 
 
-WEIGHT_ONLY = ("q8", "q4")  # Redline's weight-only int8/int4 layers (inference/loading/weight_only.py)
-AS_FILE = "gguf"  # a converted GGUF's quantised layers as stored (inference/loading/packed.py)
-Q4_GROUP = 32  # weight_only.INT4_GROUP / block_quant.BLOCK: 32 weights share their scale (and zero or min)
-
-
 def packed_layer_bytes(
     bits: int, fan_in: int, fan_out: int, dtype: str, blocks: bool = False, mins: bool = True
 ) -> int:
@@ -125,8 +140,8 @@ def packed_layer_bytes(
     are symmetric (Q4_0). In torch's layouts: int8 rows with one scale per row in the compute dtype, or int4
     with a bf16 (scale, zero) pair per 32."""
     n = fan_in * fan_out
-    groups = fan_out * (fan_in // Q4_GROUP)
-    if blocks and fan_in % Q4_GROUP == 0:
+    groups = fan_out * (fan_in // BLOCK)
+    if blocks and fan_in % BLOCK == 0:
         return (n if bits == 8 else n // 2) + groups * 2 * (2 if bits == 4 and mins else 1)
     if bits == 8:
         return n + fan_out * DTYPE_BYTES[dtype]
@@ -140,7 +155,7 @@ def compute_dtype(spec: PrecisionSpec, device: str) -> str:
     if not spec.quantised:
         return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.name]
     if spec.name == "int8":
-        # inference/loading/precision.py: non-quantised parts in fp16 on GPUs, fp32 on CPU.
+        # inference/precision.py: non-quantised parts in fp16 on GPUs, fp32 on CPU.
         return "float16" if device.startswith("cuda") else "float32"
     return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[spec.compute_dtype]
 
@@ -181,7 +196,6 @@ def kernels_run(device: str) -> bool:
     not turned off): the question the loader asks, answered without building anything."""
     if device.startswith("cuda"):
         return False
-    from redline.inference.kernels.native import will_run
 
     return will_run() is None
 
@@ -225,7 +239,7 @@ def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, devic
     q_params = packed = scales = 0
     tied_extra = 0
     for name, fan_in, fan_out, _bias in shape.linears:
-        if bits == 4 and fan_in % Q4_GROUP:
+        if bits == 4 and fan_in % BLOCK:
             continue  # stays in the compute dtype
         n = fan_in * fan_out
         if name in shape.tied_linears:
@@ -262,7 +276,7 @@ def tied_head(shape: ModelShape) -> bool:
 
 def weights_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> int:
     """Weight bytes one decode step reads: every weight once, except the embedding table (one row), which a
-    tied output head reads whole. Matches ``hardware.bandwidth.weight_bytes_read`` on a loaded model."""
+    tied output head reads whole. Matches ``speed.arithmetic.weight_bytes_read`` on a loaded model."""
     b = DTYPE_BYTES[compute_dtype(spec, device)]
     embed = embedding_params(shape)
     tied = tied_head(shape)
@@ -303,8 +317,11 @@ def kv_dtype_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: st
     return b
 
 
-def kv_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: str, context: int) -> int:
-    """KV-cache bytes a decode step reads with ``context`` positions cached (sliding windows capped)."""
+def kv_read_bytes(
+    shape: ModelShape, spec: PrecisionSpec, device: str, path: str, context: int, kv: str = "bf16"
+) -> int:
+    """KV-cache bytes a decode step reads with ``context`` positions cached (sliding windows capped; ``kv`` "q8":
+    the fast path's 8-bit rows, which only the fast path keeps)."""
     if context <= 0:
         return 0
     return kv_cache_bytes(
@@ -315,6 +332,7 @@ def kv_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str, path: str
         1,
         kv_dtype_bytes(shape, spec, device, path),
         shape.layer_windows,
+        form=kv if path == "fast" else "bf16",
     )
 
 

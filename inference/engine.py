@@ -9,25 +9,28 @@ cancel (a request's handle), checked by the loader and once per decode step.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from redline.inference.decoding.hf import check_draft
-from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.errors import Cancelled, IncompatibleDraft, NeedsOptIn, RedlineError, UnsupportedConfiguration
-from redline.inference.events import EventFn, GenerationResult, Progress
-from redline.inference.generation.lifecycle import DirectSink, Sink
-from redline.inference.generation.request import GenerationRequest
-from redline.inference.hardware.probe import default_device
-from redline.inference.loading.loader import BatchLimits, LoadedModel, free_memory, load_model
-from redline.inference.loading.precision import PrecisionSpec, resolve_precision
-from redline.inference.memory.calibration import MemoryCheck, check_generation, predict_loaded
-from redline.inference.memory.policy import bound_kernel_caches
-from redline.inference.progress import CancelFn, ProgressFn, noop_progress
-from redline.inference.remote.client import connect, is_server_url
-from redline.inference.sources.resolve import resolve
-from redline.inference.speed.calibration import check_generation as check_speed
+from .backends.local import BatchLimits, LoadedModel, load_model
+from .backends.remote import connect, is_server_url
+from .decoding.hf import check_draft
+from .decoding.options import DecodeOptions, SamplingSettings
+from .errors import Cancelled, IncompatibleDraft, NeedsOptIn, RedlineError, UnsupportedConfiguration
+from .estimate.calibration import MemoryCheck, check_generation, measured_peak_bytes, predict_loaded
+from .events import EventFn, GenerationResult, Progress
+from .generation.lifecycle import DirectSink, Sink
+from .generation.request import GenerationRequest
+from .hardware.probe import default_device
+from .memory.oom import free_memory
+from .memory.policy import bound_kernel_caches
+from .precision import PrecisionSpec, resolve_precision
+from .progress import CancelFn, ProgressFn, noop_progress
+from .sources.resolve import resolve
+from .speed import arithmetic  # arithmetic.cached_machine read at call time (tests give it a machine)
+from .speed.calibration import check_generation as check_speed
+from .speed.choose import auto_strategy
+from .speed.model import SpeedModel
 
 
 @dataclass
@@ -44,6 +47,7 @@ class LoadRequest:
     api_key: Optional[str] = field(default=None, repr=False)
     opt_in: Optional[Callable[[NeedsOptIn], bool]] = None
     draft_required: bool = False
+    context: Optional[int] = None  # the chat's context (Settings, --context): what an out-of-memory message names
 
 
 @dataclass
@@ -62,7 +66,8 @@ class LoadReport:
     # measured peak of the load it predicts (RSS on CPU; torch reserved + the CUDA context on GPUs).
     predicted_bytes: Optional[int] = None
     measured_bytes: Optional[int] = None
-    kind: str = "local"  # "remote": a model on a server (its memory is the server's)
+    # False for a model on a server: its memory and speed are the server's (``Capabilities.measured_here``).
+    measured_here: bool = True
     context_limit: Optional[int] = None
 
 
@@ -89,6 +94,7 @@ class Engine:
         opt_in: Optional[Callable[[NeedsOptIn], bool]] = None,
         should_cancel: Optional[CancelFn] = None,
         api_key: Optional[str] = None,
+        context: Optional[int] = None,
     ):
         """Load ``model`` as the target. A folder whose code would run (or whose weights would be unpickled)
         raises NeedsOptIn unless the matching flag is set, or ``opt_in(exc)`` — asked at most once per kind —
@@ -116,6 +122,8 @@ class Engine:
                     should_cancel,
                     trust_remote_code=flags["remote_code"],
                     allow_pickle=flags["pickle"],
+                    context=context,
+                    kv=self.limits.kv,
                 )
                 break
             except NeedsOptIn as exc:
@@ -124,9 +132,23 @@ class Engine:
                 flags[exc.kind] = True
         loaded.limits = self.limits
         loaded.on_result = self.check_result
+        loaded.auto_strategy = self._auto_strategy(loaded)
         self.target = loaded
         self._predict(loaded)
         return loaded
+
+    def _auto_strategy(self, loaded: LoadedModel) -> Optional[str]:
+        """What a request's ``auto`` runs on ``loaded``: ``choose``'s pick with its precision pinned, the one meaning
+        of auto (docs/speed-model.md#auto), from this machine's cached figures. None before they were ever measured
+        (nothing is measured during a load): the backend then takes the fast path where it runs."""
+
+        try:
+            machine = arithmetic.cached_machine(self.device)
+            if machine is None or loaded.estimate_shape is None:
+                return None
+            return auto_strategy(loaded.estimate_shape, loaded.precision, SpeedModel(machine))
+        except Exception:  # a prediction only: never fail a load over it
+            return None
 
     def load_draft(
         self,
@@ -167,10 +189,13 @@ class Engine:
             report(Progress(1.0, "Connected"))
             return LoadReport(
                 target.name, target.device, "server", 0, target.load_seconds, list(target.notes),
-                kind="remote", context_limit=target.context_limit,
+                measured_here=target.capabilities.measured_here, context_limit=target.context_limit,
             )  # fmt: skip
         spec = _precision(request.precision, self.device)
-        target = self.load(request.model, spec, target_progress, opt_in=request.opt_in, should_cancel=should_cancel)
+        target = self.load(
+            request.model, spec, target_progress, opt_in=request.opt_in, should_cancel=should_cancel,
+            context=request.context,
+        )  # fmt: skip
         info = LoadReport(
             target.name,
             target.device,
@@ -198,11 +223,12 @@ class Engine:
         else:
             self.unload_draft()
         info.predicted_bytes, info.measured_bytes = self._predicted_vs_measured()
+        report(Progress(1.0, "Preparing the fast path"))
+        target.prepare_replies()
         report(Progress(1.0, "Loaded"))
         return info
 
     def _predicted_vs_measured(self) -> tuple[Optional[int], Optional[int]]:
-        from redline.inference.memory.calibration import measured_peak_bytes
 
         target, draft = self.target, self.draft
         try:
@@ -210,7 +236,7 @@ class Engine:
         except Exception:  # a report only: never fail a load over it
             measured = None
         if draft is None:
-            return getattr(target, "predicted_bytes", None), measured
+            return target.predicted_bytes, measured
         try:
             return predict_loaded(target, 1, draft=draft).total_bytes, measured
         except Exception:
@@ -219,7 +245,7 @@ class Engine:
     def unload_draft(self) -> None:
         if self.draft is not None:
             draft, self.draft = self.draft, None
-            if self.target is not None and getattr(self.target, "draft", None) is draft:
+            if self.target is not None and self.target.draft is draft:
                 self.target.draft = None
             draft.release()  # its tensors go even if something else still holds the object
             free_memory(self.device)
@@ -236,8 +262,7 @@ class Engine:
 
     def persist_prefix_cache(self) -> int:
         """Write the loaded model's prefix-cache pages to disk (Redline quits with the model loaded)."""
-        persist = getattr(self.target, "persist_prefix_cache", None)
-        return persist() if persist is not None else 0
+        return self.target.persist_prefix_cache() if self.target is not None else 0
 
     # -- predicted vs measured memory ----------------------------------------
     def _predict(self, loaded: LoadedModel) -> None:
@@ -282,22 +307,6 @@ class Engine:
             raise RedlineError("No model is loaded.", "Load a model first.")
         return self.target
 
-    def admission(self, request: GenerationRequest) -> str:
-        """How the service runs ``request``: "batch" (decoded with the others on the fast path), "threads" (sent
-        to the target's server on a thread of its own) or "exclusive" (alone, on the engine's thread)."""
-        target = self.target
-        if target is None:
-            return "exclusive"
-        if target.capabilities.concurrency == "threads":
-            return "threads"
-        return "batch" if target.batchable(self._resolved(request)) else "exclusive"
-
-    def _resolved(self, request: GenerationRequest) -> GenerationRequest:
-        strategy = self.target.resolve_strategy(request.options.strategy)
-        if strategy == request.options.strategy:
-            return request
-        return dataclasses.replace(request, options=dataclasses.replace(request.options, strategy=strategy))
-
     def run(self, request: GenerationRequest, sink: Sink, submitted: Optional[float] = None) -> GenerationResult:
         """Run ``request`` to its end on the target, reporting to ``sink``; its GenerationResult."""
         target = self._require_target()
@@ -305,22 +314,7 @@ class Engine:
             raise UnsupportedConfiguration(
                 "A model on a server takes chat messages, not token ids.", "Send messages instead."
             )
-        return target.generate(self._resolved(request), sink, submitted)
-
-    def generate_ids(
-        self,
-        input_ids: Sequence[int],
-        sampling: SamplingSettings,
-        options: DecodeOptions,
-        on_event: Optional[EventFn] = None,
-        context: Optional[int] = None,
-        should_cancel: Optional[CancelFn] = None,
-        logits_processor=None,
-    ) -> GenerationResult:
-        request = GenerationRequest(
-            input_ids=input_ids, sampling=sampling, options=options, context=context, logits_processor=logits_processor
-        )
-        return self.run(request, DirectSink(on_event, should_cancel))
+        return target.generate(target.resolved(request), sink, submitted)
 
     def chat(
         self,

@@ -6,6 +6,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Union
 
+from .errors import RedlineError
+
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "error")
 
 
@@ -36,6 +38,9 @@ class TokenEvent:
     # A request that asked for log-probabilities: the tokens whose text this event's delta completes (a delta held
     # back, as the start of a possible stop string, carries its tokens when it is released); None otherwise.
     logprobs: Optional[list[TokenLogprob]] = None
+    # A reasoning model's reply (``inference/reasoning/``): what this token added to the thinking, kept apart from
+    # ``text``, which is only ever the answer's (so a reader that ignores this field shows the answer alone).
+    reasoning: str = ""
 
 
 @dataclass
@@ -56,13 +61,16 @@ class GenerationResult:
     strategy: str
     precision: str
     cached_tokens: int = 0  # of the prompt's tokens, how many came from the KV cache (not read again)
-    ttft_ms: Optional[float] = None  # from the request's submission to its first token (prefill and any queue)
-    queued_ms: Optional[float] = None  # of which waiting for the engine (served through the engine service)
+    # Time to first token: from the start of the reply's own work (its wait over) to its first token, the prefill
+    # (docs/speed-lab.md#metrics). The wait before it is ``queued_ms``: from the request's submission to that start
+    # (behind another reply, the speed lab, a load). The two add up to what the user waited for the first word.
+    ttft_ms: Optional[float] = None
+    queued_ms: Optional[float] = None
     per_token_ms: list[float] = field(default_factory=list)
     p50_ms: Optional[float] = None
     p95_ms: Optional[float] = None
     tokens_per_s: Optional[float] = None  # decode: tokens after the first over their time
-    total_s: float = 0.0
+    total_s: float = 0.0  # from the request's submission to its end, the wait included
     draft_proposed: Optional[int] = None
     draft_accepted: Optional[int] = None
     acceptance_rate: Optional[float] = None
@@ -72,7 +80,7 @@ class GenerationResult:
     peak_allocated_bytes: Optional[int] = None
     peak_reserved_bytes: Optional[int] = None
     device: str = "cpu"
-    # Memory estimator vs measurement (inference/memory/calibration.py): predicted and measured peak
+    # Memory estimator vs measurement (inference/estimate/calibration.py): predicted and measured peak
     # for this load + generation, and the prediction's error in % of the measurement.
     predicted_memory_bytes: Optional[int] = None
     measured_memory_bytes: Optional[int] = None
@@ -81,6 +89,11 @@ class GenerationResult:
     # this machine's speed correction: decode tokens/s and TTFT.
     predicted_tokens_per_s: Optional[float] = None
     predicted_ttft_ms: Optional[float] = None
+    # How busy the machine was while the reply ran (``hardware/load.py``): the share of all its cores other
+    # programs used (0-1; None where it cannot be read), and the 1-minute load average at its end. A reply measured
+    # while others kept the cores busy does not teach the speed model as a quiet one does (speed/calibration.py).
+    others_cpu_share: Optional[float] = None
+    load_average: Optional[float] = None
     error: Optional[str] = None
     # A model on a server: the figures the server itself reported (usage; llama.cpp-style timings where
     # given), beside the TTFT and tokens/s measured here, on the client.
@@ -91,9 +104,34 @@ class GenerationResult:
     tool_calls: list[dict] = field(default_factory=list)
     # Per new token, when the request asked for log-probabilities (None otherwise).
     logprobs: Optional[list[TokenLogprob]] = None
+    # A reasoning model's reply (``inference/reasoning/``): ``text`` is its answer and ``reasoning`` its thinking, the
+    # format they were split by ("think", "harmony", "magistral"; None for a model that does not reason), and the
+    # figures apart: its thinking tokens (the rest of ``new_tokens`` are the answer's), the time from the work's start
+    # to its first answer text (``ttfat_ms``, beside ``ttft_ms``) and to its last thinking token (``thinking_ms``),
+    # and the thinking's and the answer's own tokens/s.
+    reasoning: str = ""
+    reasoning_format: Optional[str] = None
+    reasoning_tokens: int = 0
+    ttfat_ms: Optional[float] = None
+    thinking_ms: Optional[float] = None
+    thinking_tokens_per_s: Optional[float] = None
+    answer_tokens_per_s: Optional[float] = None
+
+    @property
+    def answer_tokens(self) -> int:
+        """The reply's tokens that are its answer (all of them for a model that does not reason)."""
+        return self.new_tokens - self.reasoning_tokens
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def submitted_ttft_ms(self) -> Optional[float]:
+        """From the request's submission to its first token: the wait and the prefill (a server's ``timings.ttft_ms``,
+        a concurrency benchmark's latency to the first token); None without a first token."""
+        if self.ttft_ms is None:
+            return None
+        return self.ttft_ms + (self.queued_ms or 0.0)
 
 
 @dataclass
@@ -158,7 +196,6 @@ class Failed:
 
     @property
     def message(self) -> str:
-        from redline.inference.errors import RedlineError
 
         return str(self.error) if isinstance(self.error, RedlineError) else f"{type(self.error).__name__}: {self.error}"
 

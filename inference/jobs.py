@@ -11,20 +11,34 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .backends.base import KvCacheHeld
+from .cost import KV_FORMS
+from .decoding.draft_check import check_pair
+from .errors import RedlineError
+from .estimate.calibration import correction_bytes
+from .estimate.describe import describe
+from .estimate.fit import detect_target
+from .estimate.model_shapes import read_shape
+from .hardware.probe import probe
+from .kernels.cpu import library as native
+from .speed.arithmetic import this_machine
+from .speed.choose import resolve_auto
+from .speed.model import SpeedModel
+from .speed.speculative import measure_acceptance
+
 
 def _reclaimable(engine) -> int:
     """What the model loaded now gives back when it is replaced."""
-    return sum(getattr(m, "memory_bytes", 0) or 0 for m in (engine.target, engine.draft) if m is not None)
+    return sum(m.memory_bytes or 0 for m in (engine.target, engine.draft) if m is not None)
 
 
-def auto_job(model: str, precision: str, strategy: str, priority: str, context: Optional[int]):
+def auto_job(model: str, precision: str, strategy: str, priority: str, context: Optional[int], kv: str = "bf16"):
     """``auto`` for the model about to load (``redline.inference.resolve_auto``, as ``redline chat`` does):
-    the model loaded now counts as free memory, since it is replaced."""
+    the model loaded now counts as free memory, since it is replaced. ``kv``: the KV cache's form set."""
 
     def job(engine, report):
-        from redline.inference.speed.choose import resolve_auto
 
-        return resolve_auto(model, engine.device, precision, strategy, priority, context, _reclaimable(engine))
+        return resolve_auto(model, engine.device, precision, strategy, priority, context, _reclaimable(engine), kv=kv)
 
     return job
 
@@ -33,7 +47,6 @@ def machine_job():
     """This machine's measured bandwidth and FLOP/s (measured once, then cached): a ``Machine``."""
 
     def job(engine, report):
-        from redline.inference.speed.arithmetic import this_machine
 
         return this_machine(engine.device)
 
@@ -44,10 +57,6 @@ def predictions_job(model: str, configs: list, prompt_tokens: int, new_tokens: i
     """The speed model's prediction for each speed-lab row (the reason instead where it cannot predict one)."""
 
     def job(engine, report):
-        from redline.inference.errors import RedlineError
-        from redline.inference.memory.model_shapes import read_shape
-        from redline.inference.speed.arithmetic import this_machine
-        from redline.inference.speed.model import SpeedModel
 
         speed = SpeedModel(this_machine(engine.device))
         try:
@@ -78,7 +87,6 @@ def acceptance_job(target: str, target_precision: str, draft: str, draft_precisi
     """A few dozen tokens through the real speculative strategy: how many draft tokens the target accepts."""
 
     def job(engine, report):
-        from redline.inference.speed.speculative import measure_acceptance
 
         return measure_acceptance(
             engine,
@@ -97,7 +105,6 @@ def describe_job(spec: str):
     """Validate a model choice and read its shape without its weights (the wizard's first page)."""
 
     def job(engine, report):
-        from redline.inference.sources.describe import describe
 
         return describe(spec)
 
@@ -117,9 +124,6 @@ class MachineInfo:
 
 def hardware_job():
     def job(engine, report):
-        from redline.inference.hardware.probe import probe
-        from redline.inference.memory.calibration import correction_bytes
-        from redline.inference.memory.fit import detect_target
 
         reclaimable = _reclaimable(engine)
         target = detect_target(reclaimable_bytes=reclaimable, device=engine.device)
@@ -133,7 +137,6 @@ def pair_job(target_spec: str, draft_spec: str):
     """Whether the draft pairs with the target, from configs and tokenizers (``decoding.draft_check``)."""
 
     def job(engine, report):
-        from redline.inference.decoding.draft_check import check_pair
 
         return check_pair(target_spec, draft_spec)
 
@@ -162,7 +165,7 @@ class KernelsReport:
     with_tokens_per_s: Optional[float] = None
     without_tokens_per_s: Optional[float] = None
     cost: str = ""  # "≈ 12.0 tok/s instead of ≈ 41.0 (fast · q8, SmolLM2-135M-Instruct, …)", or why unknown
-    details: dict = field(default_factory=dict)  # kernels.native.status()
+    details: dict = field(default_factory=dict)  # kernels.cpu.library.status()
 
     def sentence(self) -> str:
         """What the status bar, Help → About, ``redline bench`` and ``redline estimate`` say when the kernels
@@ -198,11 +201,10 @@ class KernelsReport:
         machine=None,
         shape=None,
     ) -> "KernelsReport":
-        """Whether Redline's CPU kernels run on ``device`` here (``kernels.native.summary``: builds nothing) and,
+        """Whether Redline's CPU kernels run on ``device`` here (``kernels.cpu.library.summary``: builds nothing) and,
         when they do not, the speed model's prediction with and without them for ``shape`` (or ``model``, default
         the starter) at ``precision`` (default q8, the weights the kernels help most). ``machine``: the speed
         model's figures for this machine when the caller has them (else measured once, cached)."""
-        from redline.inference.errors import RedlineError
 
         info = _kernel_summary()
         rep = cls(
@@ -218,16 +220,19 @@ class KernelsReport:
         if rep.on:
             return rep
         try:
-            from redline.inference.kernels import native
-
             rep.details = dict(native.status())
         except Exception:  # a report only
             rep.details = {}
         rep.model, rep.precision = model or "starter", precision or "q8"
         try:
-            from redline.inference.memory.model_shapes import read_shape
-            from redline.inference.speed.arithmetic import this_machine
-            from redline.inference.speed.model import SpeedModel
+            # lazy: it may be missing or fail to load here, which the handler below says
+            from .estimate.model_shapes import read_shape
+
+            # lazy: it may be missing or fail to load here, which the handler below says
+            from .speed.arithmetic import this_machine
+
+            # lazy: it may be missing or fail to load here, which the handler below says
+            from .speed.model import SpeedModel
 
             speed = SpeedModel(machine or this_machine(device))
             shape = shape or read_shape(rep.model)
@@ -245,7 +250,6 @@ class KernelsReport:
 
 
 def _kernel_summary() -> dict:
-    from redline.inference.kernels import native
 
     summary = getattr(native, "summary", None)
     if summary is not None:
@@ -261,42 +265,36 @@ def kernels_job(model: Optional[str] = None, precision: Optional[str] = None):
     (default: the model loaded, else the starter)."""
 
     def job(engine, report):
-        device = getattr(engine, "device", "cpu") or "cpu"
-        target = getattr(engine, "target", None)
-        spec = model or (getattr(target, "source", None) and getattr(target.source, "spec", None)) or "starter"
+        device = engine.device or "cpu"
+        target = engine.target
+        spec = model or (target.reload_spec()[0] if target is not None and target.capabilities.token_ids else "starter")
         rep = KernelsReport.here(device, spec, precision)
-        if not rep.on and getattr(target, "name", None):
+        if not rep.on and target is not None:
             rep.model = target.name
         return rep
 
     return job
 
 
-@dataclass(frozen=True)
-class KvCacheHeld:
-    """What the prefix cache keeps now: computed pages no reply uses, for later prompts that start the same way."""
-
-    cached_bytes: int
-    cached_tokens: int
-    limit_bytes: int  # what it may keep (the setting, within the KV budget); 0: off
-
-
 def kv_cache_held(engine) -> Optional[KvCacheHeld]:
     """The prefix cache of the model loaded, read without the engine's thread (a few integers; a gauge's reading),
-    or None where there is none: no model, a server's model, or no fast-path reply has run yet."""
-    target = getattr(engine, "target", None) if engine is not None else None
-    batcher = getattr(target, "_batcher", None)
-    kv = getattr(getattr(batcher, "dec", None), "kv", None)
-    if kv is None:
-        return None
-    try:
-        limit = min(kv.cache_pages, kv.budget_pages or kv.cache_pages) * kv.page_bytes
-        setting = getattr(getattr(target, "limits", None), "prefix_cache_bytes", None)
-        if setting is not None and kv.cache_pages > 0 and (kv.budget_pages is None or kv.cache_pages < kv.budget_pages):
-            limit = int(setting)  # the setting itself (whole pages of it are kept), unless the KV budget is smaller
-        return KvCacheHeld(int(kv.cached_bytes()), int(kv.cached_tokens()), int(limit))
-    except (AttributeError, RuntimeError, ValueError):  # the model being freed meanwhile
-        return None
+    or None where there is none: no model, a server's model, or a model whose replies do not take the fast path
+    (its cache is made at the load where ``auto`` runs the fast path, else at the first fast reply)."""
+    target = engine.target if engine is not None else None
+    return target.cached_kv() if target is not None else None
+
+
+def kv_form_job(form: str):
+    """Keep the fast path's KV cache as ``form`` ("bf16" or "q8": ``cost.KV_FORMS``) from the next load on (the
+    engine's batch limits; a model loaded keeps its cache's form until it is loaded again). Its value: the form."""
+    if form not in KV_FORMS:
+        raise ValueError(f"the KV cache is kept as {' or '.join(KV_FORMS)}, not {form!r}")
+
+    def job(engine, report):
+        engine.limits.kv = form
+        return form
+
+    return job
 
 
 def prefix_cache_job(nbytes: int):
@@ -306,15 +304,9 @@ def prefix_cache_job(nbytes: int):
         raise ValueError("the prefix cache's size cannot be negative")
 
     def job(engine, report):
-        limits = getattr(engine, "limits", None)
-        if limits is not None:
-            limits.prefix_cache_bytes = int(nbytes)
-        target = getattr(engine, "target", None)
-        batcher = getattr(target, "_batcher", None)
-        if batcher is not None:
-            batcher.set_prefix_cache(int(nbytes))
-        if target is not None and getattr(target, "limits", None) is not None and target.limits is not limits:
-            target.limits.prefix_cache_bytes = int(nbytes)
+        engine.limits.prefix_cache_bytes = int(nbytes)  # for the next load
+        if engine.target is not None:
+            engine.target.set_prefix_cache(int(nbytes))
         return kv_cache_held(engine)
 
     return job

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from redline.inference.errors import UnsupportedConfiguration
+from .errors import UnsupportedConfiguration
 
 # bitsandbytes warns on every int8 matmul that fp32 inputs are cast; once is plenty.
 warnings.filterwarnings("ignore", message=r"MatMul8bitLt: inputs will be cast")
@@ -109,6 +109,7 @@ def parse_precision(text: str, **overrides) -> PrecisionSpec:
 def default_precision(device: str) -> str:
     """What ``auto`` means: bf16 where the hardware has it (half the bytes of fp32), else fp16 on GPUs."""
     if device.startswith("cuda"):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
@@ -124,6 +125,7 @@ def resolve_precision(text: str, device: str) -> PrecisionSpec:
 
 
 def torch_dtype(name: str):
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     return getattr(torch, DTYPE_NAMES[name])
@@ -135,6 +137,7 @@ def bitsandbytes_available() -> bool:
 
 def check_supported(spec: PrecisionSpec, device: str) -> Optional[str]:
     """Raise UnsupportedConfiguration if this machine cannot run ``spec``; return a warning or None."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     if spec.quantised:
@@ -156,21 +159,64 @@ def check_supported(spec: PrecisionSpec, device: str) -> Optional[str]:
             f"Use {spec.name} or {spec.name}+compute=bf16.",
         )
     if device.startswith("cuda"):
-        if spec.name == "bf16" or (
-            (spec.quantised or spec.name in WEIGHT_ONLY or spec.name == AS_FILE) and spec.compute_dtype == "bf16"
-        ):
-            if not torch.cuda.is_bf16_supported():
-                raise UnsupportedConfiguration(
-                    "This GPU does not support bf16.", "Choose fp16 (or a 4-bit precision with compute=fp16)."
-                )
+        refusal = cuda_refusal(spec, torch.cuda.get_device_capability(device))
+        if refusal is None and spec.name == "q8":
+            refusal = _int8_kernel_refusal(device)
+        if refusal is not None:
+            raise refusal
         return None
     if spec.name == "fp16":
         return "fp16 runs slowly on most CPUs; bf16 or fp32 is usually faster there."
     return None
 
 
+# bf16 arithmetic and torch's int4 (tinygemm) kernel need an Ampere card or newer (compute capability 8.0). On an
+# RTX 20-series card torch.cuda.is_bf16_supported() still says yes (it counts emulation), and the model runs many
+# times slower than in fp16: refused here with the precision that runs instead.
+AMPERE = (8, 0)
+
+
+def cuda_refusal(spec: PrecisionSpec, capability: tuple[int, int]) -> Optional[UnsupportedConfiguration]:
+    """Why ``spec`` cannot run well on a CUDA card of ``capability`` (major, minor), or None."""
+    card = f"compute capability {capability[0]}.{capability[1]}"
+    computes_bf16 = spec.name == "bf16" or (
+        (spec.quantised or spec.name in WEIGHT_ONLY or spec.name == AS_FILE) and spec.compute_dtype == "bf16"
+    )
+    if spec.name in ("q4", AS_FILE) and tuple(capability) < AMPERE:
+        return UnsupportedConfiguration(
+            f"{spec.name} runs on torch's int4 kernel, which needs an Ampere (RTX 30) card or newer; this GPU is "
+            f"{card}.",
+            "Choose nf4 (bitsandbytes 4-bit, compute=fp16), int8 or fp16.",
+        )
+    if computes_bf16 and tuple(capability) < AMPERE:
+        return UnsupportedConfiguration(
+            f"This GPU ({card}) has no bf16 arithmetic: torch would emulate it, many times slower than fp16.",
+            "Choose fp16 (or a 4-bit precision with compute=fp16).",
+        )
+    return None
+
+
+def _int8_kernel_refusal(device: str) -> Optional[UnsupportedConfiguration]:
+    """q8's product is torch's ``_weight_int8pack_mm``; older torch builds have no CUDA kernel for it. Asked of the
+    card itself, once, with a product of one row."""
+    # lazy: torch loads on the engine's thread, never at import
+    import torch
+
+    try:
+        x = torch.ones(1, 32, device=device, dtype=torch.bfloat16)
+        w = torch.ones(8, 32, device=device, dtype=torch.int8)
+        torch._weight_int8pack_mm(x, w, torch.ones(8, device=device, dtype=torch.bfloat16))
+    except (RuntimeError, NotImplementedError) as exc:
+        return UnsupportedConfiguration(
+            f"q8 needs torch's int8 weight kernel on CUDA, which this torch ({torch.__version__}) lacks ({exc}).",
+            "Upgrade torch (pip install -U torch), or choose int8 (bitsandbytes), q4 or bf16.",
+        )
+    return None
+
+
 def from_pretrained_kwargs(spec: PrecisionSpec, device: str) -> dict:
     """Keyword arguments for ``AutoModelForCausalLM.from_pretrained``."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     if spec.name == AS_FILE:
@@ -184,6 +230,7 @@ def from_pretrained_kwargs(spec: PrecisionSpec, device: str) -> dict:
         return {"dtype": torch_dtype(spec.compute_dtype), "device_map": "cpu"}
     if not spec.quantised:
         return {"dtype": torch_dtype(spec.name), "device_map": device}
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import BitsAndBytesConfig
 
     skip = list(spec.skip_modules) or None

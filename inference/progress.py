@@ -12,7 +12,9 @@ import contextlib
 import threading
 from typing import Callable, Optional
 
-from redline.inference.errors import Cancelled
+from tqdm.auto import tqdm as base_tqdm
+
+from .errors import Cancelled
 
 ProgressFn = Callable[[float, str], None]
 CancelFn = Callable[[], bool]
@@ -34,7 +36,7 @@ def transformers_progress(
     progress: ProgressFn, lo: float, hi: float, phase: str, should_cancel: Optional[CancelFn] = None
 ):
     """Map transformers' tqdm bars onto ``progress`` in [lo, hi]; raise Cancelled on request."""
-    from tqdm.auto import tqdm as base_tqdm
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers.utils import logging as hf_logging
 
     class _Reporting(base_tqdm):

@@ -102,12 +102,24 @@ def build_tiny_model(
     return folder
 
 
+@pytest.fixture(autouse=True)
+def a_quiet_machine(monkeypatch):
+    """Every test sees a quiet machine: a speed measurement taken while other programs keep the cores busy is set
+    aside by the speed calibration and retried by the machine's figures (inference/hardware/load.py), and what a test
+    sees must not depend on how busy the machine running it is. Tests of the readings themselves restore them."""
+    from redline.inference.hardware import load, measurements
+
+    monkeypatch.setattr(load.CpuLoad, "others_share", lambda self: 0.0)
+    monkeypatch.setattr(load, "load_average", lambda: 0.0)
+    monkeypatch.setattr(measurements, "others_share_now", lambda interval_s=0.3: 0.0)
+
+
 @pytest.fixture
 def native_kernels():
     """Redline's native kernels (``native.Kernels``; also ``torch.ops.redline``). Skipped where they cannot load
     (a CPU they are not built for, or a source checkout without a compiler); where they must load (a shipped library
     or a compiler), a failure fails the test instead of hiding it."""
-    from redline.inference.kernels import native
+    from redline.inference.kernels.cpu import library as native
 
     ops = native.native()
     if ops is None:

@@ -17,7 +17,7 @@ import sys
 def main() -> None:
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.loading.precision import parse_precision
+    from redline.inference.precision import parse_precision
 
     model, precision = sys.argv[1], sys.argv[2]
     max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 16

@@ -124,7 +124,8 @@ def main() -> int:
         "--extra-gguf",
         action="append",
         default=[],
-        help="a GGUF file to serve too, in the repository local/extra-GGUF (e.g. tools/make_shaped_model.py's)",
+        help="a GGUF file to serve too, in the repository local/extra-GGUF (e.g. "
+        "tools/accuracy/make_shaped_model.py's)",
     )
     args = ap.parse_args()
 

@@ -5,7 +5,7 @@ requests, one after another, drawn from a seeded mix: streamed and whole chat co
 with a complete answer or a clear OpenAI error object), streams the client abandons after a few chunks
 (random disconnects), and malformed bodies (bad JSON, an unknown field, a mistyped field, another model),
 which must get a 4xx error object. Nothing may hang: every request has a timeout and the whole load a
-deadline. Used by tools/bench_server_load.py (8 clients × 25 requests) and tests/test_server_load.py
+deadline. Used by tools/benchmarks/bench_server_load.py (8 clients × 25 requests) and tests/test_server_load.py
 (a smaller version). Loopback only.
 """
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from redline.inference.backend import Capabilities
+from redline.inference.backends.base import Backend, Capabilities
 from redline.inference.engine import LoadReport
 from redline.inference.events import GenerationResult, Progress, StatsEvent, TokenEvent
-from redline.inference.loading.precision import parse_precision
+from redline.inference.precision import parse_precision
+from redline.inference.stats import decode_tokens_per_s, percentile, token_latencies_ms
 
 
 def word(i: int) -> str:
@@ -18,7 +19,10 @@ def word(i: int) -> str:
 
 
 @dataclass
-class _Loaded:
+class _Loaded(Backend):
+    """A target that runs nothing itself (the SlowEngine runs its replies): the Backend interface's defaults, so
+    the service sees one that runs every reply alone and keeps no KV cache."""
+
     name: str
     precision: object
     device: str = "cpu"
@@ -26,7 +30,19 @@ class _Loaded:
     load_seconds: float = 0.0
     notes: list = field(default_factory=list)
     context_limit: int = 4096
-    capabilities: Capabilities = Capabilities(("kv", "fast"), True, False, False, True, "batch")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(("kv", "fast"), True, False, False, True, "batch")
+
+    def reload_spec(self):
+        return self.name, self.precision, None
+
+    def generate(self, request, sink, submitted=None):
+        raise AssertionError("the SlowEngine runs its replies")
+
+    def release(self) -> None:
+        pass
 
 
 class SlowEngine:
@@ -47,14 +63,13 @@ class SlowEngine:
         report(Progress(1.0, "Loaded"))
         return LoadReport(t.name, "cpu", t.precision.label(), 0, 0.0, context_limit=t.context_limit)
 
-    def admission(self, request) -> str:
-        return "exclusive"  # one reply at a time, on the engine's thread
-
     def run(self, request, sink, submitted=None) -> GenerationResult:
         stop = lambda: sink.cancelled  # noqa: E731
-        if request.messages is not None:
-            return self.chat(request.messages, request.sampling, request.options, sink.emit, should_cancel=stop)
-        return self.chat(None, request.sampling, request.options, sink.emit, should_cancel=stop)
+        began = time.perf_counter()
+        result = self.chat(request.messages, request.sampling, request.options, sink.emit, should_cancel=stop)
+        if submitted is not None:  # its wait in the queue, apart from its TTFT (counted from its own start)
+            result.queued_ms = (began - submitted) * 1000
+        return result
 
     def load_draft(self, *args, **kwargs):  # pragma: no cover - not used
         raise NotImplementedError
@@ -86,7 +101,7 @@ class SlowEngine:
                 on_event(TokenEvent(i, i, word(i), time.perf_counter() - start))
                 on_event(StatsEvent(i + 1, time.perf_counter() - start, 1 / self.interval_s, None))
         n = len(text.split())
-        gaps = sorted((b - a) * 1000 for a, b in zip(times, times[1:]))
+        gaps = token_latencies_ms(times)  # the engine's definitions (redline.inference.stats), as fill_timing
         prompt = sum(len(str(m.get("content", "")).split()) for m in messages or []) + 3  # as measured: its words
         return GenerationResult(
             text=text,
@@ -98,11 +113,9 @@ class SlowEngine:
             precision="fp32",
             ttft_ms=times[0] * 1000 if times else None,
             per_token_ms=gaps,
-            p50_ms=gaps[len(gaps) // 2] if gaps else None,
-            p95_ms=gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))] if gaps else None,
-            tokens_per_s=(n - 1) / (times[-1] - times[0]) if n >= 2 and times[-1] > times[0] else None,
+            p50_ms=percentile(gaps, 0.5),
+            p95_ms=percentile(gaps, 0.95),
+            tokens_per_s=decode_tokens_per_s(times),
             total_s=time.perf_counter() - start,
             device="cpu",
         )
-
-    generate_ids = chat

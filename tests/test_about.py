@@ -67,7 +67,7 @@ def test_smoke_test_option_runs_in_process_free_of_torch(capsys):
     import json
     import subprocess
 
-    code = "import sys; from app.cli import main; rc = main(['--smoke-test']); sys.exit(rc)"
+    code = "import sys; from redline.app.cli import main; rc = main(['--smoke-test']); sys.exit(rc)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -99,3 +99,30 @@ def test_closing_saves_the_engines_figures_and_the_note(qtbot, bridge, store):
         assert saved.stats[key] is not None, key
     n, seconds = saved.stats["new_tokens"], saved.stats["total_s"]
     assert saved.stats["tokens_per_s"] <= n / (seconds * 0.5)  # the reply's own speed, not a gauge's reading
+
+
+def test_a_reply_that_waited_shows_and_saves_its_wait_apart_from_its_ttft(qtbot, bridge, store):
+    """Queued behind the speed lab, a reply's wait is not its TTFT: the line under it says "waited … for the speed
+    lab · TTFT …", the wait is stored with its figures, and the TTFT stored is its own (counted from its start)."""
+    from redline.ui.chat_view import MessageWidget, format_stats
+
+    hold = threading.Event()
+    bridge.run(lambda engine, report: hold.wait(30), label="the speed lab")
+    conv = store.create_conversation("t")
+    session = ChatSession(store, bridge, conv.id)
+    reply = session.send("first", config(5))
+    qtbot.waitUntil(lambda: reply.waiting == "waiting for the speed lab", timeout=5000)
+    qtbot.wait(1200)
+    with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+        hold.set()
+    saved = store.message(reply.message_id).stats
+    assert saved["queued_ms"] >= 1000 and saved["waited_for"] == "the speed lab"
+    assert saved["ttft_ms"] < saved["queued_ms"]  # its own: the stand-in's first word comes 10 ms after its start
+    line = format_stats(saved)
+    assert f"waited {saved['queued_ms'] / 1000:.1f} s for the speed lab · TTFT {saved['ttft_ms']:.0f} ms" in line
+    stored = store.message(reply.message_id)
+    widget = MessageWidget(stored.id, "assistant", stored.content, stored.stats, stored.partial)
+    qtbot.addWidget(widget)
+    assert "waited" in widget.stats_label.text() and "for the speed lab" in widget.stats_label.text()
+    # A wait too short to matter is not said.
+    assert "waited" not in format_stats({**saved, "queued_ms": 20})

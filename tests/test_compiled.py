@@ -12,7 +12,7 @@ import torch
 
 from redline.inference.decoding.fastpath import get_decoder
 from redline.inference.engine import Engine
-from redline.inference.loading.precision import parse_precision
+from redline.inference.precision import parse_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [1, 2, 3, 4, 5]
@@ -81,7 +81,7 @@ def test_a_second_process_reuses_the_saved_compile(tiny_model_dir, tmp_path):
         "import json, sys, torch\n"
         "from torch._dynamo.utils import counters\n"
         "from redline.inference.engine import Engine\n"
-        "from redline.inference.loading.precision import parse_precision\n"
+        "from redline.inference.precision import parse_precision\n"
         "from redline.inference.decoding.fastpath import get_decoder\n"
         "e = Engine('cpu'); e.record_memory = False\n"
         "e.load(sys.argv[1], parse_precision('fp32'))\n"

@@ -10,7 +10,7 @@ from redline.inference.engine import Engine
 from redline.inference.errors import IncompatibleDraft, UnsupportedConfiguration
 from redline.inference.events import FinishedEvent, StatsEvent, TokenEvent
 from redline.inference.generation.run import generate
-from redline.inference.loading.precision import PrecisionSpec
+from redline.inference.precision import PrecisionSpec
 
 GREEDY = SamplingSettings(max_new_tokens=24, temperature=0)
 PROMPT = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. The quick brown fox"}]

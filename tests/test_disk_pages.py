@@ -13,7 +13,7 @@ from redline.inference import DecodeOptions, Engine, EngineService, GenerationRe
 from redline.inference.decoding.disk_pages import FORMAT_VERSION, MAGIC, SUFFIX, DiskPages
 from redline.inference.decoding.kv_cache import PAGE_TOKENS, PagedKV, chain_keys
 from redline.inference.generation.batch import disk_pages_win
-from redline.inference.loading.precision import parse_precision
+from redline.inference.precision import parse_precision
 
 P = PAGE_TOKENS
 TIMEOUT = 120
@@ -21,7 +21,7 @@ LAYERS, HEADS, DIM = 2, 1, 8
 
 
 def pool(root, namespace: bytes = b"model-a", cache_pages: int = 8, limit: int = 10**9) -> PagedKV:
-    kv = PagedKV(LAYERS, HEADS, DIM, torch.float32, "cpu", paged=True, tokens=256)
+    kv = PagedKV(LAYERS, HEADS, DIM, torch.float32, "cpu", tokens=256)
     kv.set_cache(namespace, cache_pages)
     kv.disk = DiskPages(root, namespace, limit)
     return kv
@@ -154,7 +154,7 @@ def test_another_models_page_under_this_models_key_is_ignored(tmp_path):
 
 def test_a_page_of_another_dtype_or_shape_is_ignored(tmp_path):
     restarted(tmp_path)
-    kv = PagedKV(LAYERS + 1, HEADS, DIM, torch.float32, "cpu", paged=True, tokens=256)  # same name, other shape
+    kv = PagedKV(LAYERS + 1, HEADS, DIM, torch.float32, "cpu", tokens=256)  # same name, other shape
     kv.set_cache(b"model-a", 8)
     kv.disk = DiskPages(tmp_path, b"model-a")
     assert kv.attach(2, TOKENS) == 0 and kv.disk.rejected == 1

@@ -11,15 +11,15 @@ import pytest
 
 from redline.inference.cost import kv_cache_bytes, should_convert, weights_bytes
 from redline.inference.errors import ModelLoadError, UnsupportedConfiguration
-from redline.inference.loading.precision import parse_precision
-from redline.inference.memory.estimator import (
+from redline.inference.estimate.estimator import (
     GB,
     MB,
     ModelShape,
     estimate,
     shape_from_config,
 )
-from redline.inference.memory.model_shapes import STARTER_CONFIG, read_shape
+from redline.inference.estimate.model_shapes import STARTER_CONFIG, read_shape
+from redline.inference.precision import parse_precision
 
 # Configs as published on the models' pages (only the fields that shape the network).
 GPT2 = {
@@ -149,7 +149,7 @@ def test_sliding_window_layers_capped_at_window():
 def test_multi_query_flag():
     from transformers import AutoConfig
 
-    from redline.inference.memory.estimator import kv_geometry
+    from redline.inference.estimate.estimator import kv_geometry
 
     cfg = AutoConfig.for_model(
         "falcon",
@@ -175,7 +175,7 @@ def test_weights_per_precision_starter():
     assert int8.quantised_params == q == 106_168_320
     out_rows = 30 * (576 + 192 + 192 + 576 + 1536 + 1536 + 576)
     assert int8.constants == out_rows * 4  # one fp32 scale per output row
-    assert int8.unquantised == (p - q) * 4  # int8 on CPU keeps the rest in fp32 (inference/loading/precision.py)
+    assert int8.unquantised == (p - q) * 4  # int8 on CPU keeps the rest in fp32 (inference/precision.py)
     assert weights_bytes(shape, parse_precision("int8"), "cuda").unquantised == (p - q) * 2
     nf4 = weights_bytes(shape, parse_precision("nf4"))
     assert nf4.quantised == q // 2 and nf4.unquantised == (p - q) * 2
@@ -253,7 +253,7 @@ def test_config_only_folder(tmp_path):
 
 # ------------------------------------------------------------------ fit and suggestion
 def planner_for(cfg, available, device="cuda", draft=None, bf16=True):
-    from redline.inference.memory.fit import Planner, Target
+    from redline.inference.estimate.fit import Planner, Target
 
     return Planner(
         shape_of(cfg), Target(device, int(available), "this GPU", None, bf16, None, "this GPU has free"), draft=draft
@@ -261,7 +261,7 @@ def planner_for(cfg, available, device="cuda", draft=None, bf16=True):
 
 
 def test_suggestion_picks_highest_precision_that_fits():
-    from redline.inference.memory.fit import suggest
+    from redline.inference.estimate.fit import suggest
 
     s = suggest(planner_for(LLAMA3_8B, 13 * GB), 4096)  # bf16 needs ~17 GB: int8 is the best that fits
     assert s.precision == "int8" and s.context == 4096
@@ -272,13 +272,13 @@ def test_suggestion_picks_highest_precision_that_fits():
 
 
 def test_suggestion_fp16_on_cards_without_bf16():
-    from redline.inference.memory.fit import suggest
+    from redline.inference.estimate.fit import suggest
 
     assert suggest(planner_for(STARTER_CONFIG, 8 * GB, bf16=False), 2048).precision == "fp16"
 
 
 def test_nothing_fits_names_one_change():
-    from redline.inference.memory.fit import suggest
+    from redline.inference.estimate.fit import suggest
 
     # nf4 weights ~5.7 GB, KV cache 4.3 GB at 32768 tokens: with 8 GB free only a shorter context fits.
     p = planner_for(LLAMA3_8B, 8 * GB)
@@ -300,10 +300,38 @@ def test_nothing_fits_names_one_change():
 
 
 def test_fixed_precision_that_does_not_fit_suggests_lower():
-    from redline.inference.memory.fit import suggest
+    from redline.inference.estimate.fit import suggest
 
     s = suggest(planner_for(LLAMA3_8B, 13 * GB), 4096, precision="bf16")
     assert s.precision == "int8" and s.change == "precision"
+
+
+def test_the_cpu_ladder_has_q8_where_the_kernels_run(monkeypatch, capsys, tmp_path):
+    """Where Redline's kernels run, q8 is among the precisions the memory suggestion tries, placed by its weights'
+    bytes (the starter: bf16, int8, q8, nf4): without it the suggestion said "Nothing fits" while its own table
+    showed q8 fitting (on a CPU q8 is the smallest total: bf16 is a view of the file, bitsandbytes quantises from a
+    16-bit copy)."""
+    from redline.app.cli import main
+    from redline.inference.estimate.fit import Planner, Target, suggest, suggested_ladder
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr("redline.inference.cost.will_run", lambda: None)
+    starter = read_shape("starter")
+    assert suggested_ladder(starter, "cpu") == ["bf16", "int8", "q8", "nf4"]
+    q8 = estimate(starter, parse_precision("q8"), 4096)
+    need = {p: estimate(starter, parse_precision(p), 4096) for p in ("bf16", "int8", "nf4")}
+    assert all(e.total_bytes > q8.total_bytes for e in need.values())
+    room = q8.total_bytes + q8.margin_bytes + 2 * MB  # q8 fits, none of the others does
+    s = suggest(Planner(starter, Target("cpu", room, "test RAM", "cpu")), 4096)
+    assert s.precision == "q8" and s.change is None and s.text.startswith("q8 fits with")
+    assert main(["estimate", "starter", "--free-gb", str(room / GB), "--context", "4096", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["suggestion"]["precision"] == "q8" and "Nothing fits" not in report["suggestion"]["text"]
+    # A user's q8: it and what is smaller; no kernels (or a GPU): the ladder as before.
+    assert suggest(Planner(starter, Target("cpu", room, "test RAM", "cpu")), 4096, "q8").precision == "q8"
+    assert suggested_ladder(starter, "cuda") == ["bf16", "int8", "nf4"]
+    monkeypatch.setattr("redline.inference.cost.will_run", lambda: "no kernels here")
+    assert suggested_ladder(starter, "cpu") == ["bf16", "int8", "nf4"]
 
 
 def test_longest_context_is_monotonic_boundary():
@@ -330,7 +358,7 @@ def test_gpu_list_lookup():
 
 # ------------------------------------------------------------------ correction
 def test_correction_learns_median_residual(tmp_path):
-    from redline.inference.memory.calibration import MemoryCheck, correction_bytes, record
+    from redline.inference.estimate.calibration import MemoryCheck, correction_bytes, record
 
     path = tmp_path / "cal.json"
     assert correction_bytes("cpu", path) == 0
@@ -355,7 +383,7 @@ def test_a_correction_learned_on_a_larger_model_takes_back_the_overhead_and_no_m
     """The correction is one figure for the machine: -1.06 GB learned from a 1B-shaped model served in q8 made the
     starter's estimate a negative overhead and a total of 0 MB. It may cancel this estimate's overhead, never
     more, and the check records what was applied, so the residual it learns from stays the uncorrected one."""
-    from redline.inference.memory.calibration import MemoryCheck
+    from redline.inference.estimate.calibration import MemoryCheck
 
     shape = shape_of(STARTER_CONFIG)
     base = estimate(shape, parse_precision("bf16"), 8192)
@@ -419,7 +447,7 @@ def test_cli_table_and_bad_model(capsys, tmp_path):
 def test_engine_records_predicted_and_measured(tiny_model_dir, tmp_path, monkeypatch):
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.memory.calibration import history
+    from redline.inference.estimate.calibration import history
 
     monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
     engine = Engine("cpu")
@@ -438,7 +466,7 @@ def test_engine_records_predicted_and_measured(tiny_model_dir, tmp_path, monkeyp
 
 
 def test_shipped_starter_shape_matches_meta_count():
-    from redline.inference.memory.model_shapes import shipped_starter_shape
+    from redline.inference.estimate.model_shapes import shipped_starter_shape
 
     shipped = shipped_starter_shape()
     fresh = shape_of(STARTER_CONFIG)
@@ -448,7 +476,7 @@ def test_shipped_starter_shape_matches_meta_count():
 
 @pytest.mark.starter
 def test_starter_folder_config_gives_the_shipped_shape(starter_dir):
-    from redline.inference.memory.model_shapes import shape_for_folder, shipped_starter_shape
+    from redline.inference.estimate.model_shapes import shape_for_folder, shipped_starter_shape
 
     folder = shape_for_folder(starter_dir, "starter")
     shipped = shipped_starter_shape()
@@ -539,8 +567,8 @@ def test_the_fast_paths_fused_weights_are_counted_where_they_add_to_a_mapped_che
     that are views of the file) those copies are new memory, and the estimate counts exactly them."""
     from redline.inference.decoding.fastpath import get_decoder
     from redline.inference.engine import Engine
-    from redline.inference.memory.calibration import loaded_shape, predict_loaded
-    from redline.inference.memory.estimator import fast_path_copy_bytes
+    from redline.inference.estimate.calibration import loaded_shape, predict_loaded
+    from redline.inference.estimate.estimator import fast_path_copy_bytes
     from redline.inference.memory.policy import releases_pages
 
     engine = Engine("cpu")

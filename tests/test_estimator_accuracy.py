@@ -39,7 +39,7 @@ def run_probe(precision: str, data_dir: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "int8", "nf4"])
 def test_prediction_within_target_of_measured_rss(precision, starter_dir, tmp_path):
-    from redline.inference.memory.estimator import accuracy_margin
+    from redline.inference.estimate.estimator import accuracy_margin
 
     r = run_probe(precision, tmp_path)  # a fresh data dir: no learned correction, the defaults alone
     assert r["finish_reason"] in ("length", "eos"), r

@@ -17,8 +17,8 @@ back to the host (the new token's id) has no data to read under fake tensors: ``
 token id that is no end-of-sequence, and counts the reads.
 
 What fake tensors cannot reach (CUDA graphs, a seeded generator on the GPU, bitsandbytes, speculative decoding's
-data-dependent shapes, the CUDA runtime's memory queries) is listed in ``tools/gpu_check.py``'s ``PLAN`` and runs
-in ``make gpu-check`` on the day a GPU is lent; ``test_every_path_is_checked_here_or_in_the_gpu_check_plan``
+data-dependent shapes, the CUDA runtime's memory queries) is listed in ``tools/benchmarks/gpu_check/``'s ``PLAN``
+and runs in ``make gpu-check`` on the day a GPU is lent; ``test_every_path_is_checked_here_or_in_the_gpu_check_plan``
 keeps the two lists whole.
 """
 
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "benchmarks"))
 
 import gpu_check  # noqa: E402 - tools/ is not a package
 
@@ -170,9 +170,9 @@ def load_on_fake_cuda(folder: Path, precision: str):
     """The model as ``loader.load_model`` leaves it on CUDA (``_load_float``), inside the fake mode: a LoadedModel."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from redline.inference.loading.loader import LoadedModel
-    from redline.inference.loading.precision import WEIGHT_ONLY, parse_precision, torch_dtype
+    from redline.inference.backends.local import LoadedModel
     from redline.inference.loading.weight_only import quantize_model
+    from redline.inference.precision import WEIGHT_ONLY, parse_precision, torch_dtype
     from redline.inference.sources.resolve import resolve
 
     spec = parse_precision(precision)
@@ -210,7 +210,8 @@ def test_fast_decoder_prefill_and_steps_stay_on_the_gpu(tiny_dir, precision, mon
         target = load_on_fake_cuda(tiny_dir, precision)
         assert_on_gpu(fake, model=target.model)
         dec = FastDecoder(target.model, 64)
-        assert dec.device.type == "cuda" and not dec.native and not dec.kv.paged and dec.whole_step_plan is None
+        assert dec.device.type == "cuda" and not dec.native and dec.whole_step_plan is None
+        assert dec.kv.page == 64  # the native kernels' pages (kv_cache.PAGE_TOKENS), not a slot per sequence
         ids = prompt_ids(target, "Paris is the capital of France.")
         logits = dec.prefill(torch.tensor(ids, device="cuda"), 0, 0)
         assert logits.device.type == "cuda" and logits.dtype == torch.float32
@@ -232,7 +233,7 @@ def test_fast_decoder_prefill_and_steps_stay_on_the_gpu(tiny_dir, precision, mon
 def test_a_gguf_files_blocks_on_cuda_become_torch_layouts_on_the_gpu(kind, monkeypatch):
     """A converted GGUF loaded on CUDA (``packed.load_packed`` → ``PackedLinear.from_blocks``): its Q8_0/Q4_0/Q4_1
     blocks, read on the host, become torch's layouts on the device, and the layer's product runs there."""
-    from redline.inference.loading import block_quant
+    from redline.inference.kernels import block_quant
     from redline.inference.loading.weight_only import PackedLinear
 
     torch.manual_seed(0)
@@ -271,7 +272,7 @@ def test_batched_requests_with_penalties_and_sampling_stay_on_the_gpu(tiny_dir, 
     with Fake(monkeypatch) as fake:
         target = load_on_fake_cuda(tiny_dir, precision)
         batcher = Batcher(target, max_active=3, kv_budget_tokens=2048, prefix_cache_bytes=1 << 20)
-        system = "You are a helpful assistant who answers in one short sentence. "
+        system = "You are a helpful assistant who answers in one short sentence. " * 3  # two full pages and more
         requests = [
             _request(target, system + "Hello there"),  # greedy
             _request(target, system + "What is two and two?", temperature=0.8, top_p=0.9, top_k=20),
@@ -289,7 +290,7 @@ def test_batched_requests_with_penalties_and_sampling_stay_on_the_gpu(tiny_dir, 
             assert sink.result is not None and sink.result.finish_reason != "error", sink.result.error
             assert sink.result.new_tokens == 3
         assert not fake.check.mixed, fake.check.mixed
-        # A later turn of the first chat: the prefix cache hands it the first sequence's slot.
+        # A later turn of the first chat: the prefix cache hands it the first sequence's full pages.
         again = DirectSink()
         batcher.add(again, _request(target, system + "Hello there"), 0.0)
         assert again.id in batcher.dec.kv.tables and batcher.active[-1].seq.cached > 0
@@ -351,7 +352,7 @@ def test_compiled_step_falls_back_to_the_eager_step_on_the_gpu(tiny_dir, monkeyp
         def needs_recompile(*inputs):
             raise RuntimeError("Detected recompile when torch.compile stance is 'fail_on_recompile'")
 
-        compiled.state, compiled._fn = "ready", needs_recompile
+        compiled.state, compiled._fn, compiled.static = "ready", needs_recompile, compiled._prepare()
         while batcher.active:
             batcher.step()  # ready, but its shapes outgrew the graph: eager, and a new compile started
         assert sink.result.finish_reason != "error", "\n".join(sink.result.notes)

@@ -8,7 +8,9 @@ import torch
 from redline.inference.decoding.options import DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
 from redline.inference.events import TokenEvent
-from redline.inference.loading.precision import PrecisionSpec, parse_precision
+from redline.inference.generation.lifecycle import DirectSink
+from redline.inference.generation.request import GenerationRequest
+from redline.inference.precision import PrecisionSpec, parse_precision
 
 GREEDY = SamplingSettings(max_new_tokens=20, temperature=0)
 # The decode loop's tests run on every device this machine has: the CPU, and CUDA when there is one.
@@ -37,8 +39,10 @@ def test_fast_matches_kv_up_to_a_full_context(engine, monkeypatch):
     monkeypatch.setattr(engine.target.model.generation_config, "eos_token_id", None)
     prompt = engine.target.tokenizer("lazy dog " * 20)["input_ids"]
     s = SamplingSettings(max_new_tokens=400, temperature=0)
-    kv = engine.generate_ids(prompt, s, DecodeOptions("kv"), context=300)
-    fast = engine.generate_ids(prompt, s, DecodeOptions("fast"), context=300)
+    kv, fast = (
+        engine.run(GenerationRequest(input_ids=prompt, sampling=s, options=DecodeOptions(o), context=300), DirectSink())
+        for o in ("kv", "fast")
+    )
     assert fast.token_ids == kv.token_ids
     assert fast.prompt_tokens + fast.new_tokens == 300  # filled the context exactly
     assert fast.finish_reason == "length"

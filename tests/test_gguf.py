@@ -15,10 +15,10 @@ import pytest
 import torch
 from gguf_helpers import random_kquant_blocks, write_llama_gguf
 
+from redline.inference.backends.local import load_model
 from redline.inference.errors import Cancelled, ModelLoadError, UnsupportedConfiguration
-from redline.inference.loading.block_quant import dequantize as blocks_to_float
-from redline.inference.loading.loader import load_model
-from redline.inference.loading.precision import PrecisionSpec, resolve_precision
+from redline.inference.kernels.block_quant import dequantize as blocks_to_float
+from redline.inference.precision import PrecisionSpec, resolve_precision
 from redline.inference.sources.gguf import convert_gguf
 from redline.inference.sources.gguf_tensors import dequantize, llama_row_permutation, to_blocks
 from redline.inference.sources.resolve import resolve
@@ -209,8 +209,8 @@ def test_progress_reports_bytes_and_time_left(mixed, tmp_path):
 # --------------------------------------------------------------------------- the estimator
 def test_estimator_reads_the_files_tensor_types(mixed, tmp_path, monkeypatch):
     from redline.inference.cost import weights_bytes
+    from redline.inference.estimate.model_shapes import read_shape
     from redline.inference.loading.weight_only import PackedLinear
-    from redline.inference.memory.model_shapes import read_shape
 
     monkeypatch.setenv("REDLINE_CACHE_DIR", str(tmp_path / "cache"))
     shape = read_shape(str(mixed))
@@ -220,7 +220,7 @@ def test_estimator_reads_the_files_tensor_types(mixed, tmp_path, monkeypatch):
     assert not any((tmp_path / "cache").rglob("*.safetensors"))  # nothing was converted
     # The prediction for "as the file is" is what the loaded model holds, byte for byte, in the layout this
     # machine loads (GGUF's blocks where Redline's kernels run, torch's packed layouts where they do not): the
-    # estimator asks the question the loader asks (kernels.native.will_run).
+    # estimator asks the question the loader asks (kernels.cpu.library.will_run).
     model = load(convert_gguf(mixed, tmp_path / "keep"), "auto").model
     held = sum(t.numel() * t.element_size() for t in model.parameters())
     held += sum(m.weight_bytes for m in model.modules() if isinstance(m, PackedLinear))
@@ -366,8 +366,8 @@ def test_a_converted_gguf_loads_as_views_of_its_files_and_the_estimate_counts_th
 
     from redline.inference.cost import weights_bytes
     from redline.inference.decoding.fastpath import get_decoder
-    from redline.inference.memory.calibration import loaded_shape, predict_loaded
-    from redline.inference.memory.estimator import fast_path_copy_bytes, loading_bytes, packed_views
+    from redline.inference.estimate.calibration import loaded_shape, predict_loaded
+    from redline.inference.estimate.estimator import fast_path_copy_bytes, loading_bytes, packed_views
     from redline.inference.memory.policy import releases_pages
 
     # Converted in the test's own folder: in the user's models folder each run left one more "tiny.Q8_0-…" model

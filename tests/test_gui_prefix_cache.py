@@ -70,7 +70,8 @@ def test_the_engine_reads_out_its_cache_and_takes_a_new_size_at_once_and_at_load
     svc = EngineService(lambda: Engine("cpu"))
     try:
         svc.load(str(tiny_model_dir), "fp32").result(TIMEOUT)
-        assert kv_cache_held(svc.engine) is None  # no fast-path reply yet: nothing to show
+        at_load = kv_cache_held(svc.engine)  # the fast path is made at the load (auto runs it here): empty
+        assert at_load is not None and at_load.cached_bytes == 0 and at_load.cached_tokens == 0
         request = GenerationRequest(
             messages=[{"role": "user", "content": "Tell me about local models and their speed. " * 8}],
             sampling=SamplingSettings(max_new_tokens=8, temperature=0),

@@ -108,7 +108,7 @@ def test_connect_to_a_server_chats_measures_and_keeps_the_key_private(qtbot, rem
         with qtbot.waitSignal(window.model_loaded, timeout=60_000) as loaded:
             dialog.connect()
         info = loaded.args[0]
-        assert info.kind == "remote" and info.name == f"tiny-llama @ 127.0.0.1:{remote_server.port}"
+        assert not info.measured_here and info.name == f"tiny-llama @ 127.0.0.1:{remote_server.port}"
         assert "on the server" in window.model_label.text()
         assert window.settings.model == remote_server.address + "#tiny-llama"
         result = send(qtbot, window, "hello over the network")

@@ -3,6 +3,7 @@
 import time
 
 import pytest
+from budget import within
 from gui_helpers import aloop, open_window, profile, send, write_settings  # noqa: F401 - fixtures
 from PySide6.QtCore import QTimer
 
@@ -60,7 +61,7 @@ def test_starter_answers_and_ui_stays_responsive(qtbot, starter_dir):
             f"{story.tokens_per_s:.1f} tok/s"
         )
         assert meter.ticks > 50
-        assert meter.longest_ms < 50, f"the UI thread stalled for {meter.longest_ms:.0f} ms"
+        assert meter.longest_ms < within(50), f"the UI thread stalled for {meter.longest_ms:.0f} ms"
 
         # The gauges were fed real values while it ran.
         assert w.gauges.rate_updates > 0

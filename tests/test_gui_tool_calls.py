@@ -51,8 +51,6 @@ class ScriptedEngine(SlowEngine):
             total_s=time.perf_counter() - start,
         )
 
-    generate_ids = chat
-
 
 def scripted_window(qtbot, *replies: str):
     from redline.app.gui import build_window

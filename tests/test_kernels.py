@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from redline.inference.kernels import native, ops, reference
-from redline.inference.loading import block_quant
+from redline.inference.kernels import block_quant, ops, reference
+from redline.inference.kernels.cpu import library as native
 
 # Skipped only where the kernels cannot be built (another CPU, no compiler); a failed build on a machine that can
 # build them fails every one of these tests (conftest.native_kernels).

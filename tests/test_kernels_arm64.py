@@ -5,7 +5,7 @@ for the same inputs (which tests/test_kernels.py and test_whole_step.py hold to 
 
 Needs: apt-get install g++-aarch64-linux-gnu qemu-user. Skipped where they are missing (.ci/run installs them; see
 docs/install-and-packaging.md). The libraries and drivers are kept in the per-machine cache (keyed by sources, flags
-and compiler, as native.py keys its builds), so only the first run compiles: about 2.5 minutes then on 2 busy cores,
+and compiler, as library.py keys its builds), so only the first run compiles: about 2.5 minutes then on 2 busy cores,
 then the qemu runs alone.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from redline.inference.kernels import build
+from redline.inference.kernels.cpu import build
 from redline.inference.paths import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-// A test driver for Redline's kernel library through its C ABI alone (inference/kernels/abi.h), without Python or
+// A test driver for Redline's kernel library through its C ABI alone (inference/kernels/cpu/abi.h), without Python or
 // torch, so it runs where only the library does: every function on inputs from a fixed pseudo-random sequence,
 // every output written bit for bit to a file. tests/test_kernels_arm64.py builds it for x86-64 (against the avx2 and
 // portable builds) and for ARM64 (against the neon and neon-dotprod builds, run under qemu-aarch64) and compares the
@@ -167,29 +167,32 @@ static void attention() {
                          const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, double, float*, int);
   auto attend = fn<Attend>("redline_attend");
   const int64_t configs[][3] = {{9, 3, 64}, {8, 1, 64}, {16, 2, 128}, {4, 4, 32}, {18, 2, 64}};
-  for (int dt : {F32, BF16}) {
+  for (int dt : {F32, BF16, I8}) {  // I8: the 8-bit cache's rows, D int8 and an fp16 scale (--kv q8)
     for (const auto& c : configs) {
       const int64_t H = c[0], Hkv = c[1], D = c[2], page = 16, P = 40, B = 2, max_pages = 16;
       const size_t pool = P * Hkv * page * D;
       std::vector<float> kf(pool), vf(pool);
       std::vector<uint16_t> kb(pool), vb(pool);
+      std::vector<int8_t> kq(P * Hkv * page * (D + 2)), vq(P * Hkv * page * (D + 2));
       const auto cos = randv(300 * D, 1.f), sin = randv(300 * D, 1.f);
       std::vector<int32_t> pages(B * max_pages);
       for (int64_t i = 0; i < B * max_pages; ++i) pages[i] = static_cast<int32_t>((i * 7 + 3) % P);  // out of order
-      const std::string tag = std::string(dt == F32 ? "f32 " : "bf16 ") + str(H) + "/" + str(Hkv) + "/" + str(D);
+      const std::string tag =
+          std::string(dt == F32 ? "f32 " : dt == BF16 ? "bf16 " : "q8 ") + str(H) + "/" + str(Hkv) + "/" + str(D);
       for (int64_t t = 0; t < 45; ++t) {
         const auto qkv = randv(B * (H + 2 * Hkv) * D, 1.f);
         const int64_t pos[2] = {t, t + 3};
         std::vector<float> o(B * H * D);
-        void* k = dt == F32 ? static_cast<void*>(kf.data()) : static_cast<void*>(kb.data());
-        void* v = dt == F32 ? static_cast<void*>(vf.data()) : static_cast<void*>(vb.data());
+        void* k = dt == F32 ? static_cast<void*>(kf.data()) : dt == BF16 ? static_cast<void*>(kb.data()) : kq.data();
+        void* v = dt == F32 ? static_cast<void*>(vf.data()) : dt == BF16 ? static_cast<void*>(vb.data()) : vq.data();
         ok(attend(qkv.data(), cos.data(), sin.data(), k, v, dt, pages.data(), max_pages, pos, B, H, Hkv, D, page,
                   1.0 / std::sqrt(static_cast<double>(D)), o.data(), THREADS),
            "attend");
         emit("attend " + tag + " t" + str(t), o);
       }
       if (dt == F32) emit("k pool " + tag, kf), emit("v pool " + tag, vf);
-      else emit("k pool " + tag, kb), emit("v pool " + tag, vb);
+      else if (dt == BF16) emit("k pool " + tag, kb), emit("v pool " + tag, vb);
+      else emit("k pool " + tag, kq), emit("v pool " + tag, vq);
     }
   }
 }

@@ -8,7 +8,7 @@ import pytest
 from gui_helpers import aloop, profile  # noqa: F401 - fixtures
 
 from redline.inference import KernelsReport, read_shape
-from redline.inference.kernels import native
+from redline.inference.kernels.cpu import library as native
 from redline.inference.speed.arithmetic import Machine
 from redline.inference.speed.model import SpeedModel
 
@@ -17,7 +17,7 @@ MACHINE = Machine("cpu", 20e9, 200e9, "this CPU", None)  # fixed figures: nothin
 
 @pytest.fixture
 def kernels_off(monkeypatch):
-    """REDLINE_NATIVE_KERNELS=0, with native.py's state as in a fresh process (another test may have loaded them)."""
+    """REDLINE_NATIVE_KERNELS=0, with library.py's state as in a fresh process (another test may have loaded them)."""
     monkeypatch.setenv("REDLINE_NATIVE_KERNELS", "0")
     monkeypatch.setattr(native, "_state", {"loaded": False, "reason": "not loaded yet"})
     assert native.will_run() == "turned off (REDLINE_NATIVE_KERNELS=0)"
@@ -140,3 +140,20 @@ def test_status_bar_says_it_once(kernels_off, qtbot, profile, aloop):
     window._show_kernels(KernelsReport(on=True, text="Redline's CPU kernels on"))
     assert not label.isVisibleTo(window)
     window.shutdown()
+
+
+def test_will_run_answers_from_memory_and_follows_the_variables_it_reads(monkeypatch):
+    """The estimator asks will_run for every layer of every precision; it finds the library once per setting of
+    REDLINE_NATIVE_KERNELS, REDLINE_KERNELS_VARIANT, CXX and PATH, and a changed setting is answered afresh."""
+    monkeypatch.setattr(native, "_state", {"loaded": False, "reason": "not loaded yet"})
+    monkeypatch.setattr(native, "_answers", {})
+    monkeypatch.delenv("REDLINE_NATIVE_KERNELS", raising=False)
+    asked = []
+    real = native._will_run_now
+    monkeypatch.setattr(native, "_will_run_now", lambda: asked.append(1) or real())
+    first = native.will_run()
+    assert native.will_run() == first and len(asked) == 1
+    monkeypatch.setenv("REDLINE_NATIVE_KERNELS", "0")
+    assert native.will_run() == "turned off (REDLINE_NATIVE_KERNELS=0)" and len(asked) == 2
+    monkeypatch.delenv("REDLINE_NATIVE_KERNELS")
+    assert native.will_run() == first and len(asked) == 2

@@ -1,4 +1,4 @@
-"""The kernel library's builds for other CPUs, its C ABI, and how a build is chosen (inference/kernels/native.py,
+"""The kernel library's builds for other CPUs, its C ABI, and how a build is chosen (inference/kernels/cpu/library.py,
 build.py). tests/test_kernels.py and test_whole_step.py test the build this CPU loads; here every build this CPU can
 run is held to the same references, side by side."""
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from redline.inference.kernels import build, native, reference
-from redline.inference.loading import block_quant
+from redline.inference.kernels import block_quant, reference
+from redline.inference.kernels.cpu import build
+from redline.inference.kernels.cpu import library as native
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_native = pytest.mark.usefixtures("native_kernels")
@@ -207,8 +208,8 @@ def test_avx512_without_its_wide_tiles_gives_the_avx2_bits_too(builds):
         pytest.skip("this CPU has no avx512-vnni build")
     code = """
 import torch
-from redline.inference.kernels import native
-from redline.inference.loading import block_quant
+from redline.inference.kernels import block_quant
+from redline.inference.kernels.cpu import library as native
 wide, avx2 = native.library_for("avx512-vnni"), native.library_for("avx2")
 torch.manual_seed(3)
 for n, k in ((98, 576), (70, 2048)):

@@ -6,7 +6,7 @@ import pytest
 
 from redline.inference.engine import Engine
 from redline.inference.errors import ModelLoadError, ModelSourceError, RedlineError, UnsupportedConfiguration
-from redline.inference.loading.precision import PrecisionSpec, parse_precision
+from redline.inference.precision import PrecisionSpec, parse_precision
 
 
 def copy_model(src, dst):

@@ -1,6 +1,6 @@
 """Staying usable over a long day: unloading frees the model, a killed app keeps the reply so far, a corrupt
 or locked database never stops the app, long conversations open a page at a time, streaming touches only the
-new reply. (Speed figures live in tools/bench_app.py, not here.)"""
+new reply. (Speed figures live in tools/benchmarks/bench_app.py, not here.)"""
 
 import gc
 import json
@@ -32,7 +32,7 @@ def _db_path() -> Path:
 def test_engine_unload_frees_model_and_fast_path_caches(tiny_model_dir):
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.loading.precision import parse_precision
+    from redline.inference.precision import parse_precision
 
     engine = Engine("cpu")
     loaded = engine.load(str(tiny_model_dir), parse_precision("fp32"))

@@ -3,7 +3,8 @@
 from PySide6.QtGui import QTextCursor
 
 from redline.ui.chat_view import MessageWidget, format_stats
-from redline.ui.markdown import DRAFT_TINT, SafeDocument, code_blocks, render
+from redline.ui.markdown import SafeDocument, code_blocks, render
+from redline.ui.style import current_theme
 
 REPLY = "Here is **code**:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nDone."
 
@@ -52,8 +53,9 @@ def test_draft_tokens_are_tinted(qapp):
     start = raw.index("Paris")
     render(doc, raw, [[start, start + 5]])
     text = doc.toPlainText()
-    assert _char_format_at(doc, text.index("Paris")).background().color() == DRAFT_TINT
-    assert _char_format_at(doc, text.index("capital")).background().color() != DRAFT_TINT
+    tint = current_theme().color("draft")  # the theme's (light and dark have their own)
+    assert _char_format_at(doc, text.index("Paris")).background().color() == tint
+    assert _char_format_at(doc, text.index("capital")).background().color() != tint
 
 
 def test_stats_line():

@@ -46,7 +46,7 @@ def test_the_fast_path_releases_the_originals_it_copied(tmp_path):
 
     from redline.inference.decoding.fastpath import get_decoder
     from redline.inference.engine import Engine
-    from redline.inference.loading.precision import parse_precision
+    from redline.inference.precision import parse_precision
 
     folder = build_tiny_model(tmp_path / "wide", layers=1, hidden=512, heads=8, kv_heads=4)  # MLP 2 MB in fp32
     engine = Engine("cpu")
@@ -74,3 +74,26 @@ def test_the_fast_path_releases_the_originals_it_copied(tmp_path):
     assert layer.mlp.gate_proj.weight.untyped_storage().data_ptr() != storage.data_ptr()  # now a fused view
     assert resident() <= pages // 4, (resident(), pages)
     engine.unload()
+
+
+def test_one_reading_of_the_mappings_serves_every_release_inside_it(tmp_path, monkeypatch):
+    """The decoder's build gives pages back after each fusion; inside ``one_reading_of_the_mappings`` the process's
+    file mappings are read once for all of them (reading /proc/self/maps each time was most of the first reply's
+    wait), and the releases still find the mapped file and still leave anonymous memory alone."""
+    from redline.inference.memory import policy
+
+    path = tmp_path / "weights.bin"
+    path.write_bytes(torch.arange(4 * MB, dtype=torch.int32).numpy().tobytes())
+    mapped = torch.from_file(str(path), shared=False, size=4 * MB, dtype=torch.int32)
+    assert int(mapped[::1024].sum()) >= 0
+    reads = []
+    real = policy._file_mappings
+    monkeypatch.setattr(policy, "_file_mappings", lambda: reads.append(1) or real())
+    with policy.one_reading_of_the_mappings():
+        with policy.one_reading_of_the_mappings():  # nested: still the one reading
+            assert release_pages([mapped[: 2 * MB]]) >= 4 * MB
+        assert release_pages([torch.ones(MB)]) == 0
+        assert release_pages([mapped[2 * MB :]]) >= 4 * MB
+    assert len(reads) == 1
+    release_pages([mapped])
+    assert len(reads) == 2  # outside, each call reads them afresh (a file may have been mapped since)

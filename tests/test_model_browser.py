@@ -14,7 +14,7 @@ from hub_server import FakeHub, Repo
 from redline.inference.browse import gguf_header, library, predict, search, variants
 from redline.inference.browse.fetch import fetch
 from redline.inference.errors import ModelSourceError
-from redline.inference.memory.fit import Target
+from redline.inference.estimate.fit import Target
 from redline.inference.speed.arithmetic import Machine
 from redline.inference.speed.model import SpeedModel
 from redline.inference.units import GB
@@ -316,7 +316,7 @@ def test_download_then_load_in_the_predicted_configuration(hub):
         report = engine.load_all(LoadRequest(got.model, got.precision), lambda event: None)
         assert report.precision.startswith("gguf"), report
         assert report.predicted_bytes and report.measured_bytes
-        from redline.inference.memory.estimator import accuracy_margin
+        from redline.inference.estimate.estimator import accuracy_margin
 
         assert abs(report.predicted_bytes - report.measured_bytes) <= accuracy_margin(report.measured_bytes)
     finally:
@@ -362,7 +362,7 @@ def test_library_lists_models_and_reclaimables_and_delete_frees_what_it_said(hub
 
 
 def test_a_given_cpu_baseline_moves_the_prediction_by_its_difference(hub):
-    from redline.inference.memory.estimator import CPU_BASELINE_BYTES
+    from redline.inference.estimate.estimator import CPU_BASELINE_BYTES
 
     rv = variants.repo_variants("me/tiny-chat")
     plain = predict.predict_repo(rv, 256, "balanced", target(64), SPEED)

@@ -16,7 +16,7 @@ CHILD = textwrap.dedent(
     import psutil, torch, transformers  # the runtime first: the limit is set on top of it
     from redline.inference.engine import Engine
     from redline.inference.errors import RedlineError
-    from redline.inference.loading.precision import PrecisionSpec
+    from redline.inference.precision import PrecisionSpec
 
     folder, headroom = sys.argv[1], int(sys.argv[2])
     engine = Engine(device="cpu")
@@ -70,7 +70,7 @@ def test_truncated_weights_are_still_reported_as_truncated(tiny_model_dir, tmp_p
 
     from redline.inference.engine import Engine
     from redline.inference.errors import ModelLoadError
-    from redline.inference.loading.precision import PrecisionSpec
+    from redline.inference.precision import PrecisionSpec
 
     broken = shutil.copytree(tiny_model_dir, tmp_path / "m")
     weights = broken / "model.safetensors"
@@ -99,7 +99,7 @@ def test_truncated_weights_are_still_reported_as_truncated(tiny_model_dir, tmp_p
     ],
 )
 def test_allocation_failures_are_recognised(exc, oom):
-    from redline.inference.loading.loader import is_oom
+    from redline.inference.memory.oom import is_oom
 
     assert is_oom(exc) is oom
     wrapped = RuntimeError("loading failed")

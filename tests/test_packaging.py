@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from redline.inference.kernels import build as kernel_build
+from redline.inference.kernels.cpu import build as kernel_build
 
 ROOT = Path(__file__).resolve().parent.parent
 LINUX = ROOT / "packaging" / "linux"
@@ -148,7 +148,8 @@ LOAD_KERNELS = """
 import json, shutil, time
 import torch
 t0 = time.perf_counter()
-from redline.inference.kernels import native, reference
+from redline.inference.kernels import reference
+from redline.inference.kernels.cpu import library as native
 t1 = time.perf_counter()
 ops = native.native()
 first_ms, import_ms = (time.perf_counter() - t1) * 1e3, (t1 - t0) * 1e3
@@ -171,11 +172,14 @@ def test_wheel_carries_the_kernels_built(installed_wheel):
     if not variants or kernel_build.find_compiler() is None:
         pytest.skip("no kernels for this CPU or no compiler: the wheel is built without them")
     names = zipfile.ZipFile(wheel).namelist()
-    prebuilt = "redline/inference/kernels/prebuilt/"
+    prebuilt = "redline/inference/kernels/cpu/prebuilt/"
     for variant in variants:
         assert prebuilt + kernel_build.library_name(variant) in names, (variant, [n for n in names if prebuilt in n])
     tag = wheel.name[: -len(".whl")].split("-", 2)[2]
     assert tag.startswith("py3-none-") and not tag.endswith("-any"), wheel.name
+    # and the sources, headers included (arch/avx512.h): what a first-use build compiles where a variant is missing
+    for name in (*kernel_build.SOURCES, *kernel_build.HEADERS):
+        assert "redline/inference/kernels/cpu/" + name in names, name
     if sys.platform.startswith("linux"):
         assert prebuilt + "libgomp.so.1" in names
         assert tag.split("-")[2].startswith("manylinux_2_"), wheel.name
@@ -219,7 +223,7 @@ def test_installed_kernels_load_shipped_without_a_compiler(installed_wheel, tmp_
 
 def native_variant_expected():
     """The variant this CPU should load from a wheel with kernels, or None where the wheel has none."""
-    from redline.inference.kernels import native
+    from redline.inference.kernels.cpu import library as native
 
     if kernel_build.find_compiler() is None or native.why_not_here() is not None:
         return None

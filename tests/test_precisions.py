@@ -4,7 +4,7 @@ import pytest
 
 from redline.inference.decoding.options import STRATEGIES, DecodeOptions, SamplingSettings
 from redline.inference.engine import Engine
-from redline.inference.loading.precision import parse_precision
+from redline.inference.precision import parse_precision
 
 GREEDY = SamplingSettings(max_new_tokens=12, temperature=0)
 PROMPT = [{"role": "user", "content": "Local models run on consumer GPUs with int8 and nf4 quantisation."}]

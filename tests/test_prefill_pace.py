@@ -17,7 +17,7 @@ from redline.inference.generation.batch import (
 )
 from redline.inference.generation.lifecycle import DirectSink
 from redline.inference.kernels import ops
-from redline.inference.loading.precision import parse_precision
+from redline.inference.precision import parse_precision
 
 
 def test_alone_a_prompt_is_read_in_full_chunks_and_fixed_stays_fixed():
@@ -102,13 +102,18 @@ def test_a_prompt_read_beside_a_streaming_reply_changes_neither_answer(target, n
     for _ in range(6):
         batcher.step()
     batcher.add(newcomer, request(long, 6), 0.0)
+    read_while_streaming = None
     for _ in range(2000):
         if not len(batcher):
             break
         batcher.step()
+        if stream.result is not None and read_while_streaming is None:
+            read_while_streaming = sum(mixed)
     assert stream.result.token_ids == expected_stream  # fp32, greedy: token for token
     assert newcomer.result.token_ids == expected_long
-    assert mixed and sum(mixed) == len(long)  # the whole prompt was read in mixed steps, in paced chunks
+    # The prompt was read in mixed steps, in paced chunks, while the stream ran. The chunks follow the measured
+    # step time, so on a busy machine (small chunks) the stream may end first: the rest is then read alone.
+    assert mixed and (sum(mixed) == len(long) or sum(mixed) == read_while_streaming < len(long))
     assert len(mixed) > 1 and max(mixed) < ops.GEMM_ROWS
 
 
@@ -197,7 +202,7 @@ def test_a_reply_decodes_to_its_limit_without_growing_the_pool(folder, native_ke
 def test_room_made_is_address_space_until_pages_are_handed_out():
     from redline.inference.decoding.kv_cache import PagedKV
 
-    kv = PagedKV(2, 2, 16, torch.float32, "cpu", paged=True, tokens=64)
+    kv = PagedKV(2, 2, 16, torch.float32, "cpu", tokens=64)
     kv.make_room({1: 10 * kv.page})
     assert kv.pages >= 10 and kv.touched_bytes() == 0
     kv.reserve(1, 3 * kv.page)

@@ -9,14 +9,14 @@ import torch
 
 from redline.inference import DecodeOptions, Engine, EngineService, GenerationRequest, SamplingSettings
 from redline.inference.decoding.kv_cache import PAGE_TOKENS, PagedKV, chain_keys
-from redline.inference.loading.precision import parse_precision
+from redline.inference.precision import parse_precision
 
 P = PAGE_TOKENS
 TIMEOUT = 120
 
 
-def pool(paged: bool = True, cache_pages: int = 8, namespace: bytes = b"model-a", tokens: int = 256) -> PagedKV:
-    kv = PagedKV(1, 1, 8, torch.float32, "cpu", paged=paged, tokens=tokens)
+def pool(cache_pages: int = 8, namespace: bytes = b"model-a", tokens: int = 256) -> PagedKV:
+    kv = PagedKV(1, 1, 8, torch.float32, "cpu", tokens=tokens)
     kv.set_cache(namespace, cache_pages)
     return kv
 
@@ -127,18 +127,6 @@ def test_a_failed_sequence_registers_nothing():
     kv.reserve(1, 3 * P)
     kv.release(1, None)
     assert cached == 0 and not kv.idle and not kv.page_of
-
-
-def test_one_page_per_sequence_reuses_the_idle_slot_with_the_longest_common_prefix():
-    kv = pool(paged=False, cache_pages=2, tokens=512)
-    a = list(range(1, 200))
-    b = list(range(5000, 5300))
-    run_sequence(kv, 1, a)
-    run_sequence(kv, 2, b)
-    assert kv.attach(3, a + [1, 2, 3]) == len(a)
-    assert read_back(kv, 3, len(a)) == a
-    assert kv.attach(4, [1, 2, 3] + b) == 0  # no common prefix with what is cached
-    kv.release(3, None)
 
 
 # -- the conversation flows, through the engine service --------------------------------------------------------

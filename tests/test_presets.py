@@ -89,7 +89,7 @@ def test_recent_models(tmp_path):
 # -- the wizard's model checks (inference, no Qt) ------------------------------------------------
 def test_describe_rejects_with_reason(tmp_path):
     from redline.inference.errors import RedlineError
-    from redline.inference.sources.describe import describe
+    from redline.inference.estimate.describe import describe
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -118,7 +118,7 @@ def test_describe_rejects_with_reason(tmp_path):
 
 
 def test_describe_config_only_folder(tmp_path):
-    from redline.inference.sources.describe import describe
+    from redline.inference.estimate.describe import describe
 
     folder = tmp_path / "Meta-Llama-3-8B"
     folder.mkdir()
@@ -129,7 +129,7 @@ def test_describe_config_only_folder(tmp_path):
 
 
 def test_describe_tiny_folder(tiny_model_dir):
-    from redline.inference.sources.describe import describe
+    from redline.inference.estimate.describe import describe
 
     d = describe(str(tiny_model_dir))
     assert d.loadable and d.offline and d.size_bytes > 0 and "available offline" in d.availability()

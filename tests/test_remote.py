@@ -82,11 +82,7 @@ def test_server_specs():
 
 def test_a_remote_model_chats_through_the_service_with_measured_figures(redline_server, client_service):
     target = connect(client_service, redline_server.address, "remote-test-key")
-    assert (
-        target.kind == "remote"
-        and not target.capabilities.measured_here
-        and target.name == f"tiny-llama @ 127.0.0.1:{redline_server.port}"
-    )
+    assert not target.capabilities.measured_here and target.name == f"tiny-llama @ 127.0.0.1:{redline_server.port}"
     assert target.context_limit == 512 and target.memory_bytes == 0
     assert "remote-test-key" not in repr(target)
     handles = [client_service.submit(chat(f"Question {i}", 16)) for i in range(3)]  # concurrently, not in turn
@@ -297,7 +293,7 @@ def test_the_cli_default_arguments_against_redline_serve(redline_server):
 def test_against_transformers_serve(starter_dir, transformers_serve, client_service):
     base = transformers_serve
     target = connect(client_service, base)
-    assert target.model_id == str(starter_dir) and target.kind == "remote"
+    assert target.model_id == str(starter_dir) and not target.capabilities.measured_here
     handle = client_service.submit(chat("What is the capital of France? Answer in one word.", 12))
     result = handle.result(TIMEOUT)
     assert result.error is None and result.finish_reason in ("eos", "length", "stop")

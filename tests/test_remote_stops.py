@@ -12,8 +12,8 @@ import time
 import pytest
 
 from redline.inference import DecodeOptions, EngineService, GenerationRequest, SamplingSettings
+from redline.inference.backends.remote import SERVER_STOPS, first_stop
 from redline.inference.engine import Engine
-from redline.inference.remote.client import SERVER_STOPS, first_stop
 
 TIMEOUT = 60
 PIECES = ("Hello", " wor", "ld. E", "ND and", " more text")

@@ -12,6 +12,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from served import read_address
 
 from redline.inference import ApiServer, EngineService, ServerConfig, ServerConfigError, parse_precision
 from redline.inference.engine import Engine
@@ -462,7 +463,6 @@ def test_serve_refuses_a_network_address_without_a_key_before_loading(tmp_path):
 
 @pytest.mark.slow
 def test_redline_serve_serves_until_sigterm(tiny_model_dir, tmp_path):
-    import re
     import signal
     import subprocess
     import sys
@@ -476,16 +476,7 @@ def test_redline_serve_serves_until_sigterm(tiny_model_dir, tmp_path):
         text=True,
     )  # fmt: skip
     try:
-        address, lines = None, []
-        deadline = time.monotonic() + 120
-        while address is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            found = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)
-            address = found.group(1) if found else None
-        assert address, "".join(lines)
+        address, lines = read_address(proc, 120)
         client = openai.OpenAI(base_url=address, api_key="a-key-for-this-test", max_retries=0, timeout=60)
         reply = ask(client, max_tokens=4, temperature=0)
         assert reply.usage.completion_tokens >= 1

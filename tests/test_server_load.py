@@ -1,5 +1,5 @@
-"""Load and faults against the window's server, smaller than tools/bench_server_load.py: clients (in a child
-process, tools/server_load.py) mix streamed and whole requests with random disconnects and malformed bodies
+"""Load and faults against the window's server, smaller than tools/benchmarks/bench_server_load.py: clients (in a child
+process, tests/server_load.py) mix streamed and whole requests with random disconnects and malformed bodies
 while the window chats; every well-formed request ends with a complete answer or a clear error, every
 malformed one with a 4xx error object, nothing hangs, the engine is idle afterwards, the UI thread keeps
 ticking and memory comes back. Loopback only; bounded in count and time."""
@@ -19,7 +19,7 @@ from gui_helpers import aloop, open_window, profile, send, write_settings  # noq
 from PySide6.QtCore import QTimer
 
 pytestmark = pytest.mark.usefixtures("aloop", "profile")
-LOAD_TOOL = Path(__file__).resolve().parents[1] / "tools" / "server_load.py"
+LOAD_TOOL = Path(__file__).resolve().parent / "server_load.py"
 # The tool holds the window to the 50 ms budget (docs/server.md); this smaller run, beside the rest of the
 # suite on a shared machine, catches what blocks the UI thread outright (a synchronous call, a lock).
 STALL_BOUND_MS = 250

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from redline.inference.cost import kv_read_bytes, step_flops, weights_bytes, weights_read_bytes
-from redline.inference.loading.precision import parse_precision
-from redline.inference.memory.fit import Planner, Target
-from redline.inference.memory.model_shapes import shipped_starter_shape
+from redline.inference.estimate.fit import Planner, Target
+from redline.inference.estimate.model_shapes import shipped_starter_shape
+from redline.inference.precision import parse_precision
 from redline.inference.speed import calibration as cal_mod
 from redline.inference.speed.arithmetic import (
     Machine,
@@ -248,10 +248,10 @@ def test_fast_falls_back_where_the_fast_path_does_not_run():
 
 def test_bytes_match_the_loaded_model(tiny_model_dir):
     """The shape-based count equals what the loaded model's tensors hold (hardware.bandwidth)."""
-    from redline.inference.hardware.bandwidth import weight_bytes_read
-    from redline.inference.loading.loader import load_model
-    from redline.inference.memory.model_shapes import shape_for_folder
+    from redline.inference.backends.local import load_model
+    from redline.inference.estimate.model_shapes import shape_for_folder
     from redline.inference.sources.resolve import resolve
+    from redline.inference.speed.arithmetic import weight_bytes_read
 
     shape = shape_for_folder(tiny_model_dir, "tiny")
     for p in ("fp32", "bf16", "q8", "q4"):
@@ -443,6 +443,70 @@ def test_auto_only_considers_what_fits(tmp_path, monkeypatch):
     assert not none.fits and "nothing fits" in none.reason
 
 
+BUSY = 0.7  # other programs used 70 % of the cores while these replies were measured
+
+
+def test_a_handful_of_replies_measured_on_a_busy_machine_does_not_flip_auto(tmp_path, monkeypatch):
+    """Two fast:q8 replies slowed by other programs turned "auto: fast · q8 ≈ 49 tok/s" into kv: a record taken
+    while the machine was busy is set aside while its class has quiet ones, and the status line says so."""
+    monkeypatch.setattr("redline.inference.speed.choose.bitsandbytes_available", lambda: False)
+    cal = SpeedCalibration(tmp_path / "s.json")
+    _feed(cal, MEASURED)
+    pred = predict(STARTER, parse_precision("q8"), "fast", CPU, 64, 256)
+    for _ in range(2):
+        cal.record(pred, "cpu", STARTER.name, 3.0, None, "chat", others_cpu_share=BUSY, load_average=6.0)
+    choice = choose(STARTER, _cpu_planner(16), SpeedModel(CPU, cal), 2048, "balanced")
+    assert (choice.strategy, choice.precision) == ("fast", "q8") and choice.tokens_per_s == pytest.approx(40, rel=0.05)
+    assert "2 measured while the machine was busy set aside" in choice.reason
+    # A class measured only under load: not on a handful of records; once it is the rule here, from them.
+    only_busy = SpeedCalibration(tmp_path / "b.json")
+    for n in range(1, cal_mod.BUSY_QUORUM + 1):
+        only_busy.record(pred, "cpu", STARTER.name, 3.0, None, "chat", others_cpu_share=BUSY)
+        factor = only_busy.decode_factor("cpu", "fast:q8")
+        assert (factor.source == "class") == (n >= cal_mod.BUSY_QUORUM), n
+    # Where no share of the cores was watched (a speed-lab row), the load average against the cores says it.
+    assert cal_mod.was_busy({"load_average": 9.0, "cpus": 2}) and not cal_mod.was_busy({"load_average": 1.5, "cpus": 2})
+    assert not cal_mod.was_busy({"others_cpu_share": 0.05, "load_average": 9.0, "cpus": 2})
+
+
+def test_an_unmeasured_class_never_beats_a_measured_one_on_a_borrowed_factor(tmp_path, monkeypatch):
+    """kv:q8, never measured, borrows kv:bf16's factor (its replies here ran 10 % faster than predicted) and is so
+    predicted faster than fast:q8 and kv:bf16, both measured. Its uncorrected prediction is below fast:q8's: the
+    borrowed factor alone puts it ahead, so a measured configuration is chosen, and the status line says why."""
+    monkeypatch.setattr("redline.inference.speed.choose.bitsandbytes_available", lambda: False)
+    cal = SpeedCalibration(tmp_path / "s.json")
+    for _ in range(4):
+        _feed(cal, {("fast", "q8"): 3.0, ("kv", "bf16"): 20.0})
+    choice = choose(STARTER, _cpu_planner(16), SpeedModel(CPU, cal), 2048, "balanced")
+    first = next(c for c in choice.candidates if c.fits)
+    assert (first.strategy, first.precision, first.calibration) == ("kv", "q8", "device")  # the factors' ranking
+    assert (choice.strategy, choice.precision) == ("kv", "bf16")
+    assert "not kv · q8" in choice.reason and "borrowed factor" in choice.reason
+    assert "learned from 4 of its replies here" in choice.reason
+    # Ahead on its own uncorrected prediction too, an unmeasured configuration still wins (nothing measured beats
+    # the fast path's q8 here before correction).
+    slow = SpeedCalibration(tmp_path / "k.json")
+    _feed(slow, {("kv", "fp32"): 18.0})
+    pick = choose(STARTER, _cpu_planner(16), SpeedModel(CPU, slow), 2048, "balanced")
+    assert (pick.strategy, pick.precision) == ("fast", "q8") and "nothing measured here yet" in pick.reason
+
+
+def test_records_made_against_other_machine_figures_do_not_teach(tmp_path):
+    """A ratio is against the bandwidth and FLOP/s its prediction started from: once those are measured again (a
+    busy read replaced by a quiet one), the records made against the old figures no longer apply."""
+    cal = SpeedCalibration(tmp_path / "s.json")
+    busy_read = Machine("cpu", 12.5e9, 78e9, "a CPU read while a build ran", "cpu")
+    pred = predict(STARTER, parse_precision("q8"), "fast", busy_read, 64, 256)
+    cal.record(pred, "cpu", STARTER.name, pred.uncorrected_tokens_per_s * 1.6, None, "chat")
+    assert SpeedModel(busy_read, cal).predict(STARTER, "q8", "fast", 64, 256).decode_factor == pytest.approx(1.6)
+    quiet_read = Machine("cpu", 20e9, 100e9, "the same CPU read quiet", "cpu")
+    again = SpeedModel(quiet_read, cal).predict(STARTER, "q8", "fast", 64, 256)
+    assert again.calibration == "none" and again.decode_factor == 1.0
+    # A record from before records kept their figures still teaches (it cannot be told apart).
+    del cal.data["devices"]["cpu"]["fast:q8"][0]["bandwidth_bytes_per_s"]
+    assert SpeedModel(quiet_read, cal).predict(STARTER, "q8", "fast", 64, 256).calibration == "class"
+
+
 # --------------------------------------------------------------------------- the engine, the lab, the CLI
 def test_chat_replies_and_lab_rows_feed_the_calibration(tiny_model_dir, tmp_path, monkeypatch):
     from redline.inference.bench.configs import parse_configs
@@ -503,8 +567,8 @@ def test_cli_chat_and_the_window_resolve_auto_alike(tiny_model_dir, tmp_path, mo
     from redline.app import cli
     from redline.app.cli_chat import resolve_auto_args
     from redline.inference.engine import Engine
+    from redline.inference.estimate.model_shapes import read_shape
     from redline.inference.jobs import auto_job
-    from redline.inference.memory.model_shapes import read_shape
     from redline.inference.speed.arithmetic import this_machine
 
     monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))

@@ -93,7 +93,11 @@ def test_half_typed_text_keeps_the_rows(panel):
 
 def test_ready_made_sets(panel):
     ed = panel.configs_editor
+    # Before a set is used, the combo names none (it showed the ladder over the default rows: "no naive row").
+    assert ed.set_combo.currentData() is None and not ed.use_set_button.isEnabled()
+    assert "naive" not in [c.strategy for c in ed.configs()]
     ed.set_combo.setCurrentIndex(ed.set_combo.findData("ladder"))
+    assert ed.use_set_button.isEnabled()
     ed.use_set_button.click()
     assert runs(ed.configs()) == runs(ladder("cpu", "starter"))
     strategies = [c.strategy for c in ed.configs()]
@@ -101,6 +105,13 @@ def test_ready_made_sets(panel):
     assert ed.configs()[strategies.index("speculative")].draft == "starter"
     ed.use_set("every precision")
     assert [c.precision for c in ed.configs()] == [c.precision for c in every_precision()]
+    ed.use_set("kv forms")  # the fast path with its KV cache in 16 and 8 bits, each q8 row after its bf16 one
+    assert [(c.strategy, c.precision, c.kv) for c in ed.configs()] == [
+        ("fast", "q8", "bf16"),
+        ("fast", "q8", "q8"),
+        ("fast", "bf16", "bf16"),
+        ("fast", "bf16", "q8"),
+    ]
     ed.use_set("my presets")
     assert [(c.strategy, c.precision, c.draft, c.k) for c in ed.configs()] == [
         ("fast", "q8", None, 5),
@@ -129,7 +140,8 @@ def test_rows_show_predicted_then_measured(qtbot, panel, tiny_model_dir):
     assert table.item(1, PREDICTED).text().startswith("≈")
     predicted = [float(table.item(r, PREDICTED).text().split()[1]) for r in range(2)]
     assert all(p > 0 for p in predicted)
-    assert "MB read per token" in table.item(0, PREDICTED).toolTip()
+    tip = table.item(0, PREDICTED).toolTip()
+    assert "read per token" in tip and tip == ed.prediction(0).tip()  # the prediction's own words (the wizard's)
     # Outputs: a horizontal splitter the user can resize, inside the panel's vertical one.
     assert isinstance(panel.outputs.splitter, QSplitter) and panel.splitter.count() == 3
     lives = []
@@ -154,7 +166,9 @@ def test_rows_show_predicted_then_measured(qtbot, panel, tiny_model_dir):
     assert "pred. tok/s" in headers and "pred. error" in headers
     # The run taught the speed model: the next predictions are corrected by this configuration's measurement.
     qtbot.waitUntil(lambda: not panel.predicting(), timeout=60_000)
-    qtbot.waitUntil(lambda: "corrected by this configuration" in table.item(0, PREDICTED).toolTip(), timeout=60_000)
+    qtbot.waitUntil(
+        lambda: "measurement(s) of kv:fp32 on this machine" in table.item(0, PREDICTED).toolTip(), timeout=60_000
+    )
 
 
 def test_window_gauges_follow_the_lab(qtbot, tmp_path, tiny_model_dir):

@@ -75,7 +75,7 @@ def test_deltas_join_for_emoji_and_chinese(starter_dir):
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
     from redline.inference.events import TokenEvent
-    from redline.inference.loading.precision import PrecisionSpec
+    from redline.inference.precision import PrecisionSpec
 
     eng = Engine(device="cpu")
     eng.load("starter", PrecisionSpec("bf16"))

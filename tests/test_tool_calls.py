@@ -11,6 +11,7 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
+from served import read_address
 
 from redline.inference.decoding.tool_calls import (
     FAMILIES,
@@ -199,6 +200,51 @@ def test_the_call_grammar_takes_a_call_and_refuses_another_name():
         bad = llguidance.LLMatcher(lltok, text)
         wrong = fam.render_call("get_date", {"city": "Paris"})
         assert not all(bad.consume_token(t) for t in tok.encode(wrong)), family
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_call_grammar_lets_the_reply_end_after_a_calls_newline(parallel):
+    """A Hermes model writes a newline after ``</tool_call>`` before its end of turn: the grammar must let it end
+    there (it wanted another call after the newline, so the starter began a second one and ran to max_tokens)."""
+    import llguidance
+    import llguidance.hf
+
+    from tests.conftest import build_tokenizer
+
+    tok = build_tokenizer()
+    lltok = llguidance.hf.from_tokenizer(tok)
+    for family in ("hermes", "llama3", "mistral"):
+        fam = FAMILIES[family]
+        matcher = llguidance.LLMatcher(lltok, grammar(fam, [WEATHER], parallel))
+        call = fam.render_call("get_weather", {"city": "Paris", "unit": "celsius"}) + "\n"
+        assert all(matcher.consume_token(t) for t in tok.encode(call)), (family, matcher.get_error())
+        assert matcher.is_accepting(), family
+
+
+PARIS = {"city": "Paris", "unit": "celsius"}
+# Each family's reply cut by max_tokens in its second call, after a complete first one.
+CUT = {
+    "hermes": FAMILIES["hermes"].render_call("get_weather", PARIS) + '\n<tool_call>\n{"name": "get_weather", "argu',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, {"name": "ge',
+    "llama3": '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; {"name": "get_w',
+}
+
+
+@pytest.mark.parametrize("family", sorted(CUT))
+def test_a_reply_cut_in_its_second_call_keeps_the_complete_call(family):
+    fam, text = FAMILIES[family], CUT[family]
+    assert parse(fam, text, NAMES) == (text, [])  # not cut: such a text is text, as before
+    content, calls = parse(fam, text, NAMES, cut=True)
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", PARIS)]
+    held = CallStream(fam, NAMES, forced=True)
+    assert "".join(held.feed(text[i : i + 5]) for i in range(0, len(text), 5)) == ""
+    rest, streamed = held.finish(cut=True)
+    assert rest == "" and [c.name for c in streamed] == ["get_weather"]
+    # Only an unfinished *call* is dropped: a first call cut short, or prose after a call, is still text.
+    first = text[: len(text) // 4]
+    assert parse(fam, first, NAMES, cut=True) == (first, [])
+    prose = fam.render_call("get_weather", PARIS) + " and then some words"
+    assert parse(fam, prose, NAMES, cut=True) == (prose, [])
 
 
 # -- the server, with the official client and the starter ---------------------------------------------------
@@ -452,3 +498,48 @@ def test_a_request_without_tools_or_penalties_carries_no_logits_processor(tiny_s
         tiny_server_client.chat.completions.create(**ask, tools=[tiny])
     assert seen[0].logits_processor is None and seen[0].tools is None
     assert isinstance(seen[1].logits_processor, ToolGrammar) and seen[1].logits_processor.lazy
+
+
+@pytest.mark.starter
+@pytest.mark.slow
+def test_required_with_the_official_client_against_redline_serve_returns_the_complete_calls(starter_dir, tmp_path):
+    """The starter, one tool, ``tool_choice: "required"``, a token limit that cuts its second call: ``redline serve``
+    (a process of its own, on 127.0.0.1, a free port) answers the complete call as ``tool_calls`` with finish_reason
+    "tool_calls", streamed and not; before, the whole text came back as content with finish_reason "length"."""
+    import signal
+    import subprocess
+    import sys
+
+    key_file = tmp_path / "key"
+    key_file.write_text("a-key-for-this-test\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redline", "serve", "--model", str(starter_dir), "--precision", "fp32",
+         "--host", "127.0.0.1", "--port", "0", "--api-key-file", str(key_file)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        address, _ = read_address(proc, 180)
+        client = openai.OpenAI(base_url=address, api_key="a-key-for-this-test", max_retries=0, timeout=300)
+        model = client.models.list().data[0].id
+        schema = WEATHER["function"]["parameters"]
+        # 40 tokens: the first call takes 31 of them, the second is cut (measured with greedy decoding).
+        ask = dict(model=model, messages=USER, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=40)
+        reply = client.chat.completions.create(**ask)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert not choice.message.content and choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+        content, calls, finish = streamed_message(client, **ask)
+        assert finish == "tool_calls" and content == ""
+        assert [(n, a) for _, n, a in calls] == [
+            (c.function.name, c.function.arguments) for c in choice.message.tool_calls
+        ]
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

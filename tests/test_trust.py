@@ -9,10 +9,15 @@ import sys
 import pytest
 from custom_model import MODELING_PY, custom_model  # noqa: F401 - fixture
 
-from redline.app.trust_store import TrustStore, load_with_trust
+from redline.app.trust_store import TrustStore, opt_in_from
 from redline.inference.engine import Engine
 from redline.inference.errors import NeedsOptIn
-from redline.inference.loading.precision import PrecisionSpec
+from redline.inference.precision import PrecisionSpec
+
+
+def load_with_trust(engine, model, precision, *, store, trust_remote_code=False, allow_pickle=False, confirm=None):
+    """A load as the CLI and the window make it: the engine asks ``opt_in_from``'s question before running code."""
+    return engine.load(model, precision, opt_in=opt_in_from(store, trust_remote_code, allow_pickle, confirm))
 
 
 def test_custom_code_refused_then_loaded_after_opt_in_and_remembered(custom_model, tmp_path):

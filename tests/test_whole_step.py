@@ -5,7 +5,7 @@ import torch
 
 from redline.inference.decoding import fastpath
 from redline.inference.decoding.fastpath import FastDecoder
-from redline.inference.kernels import native
+from redline.inference.kernels.cpu import library as native
 from redline.inference.loading.weight_only import quantize_model
 
 needs_native = pytest.mark.usefixtures("native_kernels")  # conftest: a failed build where one is possible fails

@@ -12,8 +12,8 @@ import threading
 def main() -> None:
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.loading.precision import parse_precision
     from redline.inference.memory.measured import process_rss
+    from redline.inference.precision import parse_precision
 
     model = sys.argv[1]
     figures = {}

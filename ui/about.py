@@ -17,8 +17,7 @@ from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
-from redline.inference import format_bytes
-
+from ..inference import format_bytes, probe_machine, torch_cuda_build
 from .style import app_icon
 
 PENDING = "detecting…"
@@ -68,7 +67,6 @@ def library_versions() -> list[tuple[str, str]]:
 
 def probe_hardware() -> HardwareSummary:
     """Reads the GPUs (NVML, then torch) and torch's CUDA build. Imports torch: never on the UI thread."""
-    from redline.inference import probe_machine, torch_cuda_build
 
     info = probe_machine()
     return HardwareSummary(

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from redline.inference import (
+from ..inference import (
     Completed,
     EngineService,
     Failed,
@@ -34,7 +34,7 @@ from redline.inference import (
     garbage_collector,
     set_garbage_collector,
 )
-from redline.ui.signals import emit
+from .signals import emit
 
 Job = Callable[[Any, Callable[[object], None]], object]
 FINAL_EVENTS = (FinishedEvent, Completed, Failed)  # how a request ends: a generation's result, a job's value, a failure
@@ -196,13 +196,15 @@ class EngineBridge(QObject):
         draft_precision: Any = "auto",
         opt_in: Optional[Callable[[Any], bool]] = None,
         api_key: Optional[str] = None,
+        context: Optional[int] = None,
     ) -> Channel:
         """The engine's one load (``EngineService.load``): Progress events, ending in the ``LoadReport``. It
-        interrupts: replies being written stop with "Stopped so that the model to load could start." """
+        interrupts: replies being written stop with "Stopped so that the model to load could start."
+        ``context``: the chat's (Settings → context), which a load that runs out of memory names."""
         return self._open(
             "load",
             lambda: self.service.load(
-                model, precision, draft, draft_precision, opt_in, interrupt=True, api_key=api_key
+                model, precision, draft, draft_precision, opt_in, interrupt=True, api_key=api_key, context=context
             ),
         )
 

@@ -14,14 +14,13 @@ ones measured here from the tokens that arrived (never a 1-second gauge reading 
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QObject, Signal
 
-from redline.inference import (
+from ..inference import (
     DecodeOptions,
     Failed,
     FinishedEvent,
@@ -32,12 +31,16 @@ from redline.inference import (
     SamplingSettings,
     Started,
     StatsEvent,
+    Thinking,
     TokenEvent,
     calls_text,
+    decode_tokens_per_s,
+    percentile,
+    token_latencies_ms,
 )
-from redline.ui.bridge import TaskFailed, user_message
-from redline.ui.markdown import append_reply
-from redline.ui.signals import emit
+from .bridge import TaskFailed, user_message
+from .markdown import append_reply
+from .signals import emit
 
 SAVE_INTERVAL_S = 1.0  # how often a growing reply is written to the database
 CLOSED_NOTE = "Stopped because Redline was closed."
@@ -50,6 +53,7 @@ STATS_KEYS = (
     "cached_tokens",
     "tokens_per_s",
     "ttft_ms",
+    "queued_ms",  # its wait before its own work began (behind another reply, the speed lab), apart from TTFT
     "p50_ms",
     "p95_ms",
     "strategy",
@@ -64,18 +68,29 @@ STATS_KEYS = (
     "peak_memory_bytes",
     "total_s",
     "server_timings",
+    # a reasoning model's reply: its thinking's tokens (the rest are the answer's), the time to its first answer token,
+    # its thinking time, its thinking's and its answer's own speed (inference/reasoning/)
+    "reasoning_format",
+    "reasoning_tokens",
+    "ttfat_ms",
+    "thinking_ms",
+    "thinking_tokens_per_s",
+    "answer_tokens_per_s",
 )
 
 
-def stats_from_result(result, model: str, draft_spans: list) -> dict:
+def stats_from_result(result, model: str, draft_spans: list, waited_for: str = "") -> dict:
     """What is stored with a finished reply (and shown under it): the measured figures, labelled. A prompt of
     0 tokens was never measured (a request that ended before its prompt was read, a server that hung up): it
-    is stored as unknown, not as zero."""
+    is stored as unknown, not as zero. ``waited_for``: what its wait was for ("the speed lab"), as the engine
+    said while it waited."""
     stats = {k: getattr(result, k, None) for k in STATS_KEYS}
     if not stats.get("prompt_tokens"):
         stats["prompt_tokens"] = None
     stats["model"] = model
     stats["draft_spans"] = draft_spans
+    if waited_for:
+        stats["waited_for"] = waited_for
     stats["notes"] = [n for n in result.notes if not n.startswith("Traceback")]
     return stats
 
@@ -107,6 +122,7 @@ class ReplyConfig:
     precision: str = ""
     device: str = ""
     refusal: Optional[str] = None  # why this reply cannot be asked for (said as its failure, never sent)
+    thinking: Optional[Thinking] = None  # a reasoning model's switch, effort and budget (None: its defaults)
 
 
 @dataclass
@@ -121,8 +137,10 @@ class Reply:
     channel: Any = None  # this reply's request to the engine (its cancel stops this reply alone)
     submitted: float = field(default_factory=time.monotonic)
     text: str = ""
+    reasoning: str = ""  # a reasoning model's thinking so far, apart from the answer in ``text``
     draft_spans: list = field(default_factory=list)
     waiting: str = ""  # why the engine has not started it yet ("waiting for the speed lab"), or ""
+    waited_for: str = ""  # what it waited for before it started ("the speed lab"), the engine's last word on it
     stopping: bool = False  # a stop was asked for; the engine ends it at its next step
     stop_reason: Optional[str] = None  # the note a stop for something else leaves (a load, Redline closing)
     finished: bool = False
@@ -131,7 +149,6 @@ class Reply:
     tokens_per_s: float = 0.0  # the last 1-second reading (the gauge's), never stored as the reply's speed
     ttft_ms: Optional[float] = None
     token_times: list = field(default_factory=list)  # seconds since the generation started, per token
-    latencies: list = field(default_factory=list)  # ms between tokens
     result: Any = None  # the GenerationResult, once it ended
     error: Optional[str] = None  # why it failed, if it did
     stats: dict = field(default_factory=dict)  # what was stored with it at the end
@@ -142,21 +159,21 @@ class Reply:
 
     def measured_stats(self) -> dict:
         """The figures measured here from the tokens that arrived, for a reply whose result never came."""
-        decode = None
-        if len(self.token_times) >= 2 and self.token_times[-1] > self.token_times[0]:
-            decode = (len(self.token_times) - 1) / (self.token_times[-1] - self.token_times[0])
+        decode = decode_tokens_per_s(self.token_times)
         ttft = self.ttft_ms
         if ttft is None and self.token_times:
             ttft = self.token_times[0] * 1000
-        lat = sorted(self.latencies)
+        # The engine's definitions (inference/stats.py), from the same arrival times: the p95 saved here is the one
+        # the engine's result would have given.
+        lat = token_latencies_ms(self.token_times)
         cfg = self.config
         return {
             "new_tokens": len(self.token_times),
             "prompt_tokens": None,
             "tokens_per_s": round(decode, 2) if decode else None,
             "ttft_ms": ttft,
-            "p50_ms": statistics.median(lat) if lat else None,
-            "p95_ms": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else None,
+            "p50_ms": percentile(lat, 0.5),
+            "p95_ms": percentile(lat, 0.95),
             "strategy": cfg.options.strategy if cfg else None,
             "precision": cfg.precision if cfg else None,
             "device": cfg.device if cfg else None,
@@ -243,7 +260,12 @@ class ChatSession(QObject):
             self._finish(reply, None, config.refusal)
             return reply
         request = GenerationRequest(
-            messages=messages, sampling=config.sampling, options=config.options, context=config.context, client="chat"
+            messages=messages,
+            sampling=config.sampling,
+            options=config.options,
+            context=config.context,
+            client="chat",
+            thinking=config.thinking,
         )
         reply.channel = self.bridge.generate(request)
         reply.channel.events.connect(lambda events, r=reply: self._on_events(r, events))
@@ -288,6 +310,8 @@ class ChatSession(QObject):
         for ev in events:
             if isinstance(ev, Queued):
                 self._set_waiting(reply, ev.reason or "waiting in line")
+                if ev.reason.startswith("waiting for "):
+                    reply.waited_for = ev.reason[len("waiting for ") :]
             elif isinstance(ev, Started):
                 self._set_waiting(reply, "")
             elif isinstance(ev, Notice):
@@ -298,6 +322,7 @@ class ChatSession(QObject):
                 if reply.waiting:
                     self._set_waiting(reply, "")
                 reply.append(ev.text, ev.from_draft)
+                reply.reasoning += ev.reasoning
                 grew = True
                 if ev.token_id != -1:  # -1: the final text delta, not a token (a server's tokens are -2)
                     if reply.token_times and ev.index > 0 and ev.time_s > reply.token_times[-1]:
@@ -310,7 +335,6 @@ class ChatSession(QObject):
             elif isinstance(ev, (FinishedEvent, Failed)):
                 final = ev
         if latencies:
-            reply.latencies.extend(latencies)
             emit(self.latencies, latencies)
         if live:
             emit(self.live, reply)
@@ -319,7 +343,7 @@ class ChatSession(QObject):
             now = time.monotonic()
             if final is None and now - reply.last_save >= SAVE_INTERVAL_S:
                 reply.last_save = now
-                self.store.update_message(reply.message_id, reply.text, partial=True)
+                self.store.update_message(reply.message_id, reply.text, partial=True, reasoning=reply.reasoning)
         if isinstance(final, FinishedEvent):
             self._finish(reply, final.result, None)
         elif isinstance(final, Failed):
@@ -350,13 +374,14 @@ class ChatSession(QObject):
         reply.finished = True
         if result is not None:
             reply.text = result.text or reply.text
+            reply.reasoning = getattr(result, "reasoning", "") or reply.reasoning
             if getattr(result, "tool_calls", None):
                 # A server's calls come apart from its text: they are kept in the reply's text, after it, as Hermes
                 # <tool_call> blocks (calls_text, the form the window reads back), so the store needs no column of
                 # its own, reopening the conversation shows them again, and the next turn's prompt shows the model
                 # its own call as text (the window offers no tools, so no tool result could follow it).
                 reply.text = "\n".join(t for t in (reply.text.rstrip(), calls_text(result.tool_calls)) if t)
-            stats = stats_from_result(result, reply.model, reply.draft_spans)
+            stats = stats_from_result(result, reply.model, reply.draft_spans, reply.waited_for)
             partial = result.finish_reason in ("cancelled", "error")
             if result.finish_reason == "error":
                 error = result.error or "the engine gave no reason"
@@ -380,7 +405,7 @@ class ChatSession(QObject):
                 notes = [line] + [n for n in notes if n not in line and not (covered and "before it started" in n)]
         stats["notes"] = notes
         reply.error, reply.stats, reply.partial, reply.result = error, stats, partial, result
-        self.store.update_message(reply.message_id, reply.text, partial, stats)
+        self.store.update_message(reply.message_id, reply.text, partial, stats, reasoning=reply.reasoning)
         if self.reply is reply:
             self.reply = None
         self.last = reply

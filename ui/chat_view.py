@@ -18,17 +18,17 @@ pretty-printed JSON beneath. A call that does not parse stays the text it was.
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
-from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QMenu,
+    QMessageBox,
     QPushButton,
     QScrollArea,
     QSizePolicy,
@@ -38,10 +38,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.inference import ToolCall, read_calls
-from redline.ui.signals import emit
-
+from ..inference import ToolCall, read_calls
+from .chat_empty import ExamplePrompts
 from .markdown import SafeDocument, append_reply, code_blocks, hard_line_breaks, render
+from .signals import emit
+from .style import READING_WIDTH, current_theme, set_icon, space_lines
+from .thinking_block import ThinkingBlock
+from .tool_call_block import FOLDED_LINES, ToolCallBlock, calls_json, pretty_arguments  # noqa: F401 - re-exported
 
 RENDER_INTERVAL_MS = 100
 PAGE = 12  # message widgets built when a conversation opens (fills a tall window)
@@ -59,13 +62,17 @@ def format_stats(stats: dict) -> str:
         bits.append(f"{stats['new_tokens']} tokens")
     if stats.get("tokens_per_s"):
         bits.append(f"{stats['tokens_per_s']:.1f} tok/s")
+    waited = waited_text(stats)
+    if waited:
+        bits.append(waited)
     if stats.get("ttft_ms") is not None:
         bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if stats.get("cached_tokens") and stats.get("prompt_tokens"):  # the prompt's start was not read again
         bits.append(f"{stats['cached_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens from the cache")
-    for key in ("strategy", "precision", "device"):
-        if stats.get(key):
-            bits.append(str(stats[key]))
+    if stats.get("strategy") == "remote":  # the server decoded it its own way: said once, not "remote · server"
+        bits.append("on the server")
+    else:
+        bits.extend(str(stats[key]) for key in ("strategy", "precision", "device") if stats.get(key))
     if stats.get("acceptance_rate") is not None:
         bits.append(
             f"draft accepted {stats['acceptance_rate'] * 100:.0f}% "
@@ -83,6 +90,21 @@ def format_stats(stats: dict) -> str:
     return " · ".join(bits)
 
 
+WAIT_SHOWN_MS = 100  # a shorter wait (a tokenizer's turn, a thread's wake-up) is not worth a word
+
+
+def waited_text(stats: dict) -> str:
+    """ "waited 30 s for a chat reply": the reply's wait before its own work began, kept apart from its TTFT (which
+    counts from there); "" for a wait too short to say."""
+    ms = stats.get("queued_ms")
+    if ms is None or ms < WAIT_SHOWN_MS:
+        return ""
+    s = ms / 1000
+    took = f"{s:.1f} s" if s < 10 else f"{s:.0f} s" if s < 120 else f"{int(s // 60)} min {s % 60:.0f} s"
+    what = stats.get("waited_for")
+    return f"waited {took} for {what}" if what else f"waited {took}"
+
+
 def reply_notes(stats: dict) -> list[str]:
     """What a stored reply's notes say (why it stopped, what was left out), as shown under it."""
     return [str(n) for n in (stats or {}).get("notes") or [] if str(n).strip()]
@@ -90,7 +112,6 @@ def reply_notes(stats: dict) -> list[str]:
 
 def confirm_open_link(parent, address: str) -> bool:
     """Ask before opening a link from a message (tests replace this)."""
-    from PySide6.QtWidgets import QMessageBox
 
     answer = QMessageBox.question(
         parent,
@@ -104,22 +125,6 @@ def confirm_open_link(parent, address: str) -> bool:
 
 SHOWN_CHARS = 50_000  # longest message text typeset in the view
 COPY_TIP = "Copy this message as Markdown"
-# A call's arguments are shown open: they are what the model asked for, usually a line or two, and a reply that is
-# a call says nothing else. Longer than this (a file's contents, a long query), they start folded, so that one call
-# does not push the conversation off the screen; the header's toggle opens them.
-FOLDED_LINES = 20
-
-
-def pretty_arguments(call: ToolCall) -> str:
-    """A call's arguments as indented JSON (they parsed as a JSON object, or it would not be a call)."""
-    return json.dumps(json.loads(call.arguments), indent=2, ensure_ascii=False)
-
-
-def calls_json(calls: Sequence[ToolCall]) -> str:
-    """What Copy puts on the clipboard for a reply's calls: one call's ``{"name", "arguments"}`` object, or a list
-    of them, as indented JSON."""
-    objs = [{"name": c.name, "arguments": json.loads(c.arguments)} for c in calls]
-    return json.dumps(objs[0] if len(objs) == 1 else objs, indent=2, ensure_ascii=False)
 
 
 class MessageBrowser(QTextBrowser):
@@ -162,48 +167,6 @@ class MessageBrowser(QTextBrowser):
         return QSize(400, int(self.document().size().height()) + 4)
 
 
-class ToolCallBlock(QFrame):
-    """One tool call in a reply: a header "Tool call: NAME" that folds and unfolds its arguments beneath."""
-
-    def __init__(self, call: ToolCall, parent=None):
-        super().__init__(parent)
-        self.call = call
-        self.setObjectName("toolCall")
-        self.setFrameShape(QFrame.StyledPanel)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 2, 6, 4)
-        layout.setSpacing(0)
-        self.toggle = QToolButton(self)
-        self.toggle.setObjectName("toolCallHeader")
-        self.toggle.setText(f"Tool call: {call.name}")
-        self.toggle.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
-        self.toggle.setAutoRaise(True)
-        self.toggle.setCheckable(True)
-        # Open or folded, the header reads as a heading with an arrow, not as a button held down.
-        self.toggle.setStyleSheet("QToolButton { border: none; background: transparent; font-weight: bold; }")
-        self.toggle.toggled.connect(self._show_arguments)
-        layout.addWidget(self.toggle)
-        self.arguments = MessageBrowser(self)
-        self.arguments.setObjectName("toolCallArguments")
-        self.arguments_text = pretty_arguments(call)
-        render(self.arguments.document(), "```json\n" + self.arguments_text + "\n```")
-        layout.addWidget(self.arguments)
-        expanded = self.arguments_text.count("\n") + 1 <= FOLDED_LINES
-        self.toggle.setChecked(expanded)
-        self._show_arguments(expanded)
-
-    @property
-    def expanded(self) -> bool:
-        return self.toggle.isChecked()
-
-    def _show_arguments(self, shown: bool) -> None:
-        self.toggle.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
-        self.toggle.setToolTip(("Hide" if shown else "Show") + " this call's arguments")
-        self.arguments.setVisible(shown)
-        if shown:
-            self.arguments._fit()
-
-
 class MessageWidget(QFrame):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
@@ -243,22 +206,28 @@ class MessageWidget(QFrame):
         self.badge.setObjectName("partialBadge")
         header.addWidget(self.badge)
         header.addStretch(1)
-        self.copy_button = self._tool("Copy", COPY_TIP, self.copy_text)
-        header.addWidget(self.copy_button)
-        self.copy_code_button = self._tool("Copy code", "Copy a code block from this message", self.copy_code)
-        header.addWidget(self.copy_code_button)
+        self.copy_button = self._tool("Copy", COPY_TIP, self.copy_text, "copy")
+        self.copy_code_button = self._tool("Copy code", "Copy a code block from this message", self.copy_code, "code")
         if role == "assistant":
-            self.action_button = self._tool(
-                "Regenerate",
-                "Generate this reply again",
-                lambda: emit(self.regenerate_requested, self.message_id or -1),
-            )
+            act = ("Regenerate", "Generate this reply again", self.regenerate_requested, "regenerate")
         else:
-            self.action_button = self._tool(
-                "Edit", "Edit this message and send it again", lambda: emit(self.edit_requested, self.message_id or -1)
-            )
-        header.addWidget(self.action_button)
+            act = ("Edit", "Edit this message and send it again", self.edit_requested, "edit")
+        self.action_button = self._tool(*act[:2], lambda: emit(act[2], self.message_id or -1), act[3])
+        # The actions are icons shown while the pointer is over the message; their place is kept meanwhile, so
+        # nothing moves as they come and go (the window's Copy and Regenerate keys act on the last reply).
+        self.actions = QWidget(self)
+        row = QHBoxLayout(self.actions)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(2)
+        for b in (self.copy_button, self.copy_code_button, self.action_button):
+            row.addWidget(b)
+        policy = self.actions.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)
+        self.actions.setSizePolicy(policy)
+        self.actions.hide()
+        header.addWidget(self.actions)
         layout.addLayout(header)
+        self.thinking = ThinkingBlock.attach(self, layout)  # a reasoning model's thinking, above its answer
         self.browser = MessageBrowser(self)
         layout.addWidget(self.browser)
         self.calls: list[ToolCall] = []  # the reply's tool calls, shown as blocks under its text
@@ -273,13 +242,30 @@ class MessageWidget(QFrame):
         layout.addWidget(self.stats_label)
         self.render()
 
-    def _tool(self, text, tip, slot) -> QToolButton:
+    def _tool(self, text, tip, slot, icon) -> QToolButton:
         b = QToolButton(self)
-        b.setText(text)
+        b.setObjectName("messageAction")
+        b.setText(text)  # what a screen reader says; the button shows its icon
         b.setToolTip(tip)
+        b.setToolButtonStyle(Qt.ToolButtonIconOnly)
+        b.setIconSize(QSize(16, 16))
+        set_icon(b, icon)
         b.setAutoRaise(True)
         b.clicked.connect(slot)
         return b
+
+    def changeEvent(self, event):  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() == QEvent.PaletteChange and getattr(self, "_theme", None) not in (None, current_theme().name):
+            self._dirty = True
+
+    def enterEvent(self, event):  # noqa: N802 - Qt override
+        self.actions.show()
+        super().enterEvent(event)
+
+    def leaveEvent(self, event):  # noqa: N802 - Qt override
+        self.actions.hide()
+        super().leaveEvent(event)
 
     # -- content --------------------------------------------------------------------
     def append(self, delta: str, from_draft: bool = False) -> None:
@@ -313,6 +299,7 @@ class MessageWidget(QFrame):
         notes = reply_notes(self.stats) if self.role == "assistant" else []
         before, calls = read_calls(self.text) if self.role == "assistant" else (self.text, [])
         self._show_calls(calls)
+        self.thinking.render(self.stats, self.streaming, bool(self.text))
         shown = before if before or calls or not self.streaming else "…"
         if not self.text and not self.streaming and notes:  # a reply that never got a word: the line saying why
             shown = "*" + " ".join(n.replace("*", "\\*") for n in notes) + "*"
@@ -323,6 +310,8 @@ class MessageWidget(QFrame):
                 "(the whole message is saved and exported).*"
             )
         render(self.browser.document(), hard_line_breaks(shown) if self.role == "user" else shown, self.draft_spans)
+        space_lines(self.browser.document())
+        self._theme = current_theme().name  # code and draft colours are the theme's: drawn again when it changes
         self.browser.setVisible(bool(shown) or not calls)  # a reply that is only calls: the blocks, no empty line
         self.browser._fit()
         line = format_stats(self.stats)
@@ -348,7 +337,7 @@ class MessageWidget(QFrame):
             block.setParent(None)
             block.deleteLater()
         self.calls = calls
-        self.call_blocks = [ToolCallBlock(c, self) for c in calls]
+        self.call_blocks = [ToolCallBlock(c, MessageBrowser, self) for c in calls]
         for block in self.call_blocks:
             self._calls_box.addWidget(block)
             block.show()  # a child added to a shown widget is not shown by itself
@@ -387,9 +376,12 @@ class ChatView(QScrollArea):
 
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
+    example_chosen = Signal(str)  # an example prompt of the empty chat was clicked
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.setObjectName("chatView")
+        self.setFrameShape(QFrame.NoFrame)
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self._inner = QWidget()
@@ -408,6 +400,10 @@ class ChatView(QScrollArea):
         self.placeholder.setAlignment(Qt.AlignCenter)
         self.placeholder.setWordWrap(True)
         self._layout.addWidget(self.placeholder)
+        self.examples = ExamplePrompts()
+        self.examples.chosen.connect(self.example_chosen)
+        self._examples_on = False
+        self._layout.addWidget(self.examples)
         self._first_message_index = self._layout.count()  # message widgets start here
         self.later_button = QPushButton("Jump to the latest messages")
         self.later_button.setObjectName("laterButton")
@@ -435,7 +431,23 @@ class ChatView(QScrollArea):
 
     def set_placeholder(self, text: str) -> None:
         self.placeholder.setText(text)
-        self.placeholder.setVisible(bool(text) and not self.widgets)
+        self._show_empty()
+
+    def show_examples(self, on: bool) -> None:
+        """The example prompts under the empty chat's line (while a model is loaded)."""
+        self._examples_on = on
+        self._show_empty()
+
+    def _show_empty(self) -> None:
+        empty = not self.widgets
+        self.placeholder.setVisible(bool(self.placeholder.text()) and empty)
+        self.examples.setVisible(self._examples_on and empty)
+
+    def resizeEvent(self, event):  # noqa: N802 - Qt override
+        # One reading column, centred: at most READING_WIDTH wide, whatever the window's width.
+        side = max(12, (self.viewport().width() - READING_WIDTH) // 2)
+        self._layout.setContentsMargins(side, 16, side, 16)
+        super().resizeEvent(event)
 
     def _drop(self, widgets: list[MessageWidget]) -> None:
         for w in widgets:
@@ -450,7 +462,7 @@ class ChatView(QScrollArea):
         self._anchor = None
         self._follow = True
         self._update_buttons()
-        self.placeholder.setVisible(bool(self.placeholder.text()))
+        self._show_empty()
 
     def show_messages(self, messages: Sequence, earlier: int = 0, loader: Optional[Loader] = None) -> None:
         """Show ``messages`` (the newest page); ``earlier`` older ones are fetched through ``loader`` on demand.
@@ -461,7 +473,7 @@ class ChatView(QScrollArea):
         self._loader = loader
         self._earlier = earlier
         self._update_buttons()
-        self.placeholder.setVisible(bool(self.placeholder.text()) and not self.widgets)
+        self._show_empty()
 
     def _update_buttons(self) -> None:
         self.earlier_button.setVisible(self._earlier > 0)
@@ -532,6 +544,7 @@ class ChatView(QScrollArea):
 
     def _make(self, m) -> MessageWidget:
         w = MessageWidget(m.id, m.role, m.content, m.stats, m.partial)
+        w.thinking.set_text(getattr(m, "reasoning", ""))
         w.position = m.position
         w.regenerate_requested.connect(self.regenerate_requested)
         w.edit_requested.connect(self.edit_requested)
@@ -555,7 +568,7 @@ class ChatView(QScrollArea):
             SimpleNamespace(id=message_id, role=role, content=text, stats=stats, partial=partial, position=position)
         )
         self._append(w)
-        self.placeholder.setVisible(False)
+        self._show_empty()
         self._follow = True
         self._anchor = None
         return w
@@ -569,7 +582,7 @@ class ChatView(QScrollArea):
                 self._later = 0  # the store deleted those too
                 break
         self._update_buttons()
-        self.placeholder.setVisible(bool(self.placeholder.text()) and not self.widgets)
+        self._show_empty()
 
     def showing_latest(self) -> bool:
         """Is the end of the conversation built (not scrolled far up)?"""

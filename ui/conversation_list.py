@@ -1,4 +1,9 @@
-"""The conversation list: search by title, new, rename, delete."""
+"""The conversation list: search by title, new, rename, delete.
+
+Newest first, but a conversation moves up only when it is touched (its reply finished, or it was just created):
+sending a message bumps its time in the store at once, and a list read again meanwhile (a search, a rename, a
+deletion) must not move a chat whose reply is still being written — a click would land on another chat. So the
+list orders by the time it last showed for each conversation, the store's only for those it has not shown."""
 
 from __future__ import annotations
 
@@ -18,9 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.ui.signals import emit
-
 from .protocols import ConversationStore
+from .signals import emit
+from .style import set_icon
 
 
 class ConversationList(QWidget):
@@ -37,15 +42,19 @@ class ConversationList(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         self.new_button = QPushButton("New chat")
+        self.new_button.setObjectName("newChatButton")
+        set_icon(self.new_button, "plus")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.new_button.clicked.connect(self.new_requested)
         layout.addWidget(self.new_button)
         self.search = QLineEdit()
-        self.search.setPlaceholderText("Search titles…")
+        self.search.setObjectName("conversationSearch")
+        self.search.setPlaceholderText("Search titles… (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(lambda _t: self.refresh())
         layout.addWidget(self.search)
         self.list = QListWidget()
+        self.list.setObjectName("conversationItems")
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)  # long titles are elided instead
         self.list.setTextElideMode(Qt.ElideRight)
         self.list.setUniformItemSizes(True)  # one row height: no per-item measuring with thousands of chats
@@ -55,14 +64,22 @@ class ConversationList(QWidget):
         layout.addWidget(self.list, 1)
         row = QHBoxLayout()
         self.rename_button = QPushButton("Rename")
+        self.rename_button.setObjectName("listButton")
         self.rename_button.clicked.connect(self.rename_current)
         self.delete_button = QPushButton("Delete")
+        self.delete_button.setObjectName("listButton")
         self.delete_button.clicked.connect(self.delete_current)
         row.addWidget(self.rename_button)
         row.addWidget(self.delete_button)
         layout.addLayout(row)
         self._silent = False
+        self._shown_at: dict[int, float] = {}  # conversation id -> the time it was listed by (see the docstring)
         self.refresh()
+
+    def first_id(self) -> Optional[int]:
+        """The conversation at the top of the list as shown."""
+        item = self.list.item(0)
+        return item.data(Qt.UserRole) if item else None
 
     def current_id(self) -> Optional[int]:
         item = self.list.currentItem()
@@ -72,7 +89,11 @@ class ConversationList(QWidget):
         keep = select if select is not None else self.current_id()
         self._silent = True
         self.list.clear()
-        for conv in self.store.conversations(self.search.text()):
+        convs = self.store.conversations(self.search.text())
+        for conv in convs:
+            self._shown_at.setdefault(conv.id, getattr(conv, "updated", 0.0))
+        convs.sort(key=lambda c: (self._shown_at[c.id], c.id), reverse=True)  # the store's order, less its bumps
+        for conv in convs:
             item = QListWidgetItem(conv.title)
             item.setData(Qt.UserRole, conv.id)
             item.setToolTip(conv.title)
@@ -91,6 +112,10 @@ class ConversationList(QWidget):
         """A conversation was just active: move it to the top (the list is newest first) without rebuilding
         thousands of rows. With a search filter in place, the filtered list is read again instead."""
         conv = self.store.conversation(conversation_id)
+        if conv is not None:
+            # Above every other (the store's clock may tie with the conversation touched last).
+            newest = max((t for cid, t in self._shown_at.items() if cid != conversation_id), default=0.0)
+            self._shown_at[conversation_id] = max(getattr(conv, "updated", 0.0), newest + 1e-6)
         if self.search.text() or conv is None:
             self.refresh(select=conversation_id if select else None)
             return

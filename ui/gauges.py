@@ -10,14 +10,14 @@ import math
 from collections import deque
 from typing import Optional
 
-from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QPainter, QPen, QPolygonF
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from redline.inference import format_bytes
+from ..inference import format_bytes
+from .style import current_theme
 
 SPARK_POINTS = 200
-ACCENT = QColor(214, 40, 57)  # the "redline"
 
 
 def _nice_max(value: float) -> float:
@@ -52,11 +52,12 @@ class SpeedGauge(QWidget):
         p.setRenderHint(QPainter.Antialiasing)
         side = min(self.width(), self.height() * 1.25) - 16
         rect = QRectF((self.width() - side) / 2, 8, side, side)
-        pen = QPen(QColor(220, 222, 226), 10, Qt.SolidLine, Qt.RoundCap)
+        theme = current_theme()  # every colour from the theme: the dial reads on a dark panel too
+        pen = QPen(theme.color("track"), 10, Qt.SolidLine, Qt.RoundCap)
         p.setPen(pen)
         p.drawArc(rect, 210 * 16, -240 * 16)
         if self.value:
-            pen.setColor(ACCENT)
+            pen.setColor(theme.color("accent"))
             p.setPen(pen)
             frac = min(1.0, self.value / self.scale)
             p.drawArc(rect, 210 * 16, int(-240 * 16 * frac))
@@ -89,8 +90,9 @@ class StackedBar(QWidget):
 
     def paintEvent(self, _event):  # noqa: N802
         p = QPainter(self)
+        theme = current_theme()
         r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
-        p.fillRect(r, QColor(232, 234, 238))
+        p.fillRect(r, theme.color("track"))
         if self.total:
             x = r.left()
             for value, color in self.segments:
@@ -98,10 +100,9 @@ class StackedBar(QWidget):
                 p.fillRect(QRectF(x, r.top(), w, r.height()), color)
                 x += w
         else:  # nothing readable: hatch the bar instead of drawing a made-up level
-            p.fillRect(r, QColor(232, 234, 238))
-            p.setPen(QColor(150, 150, 150))
+            p.setPen(theme.color("muted"))
             p.drawText(r, Qt.AlignCenter, "unknown")
-        p.setPen(QColor(190, 190, 195))
+        p.setPen(theme.color("axis"))
         p.drawRect(r)
         p.end()
 
@@ -124,13 +125,14 @@ class Sparkline(QWidget):
     def paintEvent(self, _event):  # noqa: N802
         p = QPainter(self)
         p.setRenderHint(QPainter.Antialiasing)
+        theme = current_theme()
         plot = QRectF(self.AXIS_W, 4, max(1, self.width() - self.AXIS_W - 4), max(1, self.height() - 8))
-        p.setPen(QPen(QColor(190, 190, 195)))
+        p.setPen(QPen(theme.color("axis")))
         p.drawLine(plot.bottomLeft(), plot.bottomRight())
         p.drawLine(plot.bottomLeft(), plot.topLeft())
         if self.values:
             top = _nice_max(max(self.values))
-            p.setPen(QColor(110, 110, 115))
+            p.setPen(theme.color("muted"))
             p.drawText(QRectF(0, plot.top() - 6, self.AXIS_W - 4, 14), Qt.AlignRight | Qt.AlignVCenter, f"{top:g}")
             p.drawText(QRectF(0, plot.bottom() - 8, self.AXIS_W - 4, 14), Qt.AlignRight | Qt.AlignVCenter, "0")
             n = len(self.values)
@@ -140,15 +142,16 @@ class Sparkline(QWidget):
                 QPointF(x0 + i * step, plot.bottom() - plot.height() * min(v, top) / top)
                 for i, v in enumerate(self.values)
             ]
-            p.setPen(QPen(ACCENT, 1.5))
+            p.setPen(QPen(theme.color("accent"), 1.5))
             p.drawPolyline(QPolygonF(points))
         p.end()
 
 
 class GaugesPanel(QFrame):
-    THIS = QColor(214, 40, 57)
-    OTHER = QColor(240, 160, 60)
-    TORCH = QColor(70, 110, 200)
+    # The memory bars' colours, the theme's (read when drawn, so a new theme shows at the next reading).
+    THIS = property(lambda self: current_theme().color("accent"))
+    OTHER = property(lambda self: current_theme().color("other"))
+    TORCH = property(lambda self: current_theme().color("torch"))
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -287,6 +290,11 @@ class GaugesPanel(QFrame):
         else:
             self.latency_label.setText("—")  # never the previous reply's figures under this one's
 
+    def changeEvent(self, event):  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() == QEvent.PaletteChange and self.last_snapshot is not None:
+            self.set_memory(self.last_snapshot)  # the legend's swatches in the new theme's colours
+
     # -- memory ---------------------------------------------------------------------
     def set_kv_cache(self, held) -> None:
         """The prefix cache now (``redline.inference.KvCacheHeld``), or None where there is none to show (no model,
@@ -361,7 +369,8 @@ class GaugesPanel(QFrame):
             self.torch_bar.show()
             alloc, reserved = snap.cuda_allocated_bytes, snap.cuda_reserved_bytes
             self.torch_bar.set_segments(
-                [(alloc or 0, self.TORCH), ((reserved or 0) - (alloc or 0), QColor(160, 180, 230))], reserved or None
+                [(alloc or 0, self.TORCH), ((reserved or 0) - (alloc or 0), current_theme().color("torch_reserved"))],
+                reserved or None,
             )
             self.torch_label.setText(
                 f"torch: {sw(self.TORCH)} allocated {format_bytes(alloc)} of {format_bytes(reserved)} reserved"

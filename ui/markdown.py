@@ -13,12 +13,15 @@ import re
 from functools import lru_cache
 from typing import Sequence
 
+from pygments.lexers import TextLexer, get_lexer_by_name
+from pygments.styles import get_style_by_name
+from pygments.util import ClassNotFound
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
 
-DRAFT_TINT = QColor(200, 240, 200)
-CODE_BACKGROUND = QColor(244, 245, 247)
-PYGMENTS_STYLE = "friendly"
+from .style import current_theme
+
+# Code blocks' background, their highlighting style and the draft tokens' tint are the theme's (ui/style.py).
 _ALIGN_LOOKAHEAD = 64  # raw chars skipped at most to find the next rendered one (syntax, fences)
 
 
@@ -110,8 +113,6 @@ def _is_code(fmt: QTextBlockFormat) -> bool:
 
 @lru_cache(maxsize=64)
 def _lexer(lang: str):
-    from pygments.lexers import TextLexer, get_lexer_by_name
-    from pygments.util import ClassNotFound
 
     try:
         return get_lexer_by_name(lang) if lang else TextLexer()
@@ -119,11 +120,9 @@ def _lexer(lang: str):
         return TextLexer()
 
 
-@lru_cache(maxsize=512)
-def _format_for(ttype) -> QTextCharFormat | None:
-    from pygments.styles import get_style_by_name
-
-    style = get_style_by_name(PYGMENTS_STYLE).style_for_token(ttype)
+@lru_cache(maxsize=1024)
+def _format_for(ttype, pygments_style: str) -> QTextCharFormat | None:
+    style = get_style_by_name(pygments_style).style_for_token(ttype)
     if not (style["color"] or style["bold"] or style["italic"]):
         return None
     fmt = QTextCharFormat()
@@ -137,6 +136,7 @@ def _format_for(ttype) -> QTextCharFormat | None:
 
 
 def _highlight_code(doc: QTextDocument) -> None:
+    theme = current_theme()
     cursor = QTextCursor(doc)
     b = doc.begin()
     while b.isValid():
@@ -148,7 +148,7 @@ def _highlight_code(doc: QTextDocument) -> None:
         lines = []
         while b.isValid() and _is_code(b.blockFormat()):
             bf = b.blockFormat()
-            bf.setBackground(CODE_BACKGROUND)
+            bf.setBackground(theme.color("code_bg"))
             cursor.setPosition(b.position())
             cursor.setBlockFormat(bf)
             lines.append(b.text())
@@ -156,7 +156,7 @@ def _highlight_code(doc: QTextDocument) -> None:
         pos = start
         # Block separators are one position each, exactly like the "\n" we join with.
         for ttype, value in _lexer(lang).get_tokens("\n".join(lines)):
-            fmt = _format_for(ttype)
+            fmt = _format_for(ttype, theme.pygments)
             if fmt is not None and value.strip():
                 cursor.setPosition(pos)
                 cursor.setPosition(pos + len(value), QTextCursor.KeepAnchor)
@@ -184,7 +184,7 @@ def _tint(doc: QTextDocument, raw: str, draft_spans: Sequence[Sequence[int]]) ->
     if not runs:
         return
     fmt = QTextCharFormat()
-    fmt.setBackground(DRAFT_TINT)
+    fmt.setBackground(current_theme().color("draft"))
     cursor = QTextCursor(doc)
     for start, end in runs:
         cursor.setPosition(start)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
-from redline.ui.signals import emit
+from ..inference import memory_snapshot
+from .signals import emit
 
 FAST_MS = 400  # while generating or loading: more than twice a second
 SLOW_MS = 2000
@@ -52,8 +53,6 @@ class _Sampler(QObject):
     @Slot()
     def sample(self) -> None:
         try:
-            from redline.inference import memory_snapshot
-
             snap = memory_snapshot(self.device)
         except Exception as exc:  # reported as unreadable, never replaced by a guess
             snap = exc

@@ -16,9 +16,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from redline.ui.signals import emit
-
 from .protocols import PresetStoreLike
+from .signals import emit
 
 
 class PresetsDialog(QDialog):

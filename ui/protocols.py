@@ -20,6 +20,7 @@ class MessageLike(Protocol):
     content: str
     partial: bool
     stats: dict
+    reasoning: str  # a reasoning model's thinking before the reply ("" for any other message)
 
 
 class ConversationStore(Protocol):
@@ -41,7 +42,14 @@ class ConversationStore(Protocol):
     def add_message(
         self, conversation_id: int, role: str, content: str, partial: bool = False, stats: Optional[dict] = None
     ) -> MessageLike: ...
-    def update_message(self, message_id: int, content: str, partial: bool, stats: Optional[dict] = None) -> None: ...
+    def update_message(
+        self,
+        message_id: int,
+        content: str,
+        partial: bool,
+        stats: Optional[dict] = None,
+        reasoning: Optional[str] = None,
+    ) -> None: ...
     def delete_from(self, message_id: int) -> None: ...
     def export_markdown(self, conversation_id: int) -> str: ...
     def export_json(self, conversation_id: int) -> str: ...

@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.inference import MB, PRECISIONS, PRIORITIES, PRIORITY_LABELS, STRATEGIES
-from redline.ui.signals import emit
+from ..inference import MB, PRECISIONS, PRIORITIES, PRIORITY_LABELS, REASONING_EFFORTS, STRATEGIES
+from .signals import emit
 
 MIXED_EXAMPLE = "nf4+keep=lm_head"  # a mixed precision: nf4, with the output layer left unquantised
 PRECISION_CHOICES = ("auto", *PRECISIONS, MIXED_EXAMPLE)  # the box is editable: any other mix can be typed
@@ -56,9 +56,13 @@ def _optional_int(lo, hi, special=DEFAULT_TEXT) -> QSpinBox:
     return box
 
 
+THEME_LABELS = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
+
+
 class SettingsPanel(QWidget):
     applied = Signal(object)  # the new settings object
     wizard_requested = Signal()
+    theme_chosen = Signal(str)  # the window's theme, applied at once (no Apply): "system", "light" or "dark"
 
     def __init__(self, settings: Any, parent=None):
         super().__init__(parent)
@@ -139,6 +143,23 @@ class SettingsPanel(QWidget):
         form.addRow("Repetition penalty", self.repetition_penalty)
         self.seed = _optional_int(0, 2_147_483_646, "random")
         form.addRow("Seed", self.seed)
+        # A reasoning model's thinking (Qwen3, DeepSeek-R1, gpt-oss, Magistral): mapped to each model's own switch.
+        self.thinking = self._combo(("auto", "on", "off"))
+        self.thinking.setToolTip(
+            "Whether a reasoning model thinks before it answers (auto: the model's own default). gpt-oss always "
+            "thinks: off runs it at low effort. Models that do not reason ignore this."
+        )
+        form.addRow("Thinking", self.thinking)
+        self.reasoning_effort = self._combo(("auto", *REASONING_EFFORTS))
+        self.reasoning_effort.setToolTip("How hard it thinks, for models with effort levels (gpt-oss)")
+        form.addRow("Reasoning effort", self.reasoning_effort)
+        self.thinking_budget = QSpinBox()
+        self.thinking_budget.setRange(0, 1_000_000)
+        self.thinking_budget.setSingleStep(256)
+        self.thinking_budget.setSuffix(" tokens")
+        self.thinking_budget.setSpecialValueText("no limit")
+        self.thinking_budget.setToolTip("After this many thinking tokens the thinking is closed and the answer follows")
+        form.addRow("Thinking budget", self.thinking_budget)
         self.prefix_cache = QSpinBox()
         self.prefix_cache.setRange(0, 1_000_000)
         self.prefix_cache.setSingleStep(64)
@@ -149,6 +170,20 @@ class SettingsPanel(QWidget):
             "(within the memory the KV cache may use); off reads the whole conversation at every turn"
         )
         form.addRow("Prefix cache", self.prefix_cache)
+        self.kv_cache = QComboBox()
+        self.kv_cache.addItem("bf16", "bf16")
+        self.kv_cache.addItem("8-bit (q8)", "q8")
+        self.kv_cache.setToolTip(
+            "How the fast path keeps keys and values: bf16, or 8 bits with a scale per token and head (about half "
+            "the memory per token, a little quality); applied by reloading the model"
+        )
+        form.addRow("KV cache", self.kv_cache)
+        self.theme = QComboBox()
+        for key, label in THEME_LABELS.items():
+            self.theme.addItem(label, key)
+        self.theme.setToolTip("The window's colours; Follow the system takes the desktop's light or dark scheme")
+        self.theme.activated.connect(lambda _i: emit(self.theme_chosen, self.theme.currentData()))
+        form.addRow("Theme", self.theme)
 
         self.reload_note = QLabel()
         self.reload_note.setObjectName("reloadNote")
@@ -166,8 +201,11 @@ class SettingsPanel(QWidget):
         outer.addLayout(row)
         outer.addStretch(1)
 
+        self.current = None  # nothing shown yet: the first set_settings fills every field
         self.set_settings(settings)
         for w in (self.model, self.precision, self.strategy, self.priority, self.draft_model, self.draft_precision):
+            w.currentTextChanged.connect(lambda _t: self._update_note())
+        for w in (self.thinking, self.reasoning_effort, self.kv_cache):
             w.currentTextChanged.connect(lambda _t: self._update_note())
         for w in (
             self.num_draft_tokens,
@@ -179,6 +217,7 @@ class SettingsPanel(QWidget):
             self.repetition_penalty,
             self.seed,
             self.prefix_cache,
+            self.thinking_budget,
         ):
             w.valueChanged.connect(lambda _v: self._update_note())
 
@@ -226,6 +265,11 @@ class SettingsPanel(QWidget):
             self._fill(dataclasses.replace(self.current, **self._presets[index - 1].values))
 
     def set_settings(self, settings: Any) -> None:
+        theme = getattr(settings, "theme", "system")
+        self.theme.setCurrentIndex(max(0, self.theme.findData(theme)))
+        if dataclasses.is_dataclass(self.current) and dataclasses.replace(self.current, theme=theme) == settings:
+            self.current = settings  # only the theme changed (applied at once): edits not applied yet stay
+            return
         self.current = settings
         self._fill(settings)
 
@@ -245,6 +289,10 @@ class SettingsPanel(QWidget):
         self._set_opt(self.repetition_penalty, settings.repetition_penalty)
         self._set_opt(self.seed, settings.seed)
         self.prefix_cache.setValue(round(getattr(settings, "prefix_cache_bytes", 256_000_000) / MB))
+        self.kv_cache.setCurrentIndex(max(0, self.kv_cache.findData(getattr(settings, "kv_cache", "bf16"))))
+        self.thinking.setCurrentText(getattr(settings, "thinking", "auto"))
+        self.reasoning_effort.setCurrentText(getattr(settings, "reasoning_effort", "auto"))
+        self.thinking_budget.setValue(getattr(settings, "thinking_budget", 0))
         self._update_note()
 
     @staticmethod
@@ -272,6 +320,10 @@ class SettingsPanel(QWidget):
             "repetition_penalty": self._get_opt(self.repetition_penalty),
             "seed": self._get_opt(self.seed),
             "prefix_cache_bytes": self._cache_bytes(),
+            "kv_cache": self.kv_cache.currentData(),
+            "thinking": self.thinking.currentText(),
+            "reasoning_effort": self.reasoning_effort.currentText(),
+            "thinking_budget": self.thinking_budget.value(),
         }
 
     def _cache_bytes(self) -> int:

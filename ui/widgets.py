@@ -1,8 +1,12 @@
-"""Small widgets the window is built from: the message input, the banner, the notices, the load bar."""
+"""Small widgets the window is built from: the message input, the banner, the notices, the load bar, and the
+overlay they float in (over the top of the page, so that coming and going they never move what is under the
+pointer)."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from typing import Callable
+
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -15,7 +19,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.ui.signals import emit
+from .signals import emit
+from .style import READING_WIDTH, current_theme
 
 LARGE_PASTE_CHARS = 100_000  # a paste beyond this is held aside, not typeset into the editor
 
@@ -29,6 +34,8 @@ class MessageInput(QPlainTextEdit):
     """
 
     submitted = Signal()
+    # The box's own keys (not window actions: they act only while typing here), listed by Help → Keyboard shortcuts.
+    KEYS = (("Enter", "Send the message"), ("Shift+Enter", "A new line in the message"))
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -67,14 +74,13 @@ class MessageInput(QPlainTextEdit):
 
 class Banner(QFrame):
     """One message across the top of the window: what happened and what to do. The next message replaces it;
-    what must stay until the user has read it goes to ``NoticeArea``."""
-
-    COLORS = {"info": ("#eef4ff", "#2d5bd0"), "warning": ("#fff6e5", "#b26a00"), "error": ("#fdecee", "#c0182b")}
+    what must stay until the user has read it goes to ``NoticeArea``. Its colours are the theme's for its kind."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("banner")
         self.kind = "info"
+        self._styled = ""  # the theme and kind its colours were set for
         self._layout = QHBoxLayout(self)
         self._layout.setContentsMargins(10, 6, 6, 6)
         self.label = QLabel()
@@ -92,11 +98,7 @@ class Banner(QFrame):
 
     def show_message(self, text: str, kind: str = "info", actions: list[tuple[str, object]] = ()) -> None:
         self.kind = kind
-        bg, fg = self.COLORS.get(kind, self.COLORS["info"])
-        self.setStyleSheet(
-            f"QFrame#banner {{ background: {bg}; border: 1px solid {fg}; border-radius: 6px; }}"
-            f"QFrame#banner QLabel {{ color: {fg}; }}"
-        )
+        self._restyle()
         self.label.setText(text)
         for b in self._buttons:
             b.setParent(None)
@@ -111,6 +113,22 @@ class Banner(QFrame):
 
     def buttons(self) -> list[QPushButton]:
         return list(self._buttons)
+
+    def _restyle(self) -> None:
+        theme = current_theme()
+        if self._styled == f"{theme.name}:{self.kind}":
+            return
+        self._styled = f"{theme.name}:{self.kind}"
+        bg, fg = theme.banner(self.kind)
+        self.setStyleSheet(
+            f"QFrame#banner {{ background: {bg}; border: 1px solid {fg}; border-radius: 8px; }}"
+            f"QFrame#banner QLabel, QFrame#banner QToolButton {{ color: {fg}; }}"
+        )
+
+    def changeEvent(self, event):  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() == QEvent.PaletteChange:  # the theme changed (apply_theme sets the application's palette)
+            self._restyle()
 
 
 class NoticeArea(QWidget):
@@ -177,3 +195,95 @@ class LoadBar(QFrame):
     def set_progress(self, fraction: float, phase: str) -> None:
         self.bar.setValue(int(max(0.0, min(1.0, fraction)) * 1000))
         self.label.setText(phase)
+
+
+class Overlay(QWidget):
+    """A column of transient widgets (the notices, the banner, the load bar) floating over the top of a page, at
+    the reading column's width: shown while one of them is, sized to them, never in a layout, so they do not push
+    the chat down as they come and go. ``anchor()`` gives the page's rectangle in the parent's coordinates."""
+
+    def __init__(self, parent: QWidget, anchor: Callable[[], QRect]):
+        super().__init__(parent)
+        self.setObjectName("overlay")
+        self._anchor = anchor
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(4)
+        self._items: list[QWidget] = []
+        self._pending = False
+        parent.installEventFilter(self)
+        self.hide()
+
+    def add(self, widget: QWidget) -> None:
+        self._layout.addWidget(widget)
+        self._items.append(widget)
+        widget.installEventFilter(self)
+
+    def follow(self, widget: QWidget) -> None:
+        """Place again when ``widget`` (what the anchor is read from) moves or is resized."""
+        widget.installEventFilter(self)
+
+    def eventFilter(self, obj, event):  # noqa: N802 - Qt override
+        kind = event.type()
+        if kind in (QEvent.ShowToParent, QEvent.HideToParent) and obj in self._items:
+            self.place()  # at once: whoever showed a banner may ask right away whether it is visible
+        elif kind in (QEvent.Show, QEvent.Resize, QEvent.Move, QEvent.LayoutRequest):
+            self.place_later()
+        return False
+
+    def place_later(self) -> None:
+        if not self._pending:
+            self._pending = True
+            QTimer.singleShot(0, self.place)
+
+    def place(self) -> None:
+        self._pending = False
+        shown = any(not w.isHidden() for w in self._items)
+        if not shown:
+            self.hide()
+            return
+        rect = self._anchor()
+        width = max(200, min(rect.width() - 24, READING_WIDTH))
+        self._layout.activate()
+        height = (
+            self._layout.totalHeightForWidth(width)
+            if self._layout.hasHeightForWidth()
+            else self._layout.totalSizeHint().height()
+        )
+        height = max(height, self._layout.totalMinimumSize().height())
+        self.setGeometry(rect.x() + (rect.width() - width) // 2, rect.y() + 8, width, height)
+        self.show()
+        self.raise_()
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that gives up width: too narrow for its text, it ends the text with "…" and keeps the whole
+    text as its tooltip. A plain QLabel asks for its whole text's width as its minimum, so a long line (the status
+    bar's note about what auto chose) made the window wider than a 1366-pixel laptop screen."""
+
+    def __init__(self, text: str = "", parent=None):
+        super().__init__(parent)
+        self._full = ""
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt's name
+        self._full = text
+        self.setToolTip(text)
+        self._elide()
+
+    def text(self) -> str:
+        return self._full
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return QSize(self.fontMetrics().horizontalAdvance("…") * 4, super().minimumSizeHint().height())
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 8, super().sizeHint().height())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = self.fontMetrics().elidedText(self._full, Qt.ElideRight, max(self.width(), 1))
+        super().setText(shown)

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlsplit
 
-from redline.inference.backend import Backend, Capabilities
-from redline.inference.errors import RedlineError, UnsupportedConfiguration
-from redline.inference.events import GenerationResult, TokenEvent
+from ..decoding.timing import fill_timing
+from ..errors import RedlineError, UnsupportedConfiguration
+from ..events import GenerationResult, Started, TokenEvent
+from .base import Backend, Capabilities
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 120.0  # the longest silence accepted from a server mid-reply (a long prompt's prefill)
@@ -32,6 +33,7 @@ DEFAULT_CONTEXT = 32768  # when the server does not say
 UNKNOWN_TOKEN = -2  # TokenEvent.token_id for a remote token: the server sends text, not ids
 _CONTEXT_REFUSAL = "The server's context cannot hold that many new tokens: "
 
+STEP_WAIT_S = 0.02  # how long the scheduler waits on replies in flight before it looks at its queue again
 SERVER_STOPS = 4  # stop strings a request gives an OpenAI-compatible server (OpenAI refuses more)
 
 
@@ -73,6 +75,7 @@ class _Label:
 
 
 def _http():
+    # lazy: the HTTP client loads only when a server is used
     import httpx
 
     return httpx
@@ -207,6 +210,9 @@ class RemoteModel(Backend):
 
     def __post_init__(self):
         self.precision = _Label("server")
+        self._lock = threading.Lock()
+        self._in_flight: dict[int, Any] = {}  # the replies in flight: id → their sink (a request handle)
+        self._ended = threading.Event()
 
     @property
     def name(self) -> str:
@@ -215,8 +221,6 @@ class RemoteModel(Backend):
     @property
     def server(self) -> str:
         return display_url(self.base_url)
-
-    kind = "remote"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -239,6 +243,56 @@ class RemoteModel(Backend):
 
     def release(self) -> None:
         pass  # a client per request: nothing held between replies
+
+    @property
+    def where(self) -> str:
+        return f"sent to {self.server}"
+
+    # -- replies that run together: each a request in flight on a thread of its own (the server batches them) --
+    def batchable(self, request) -> bool:
+        return True
+
+    def admit(self, request):
+        if request.messages is None:
+            raise UnsupportedConfiguration("A model on a server takes chat messages, not token ids.", "Send messages.")
+        return None  # the server works out the prompt
+
+    def add(self, sink, request, submitted: float, prepared) -> None:
+        with self._lock:
+            self._in_flight[id(sink)] = sink
+
+        def run():
+            try:
+                sink.emit(Started(note=self.where))
+                self.generate(request, sink, submitted)
+            except Exception as exc:  # its failure is its own
+                sink.fail(exc)
+            finally:
+                with self._lock:
+                    self._in_flight.pop(id(sink), None)
+                self._ended.set()
+
+        threading.Thread(target=run, name=f"redline-remote-{getattr(sink, 'id', id(sink))}", daemon=True).start()
+
+    def step(self) -> None:
+        """Nothing to step here: wait a moment for one of the replies in flight to end."""
+        self._ended.wait(STEP_WAIT_S)
+        self._ended.clear()
+
+    def running(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    def cancel_running(self, note: str) -> None:
+        with self._lock:
+            sinks = list(self._in_flight.values())
+        for sink in sinks:
+            sink.cancel()
+
+    def fail_running(self, error: BaseException) -> None:
+        """A reply in flight ends on its own thread, which alone may finish its stream: each is stopped (it ends as
+        cancelled, with what the server sent so far), not failed from here."""
+        self.cancel_running(str(error))
 
     def generate(self, request, sink, submitted: Optional[float] = None) -> GenerationResult:
         if request.messages is None:
@@ -312,6 +366,7 @@ class RemoteModel(Backend):
         timings: Optional[dict] = None
         server_finish: Optional[str] = None
         calls: dict[int, dict] = {}  # streamed tool calls by index, as their pieces arrive
+        thought = _Thought()  # a reasoning model's thinking, as the server sends it apart from the answer
         cancelled = threading.Event()
         done = threading.Event()
         start = time.perf_counter()
@@ -375,6 +430,13 @@ class RemoteModel(Backend):
                                 server_finish = choice["finish_reason"]
                             for piece in delta.get("tool_calls") or []:
                                 _add_call_piece(calls, piece)
+                            thinking = delta.get("reasoning_content") or delta.get("reasoning")
+                            if isinstance(thinking, str) and thinking:
+                                now = time.perf_counter() - start
+                                chunks.append((now, 1))
+                                thought.add(thinking, now)
+                                if on_event is not None:
+                                    on_event(TokenEvent(len(chunks) - 1, UNKNOWN_TOKEN, "", now, reasoning=thinking))
                             if text and stops:
                                 # Only the last few characters received can begin a stop string: the reply so far is
                                 # not joined again at every piece.
@@ -419,13 +481,13 @@ class RemoteModel(Backend):
             done.set()
         result.total_s = time.perf_counter() - start
         self._fill(result, "".join(pieces), chunks, usage, timings)
+        thought.fill(result, usage, chunks)
         result.tool_calls = [calls[i] for i in sorted(calls) if calls[i]["function"]["name"]]
         if result.error and pieces:
             result.notes.append("The reply was cut short; the text that had arrived is kept.")
         return result
 
     def _fill(self, result: GenerationResult, text: str, chunks, usage: dict, timings: Optional[dict]) -> None:
-        from redline.inference.decoding.timing import fill_timing
 
         result.text = text
         fill_timing(result, chunks)
@@ -447,6 +509,36 @@ class RemoteModel(Backend):
                 result.draft_accepted = accepted if isinstance(accepted, int) else None
                 if result.draft_accepted is not None:
                     result.acceptance_rate = result.draft_accepted / proposed
+
+
+class _Thought:
+    """A remote reasoning model's thinking: the ``reasoning_content`` deltas (vLLM's, llama.cpp's, Redline's field;
+    ``reasoning`` as others name it), kept apart from the answer and measured as a local reply's is."""
+
+    def __init__(self):
+        self.pieces: list[str] = []
+        self.times: list[float] = []
+
+    def add(self, text: str, now: float) -> None:
+        self.pieces.append(text)
+        self.times.append(now)
+
+    def fill(self, result: GenerationResult, usage: dict, chunks) -> None:
+        if not self.pieces:
+            return
+        result.reasoning = "".join(self.pieces)
+        result.reasoning_format = "server"
+        counted = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        result.reasoning_tokens = counted if isinstance(counted, int) else len(self.pieces)
+        result.thinking_ms = self.times[-1] * 1000
+        if len(self.times) > 1 and self.times[-1] > self.times[0]:
+            result.thinking_tokens_per_s = (len(self.times) - 1) / (self.times[-1] - self.times[0])
+        thinking = set(self.times)
+        answer = [t for t, _ in chunks if t not in thinking]
+        if answer:
+            result.ttfat_ms = answer[0] * 1000
+        if len(answer) > 1 and answer[-1] > answer[0]:
+            result.answer_tokens_per_s = (len(answer) - 1) / (answer[-1] - answer[0])
 
 
 def first_stop(text: str, stops: Sequence[str], new_from: int) -> Optional[int]:

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.decoding.timing import percentile
-from redline.inference.errors import UnsupportedConfiguration
-from redline.inference.generation.lifecycle import DirectSink
-from redline.inference.generation.request import GenerationRequest
-from redline.inference.loading.loader import LoadedModel
+from ..decoding.options import DecodeOptions, SamplingSettings
+from ..errors import UnsupportedConfiguration
+from ..generation.lifecycle import DirectSink
+from ..generation.request import GenerationRequest
+from ..memory.oom import free_memory, is_oom
+from ..stats import percentile
+
+if TYPE_CHECKING:  # a type only: the local model loads with the engine
+    from ..backends.local import LoadedModel
 
 MODES = ("continuous", "one-at-a-time", "transformers")
 
@@ -99,7 +102,9 @@ def _redline(
     should_cancel: Callable[[], bool],
     row: ConcurrencyRow,
 ) -> None:
-    from redline.inference.generation.batch import Batcher
+
+    # lazy: the batcher loads with the engine; the public surface imports this module (schedule_ceiling) at start-up
+    from ..generation.batch import Batcher
 
     batcher = Batcher(target, room)
     kv = batcher.dec.kv
@@ -112,7 +117,7 @@ def _redline(
     peak = needed_at_peak = 0
     while (waiting or len(batcher)) and not should_cancel():
         now = time.perf_counter()
-        while waiting and arrivals[waiting[0]] <= now and batcher.has_room():
+        while waiting and arrivals[waiting[0]] <= now and len(batcher) < room:
             i = waiting.pop(0)
             handle = DirectSink()
             handles.append(handle)
@@ -136,7 +141,11 @@ def _redline(
     ends = [arrivals[i] + r.total_s for i, r in enumerate(results)]
     tokens = sum(max(0, r.new_tokens - 1) for r in results)
     _fill(
-        row, [r.ttft_ms for r in results], [(e - a) * 1000 for e, a in zip(ends, arrivals)], tokens, max(ends) - start
+        row,
+        [r.submitted_ttft_ms for r in results],
+        [(e - a) * 1000 for e, a in zip(ends, arrivals)],
+        tokens,
+        max(ends) - start,
     )
     row.kv_peak_bytes, row.kv_needed_bytes = peak, needed_at_peak or None
 
@@ -149,12 +158,16 @@ def _transformers(
     should_cancel: Callable[[], bool],
     row: ConcurrencyRow,
 ) -> None:
+    # lazy: torch loads on the engine's thread, never at import
     import torch
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import ContinuousBatchingConfig
 
-    from redline.inference.decoding.hf import generation_config
-
     sampling = SamplingSettings(max_new_tokens=new_tokens, temperature=0, min_new_tokens=new_tokens)
+    # lazy: transformers' strategies load with the engine, not with the public surface
+    from ..decoding.hf import generation_config
+
     cfg = generation_config(target, sampling, DecodeOptions("kv"), new_tokens)
     longest = max(len(p) for p in prompts) + new_tokens
     page = 64
@@ -212,8 +225,8 @@ def run_concurrency(
     on_row: Optional[Callable[[ConcurrencyRow], None]] = None,
 ) -> list[ConcurrencyRow]:
     """One row per level × mode; a failing mode becomes that row's error and the sweep goes on."""
-    from redline.inference.decoding.fastpath import supports
-    from redline.inference.loading.loader import free_memory, is_oom
+    # lazy: fastpath imports torch (torch loads on the engine's thread, never at import)
+    from ..decoding.fastpath import supports
 
     bad = [m for m in modes if m not in MODES]
     if bad:

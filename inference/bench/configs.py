@@ -1,5 +1,6 @@
-"""The speed lab's configurations: one row each, strategy × precision × draft/k × compile, and the text form
-``kv:bf16, fast:q4, speculative:bf16+draft=starter@int8/k=5`` that the CLI and the panel's advanced field use."""
+"""The speed lab's configurations: one row each, strategy × precision × draft/k × compile × thinking × the fast path's
+KV form, and the text form ``kv:bf16, fast:q4, speculative:bf16+draft=starter@int8/k=5, fast:bf16+think=off,
+fast:q8+kv=q8`` that the CLI and the panel's advanced field use."""
 
 from __future__ import annotations
 
@@ -7,23 +8,26 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from redline.inference.decoding.options import STRATEGIES, DecodeOptions
-from redline.inference.errors import UnsupportedConfiguration
-from redline.inference.loading.precision import PrecisionSpec, parse_precision, resolve_precision
+from ..backends.remote import parse_server_spec
+from ..cost import KV_FORMS
+from ..decoding.options import STRATEGIES, DecodeOptions
+from ..errors import UnsupportedConfiguration
+from ..precision import PrecisionSpec, parse_precision, resolve_precision
 
 _PRECISION_KEYS = ("keep", "skip", "compute", "dq", "threshold")
-_OPTION_KEYS = ("draft", "k", "schedule", "lookup", "compile")
+_OPTION_KEYS = ("draft", "k", "schedule", "lookup", "compile", "think", "kv")
+THINK_VALUES = {"on": True, "off": False}  # a reasoning model's thinking; "default" is the model's own
 # A list of configurations is split on commas that start a new "word:" or a bare strategy; other commas
 # (``keep=lm_head,model.embed_tokens``) stay inside their configuration.
 _CONFIG_SPLIT = re.compile(r",\s*(?=[A-Za-z][\w-]*:|(?:%s)(?:\+|,|$))" % "|".join(re.escape(s) for s in STRATEGIES))
 # ``draft=starter@int8/k=5``: a slash starts an option only before a known key, so hub ids and paths
 # (``HuggingFaceTB/SmolLM2-360M-Instruct``) keep their slashes.
-_OPTION_SPLIT = re.compile(r"\+|/(?=(?:draft|k|schedule|lookup)=|compile(?:=|\+|/|$))")
+_OPTION_SPLIT = re.compile(r"\+|/(?=(?:draft|k|schedule|lookup|think|kv)=|compile(?:=|\+|/|$))")
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One row of the lab: strategy × precision × draft/k × compile."""
+    """One row of the lab: strategy × precision × draft/k × compile × thinking."""
 
     strategy: str = "kv"
     precision: str = "auto"  # parse_precision text, or "auto" (bf16 where supported)
@@ -35,6 +39,12 @@ class BenchConfig:
     compile: Optional[bool] = None  # static: None = on for CUDA, off for CPU
     text: str = ""  # as the user wrote it; the row's label
     server: Optional[str] = None  # strategy "remote": the server's address, http://HOST:PORT/v1[#MODEL]
+    # A reasoning model's thinking on (True) or off (False); None: the model's default. Rows that differ only here
+    # compare the time to the first answer with thinking against without; a model that does not reason ignores it.
+    thinking: Optional[bool] = None
+    # The fast path's KV cache, "bf16" or "q8" (``cost.KV_FORMS``); None: the run's (``--kv``, the Settings). A
+    # q8 row beside the same row in bf16 is compared with it for quality (``bench/kv_quality.py``).
+    kv: Optional[str] = None
 
     @property
     def label(self) -> str:
@@ -72,8 +82,6 @@ def parse_config(text: str) -> BenchConfig:
     if not raw:
         raise UnsupportedConfiguration("An empty configuration.", "Write e.g. kv:bf16.")
     if raw.lower().startswith("remote:"):  # a model on a server: remote:http://HOST:PORT/v1[#MODEL]
-        from redline.inference.remote.client import parse_server_spec
-
         server = raw.partition(":")[2].strip()
         parse_server_spec(server)  # raises with the form to use
         return BenchConfig(strategy="remote", precision="server", text=raw, server=server)
@@ -116,6 +124,19 @@ def parse_config(text: str) -> BenchConfig:
             kwargs["schedule"] = value
         elif key == "compile":
             kwargs["compile"] = (value.lower() not in ("0", "false", "no", "off")) if eq else True
+        elif key == "think":
+            if value.strip().lower() not in THINK_VALUES:
+                raise UnsupportedConfiguration(
+                    f"{raw!r}: think= takes on or off, not {value!r}.", "Write e.g. fast:bf16+think=off."
+                )
+            kwargs["thinking"] = THINK_VALUES[value.strip().lower()]
+        elif key == "kv":
+            form = value.strip().lower()
+            if form not in KV_FORMS:
+                raise UnsupportedConfiguration(
+                    f"{raw!r}: kv= takes {' or '.join(KV_FORMS)}, not {value!r}.", "Write e.g. fast:q8+kv=q8."
+                )
+            kwargs["kv"] = form
         else:
             raise UnsupportedConfiguration(
                 f"Unknown option {key!r} in {raw!r}.",
@@ -129,6 +150,12 @@ def parse_config(text: str) -> BenchConfig:
         parse_precision(precision)
     if config.draft and config.draft_precision != "auto":
         parse_precision(config.draft_precision)
+    if config.kv is not None and strategy != "fast":
+        raise UnsupportedConfiguration(
+            f"{raw!r}: kv= sets the fast path's KV cache, which only fast rows use ({strategy} keeps transformers' "
+            "cache).",
+            "Write e.g. fast:q8+kv=q8.",
+        )
     if strategy == "speculative" and not config.draft:
         raise UnsupportedConfiguration(
             f"{raw!r}: speculative decoding needs a draft model.",
@@ -156,4 +183,8 @@ def format_config(c: BenchConfig) -> str:
         text += f"+lookup={c.lookup}"
     if c.compile is not None:
         text += "+compile" if c.compile else "+compile=0"
+    if c.thinking is not None:
+        text += "+think=on" if c.thinking else "+think=off"
+    if c.kv is not None:
+        text += f"+kv={c.kv}"
     return text

@@ -7,9 +7,9 @@ import io
 import json
 from typing import Callable, Optional
 
-from redline.inference.bench.concurrency import schedule_ceiling
-from redline.inference.bench.results import BenchReport, ConfigResult, SweepRow
-from redline.inference.units import MB, format_bytes
+from ..units import MB, format_bytes
+from .concurrency import schedule_ceiling
+from .results import BenchReport, ConfigResult, SweepRow
 
 
 # (header, field, formatter) — one list drives the CLI table, the Markdown and the panel's columns.
@@ -51,9 +51,35 @@ def _status(r: ConfigResult) -> str:
     return r.status if not r.error else f"{r.status}: {r.error}"
 
 
+def _kv_agrees(r: ConfigResult) -> str:
+    """A q8-KV row's agreement with the same row in bf16 KV; nothing where there is no such row."""
+    if r.kv_agreement is None:
+        return ""
+    forced = "" if r.kv_forced_agreement is None else f"next token {r.kv_forced_agreement * 100:.1f}%; output "
+    if r.kv_first_diff is None:
+        return f"{forced}{r.kv_agreement * 100:.0f}% (identical)"
+    return f"{forced}{r.kv_agreement * 100:.0f}% (first differs at token {r.kv_first_diff})"
+
+
+def _answered(r: ConfigResult) -> str:
+    """The time to first answer, with how many samples reached their answer where some did not."""
+    if r.ttfat_ms is None:
+        return "no answer" if r.answered == 0 and r.thinking != "off" else ""
+    some = r.answered is not None and r.answered < r.samples
+    return _ms(r.ttfat_ms) + (f" ({r.answered}/{r.samples})" if some else "")
+
+
 COLUMNS: list[tuple[str, Callable[[ConfigResult], str]]] = [
     ("config", lambda r: r.config),
     ("TTFT p50 ms", lambda r: _ms(r.ttft_ms)),
+    # A reasoning model's row (``bench/thinking.py``): its thinking setting, the time to its first answer token (TTFA)
+    # measured and predicted, its thinking tokens, the thinking's and the answer's own tokens/s.
+    ("thinking", lambda r: r.thinking or ""),
+    ("TTFA p50 ms", _answered),
+    ("pred. TTFA ms", lambda r: _ms(r.predicted_ttfat_ms) if r.reasoning_format else ""),
+    ("think tokens", lambda r: "" if r.thinking_tokens is None else f"{r.thinking_tokens:.0f}"),
+    ("think tok/s", lambda r: _rate(r.thinking_tokens_per_s)),
+    ("answer tok/s", lambda r: _rate(r.answer_tokens_per_s)),
     ("tok p50 ms", lambda r: _ms(r.p50_ms)),
     ("tok p95 ms", lambda r: _ms(r.p95_ms)),
     ("tok/s", lambda r: _rate(r.tokens_per_s)),
@@ -69,8 +95,39 @@ COLUMNS: list[tuple[str, Callable[[ConfigResult], str]]] = [
     ("% roofline", lambda r: "" if r.roofline_pct is None else f"{r.roofline_pct:.0f}%"),
     ("speedup", lambda r: _x(r.speedup)),
     ("matches", _match),
+    # The fast path's KV form, and a q8 row's quality against the same row in bf16 (``bench/kv_quality.py``).
+    ("KV", lambda r: r.kv or ""),
+    ("q8 KV agrees", _kv_agrees),
+    ("q8 KV ppl", lambda r: "" if r.kv_ppl_change is None else f"{r.kv_ppl_change * 100:+.2f}%"),
     ("status", _status),
 ]
+
+# Shown only where a row is a reasoning model's (the CLI's table, the Markdown, the panel hide them otherwise).
+REASONING_COLUMNS = frozenset(
+    ("thinking", "TTFA p50 ms", "pred. TTFA ms", "think tokens", "think tok/s", "answer tok/s")
+)
+
+
+# Shown only where a row ran with the KV cache in 8 bits.
+KV_COLUMNS = frozenset(("KV", "q8 KV agrees", "q8 KV ppl"))
+
+
+def hidden_columns(rows) -> frozenset:
+    """The headers of ``COLUMNS`` that ``rows`` leave empty by kind: the reasoning columns where no row is a reasoning
+    model's, the KV columns where no row kept its KV cache in 8 bits."""
+    hidden = set()
+    if not any(getattr(r, "reasoning_format", None) for r in rows):
+        hidden |= REASONING_COLUMNS
+    if not any(getattr(r, "kv", None) == "q8" for r in rows):
+        hidden |= KV_COLUMNS
+    return frozenset(hidden)
+
+
+def shown_columns(rows) -> list[tuple[str, Callable[[ConfigResult], str]]]:
+    """``COLUMNS`` for ``rows``, without those ``hidden_columns`` names."""
+    hidden = hidden_columns(rows)
+    return [c for c in COLUMNS if c[0] not in hidden]
+
 
 CONCURRENCY_COLUMNS: list[tuple[str, Callable]] = [
     ("requests", lambda c: str(c.concurrency)),
@@ -133,6 +190,21 @@ RESULT_FIELDS = [
     "predicted_ttft_ms",
     "prediction_error_pct",
     "prediction_calibration",
+    "thinking",
+    "reasoning_format",
+    "ttfat_ms",
+    "answered",
+    "thinking_tokens",
+    "thinking_tokens_per_s",
+    "answer_tokens_per_s",
+    "predicted_ttfat_ms",
+    "kv",
+    "kv_reference",
+    "kv_agreement",
+    "kv_first_diff",
+    "kv_compared_tokens",
+    "kv_ppl_change",
+    "kv_forced_agreement",
     "device",
 ]
 
@@ -204,7 +276,8 @@ def _csv_value(v):
 
 
 def table_rows(report: BenchReport) -> tuple[list[str], list[list[str]]]:
-    return [h for h, _ in COLUMNS], [[f(r) for _, f in COLUMNS] for r in report.results]
+    columns = shown_columns(report.results)
+    return [h for h, _ in columns], [[f(r) for _, f in columns] for r in report.results]
 
 
 def sweep_rows(report: BenchReport) -> tuple[list[str], list[list[str]]]:

@@ -21,9 +21,27 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
-from redline.inference.bench.configs import BenchConfig
-from redline.inference.bench.prompts import PromptSet
-from redline.inference.bench.results import (
+from ..backends.remote import is_server_url, parse_server_spec
+from ..decoding.options import SamplingSettings
+from ..decoding.prompt import build_prompt
+from ..engine import Engine
+from ..errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
+from ..events import GenerationResult, StatsEvent, TokenEvent
+from ..generation.lifecycle import DirectSink
+from ..generation.request import GenerationRequest
+from ..hardware.bandwidth import bandwidth
+from ..hardware.probe import probe
+from ..kernels.cpu import library as native
+from ..memory.oom import free_memory, is_oom
+from ..sources.resolve import resolve
+from ..speed.arithmetic import bytes_read_per_token
+from ..speed.calibration import predict_generation
+from ..stats import percentile
+from . import kv_quality
+from .concurrency import ConcurrencyRow, run_concurrency
+from .configs import BenchConfig
+from .prompts import PromptSet
+from .results import (
     BenchConcurrencyRow,
     BenchLive,
     BenchPhase,
@@ -36,18 +54,8 @@ from redline.inference.bench.results import (
     ProgressCallback,
     SweepRow,
 )
-from redline.inference.decoding.options import SamplingSettings
-from redline.inference.decoding.prompt import build_prompt
-from redline.inference.decoding.timing import percentile
-from redline.inference.engine import Engine
-from redline.inference.errors import Cancelled, OutOfMemory, RedlineError, UnsupportedConfiguration
-from redline.inference.events import GenerationResult, StatsEvent, TokenEvent
-from redline.inference.generation.lifecycle import DirectSink
-from redline.inference.generation.request import GenerationRequest
-from redline.inference.hardware.probe import probe
-from redline.inference.loading.loader import free_memory, is_oom
-from redline.inference.remote.client import is_server_url, parse_server_spec
-from redline.inference.sources.resolve import resolve
+from .sweep import run_sweep
+from .thinking import THINKING_LABELS, aggregate_reasoning, predicted_thinking, reasoning_prompts, row_thinking
 
 # The textbook measurement protocol (20 warm-up runs, 50 samples), offered as a preset; the defaults stay small
 # for interactivity.
@@ -102,7 +110,6 @@ class BenchSpec:
 
 def cpu_kernels_state() -> str:
     """Whether Redline's native CPU kernels run the products ("on"), or why not."""
-    from redline.inference.kernels import native
 
     kernels = native.status()
     return "on" if kernels.get("loaded") else f"off ({kernels.get('reason') or 'not built'})"
@@ -117,6 +124,7 @@ def machine_info(device: Optional[str] = None) -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     try:
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         versions["torch"] = torch.__version__
@@ -171,6 +179,7 @@ class _Models:
         self.engine, self.model, self.cancelled = engine, model, cancelled
         self.source = None if is_server_url(model) else resolve(model)
         self.keys = keys or {}
+        self.kv_default = engine.limits.kv  # the run's KV form (--kv, the Settings), for rows that name none
 
     def ensure(self, config: BenchConfig, progress: Callable[[float, str], None]) -> tuple[float, bool]:
         eng = self.engine
@@ -190,7 +199,10 @@ class _Models:
         spec = config.precision_spec(eng.device)
         reused = True
         load_s = 0.0
-        if eng.target is None or eng.target.source != self.source or eng.target.precision != spec:
+        form = eng.limits.kv = config.kv or self.kv_default  # what the next decoder is built with
+        # A decoder keeps the form it was built with: a row of another form loads the model again.
+        other_kv = config.strategy == "fast" and eng.target is not None and eng.target.kv_form() not in (None, form)
+        if eng.target is None or eng.target.source != self.source or eng.target.precision != spec or other_kv:
             reused = False
             eng.load(self.model, spec, progress, should_cancel=self.cancelled)
         load_s += eng.target.load_seconds
@@ -239,12 +251,12 @@ def _aggregate(row: ConfigResult, measured: list[tuple[int, GenerationResult]]) 
         for note in r.notes:
             if not note.startswith("Traceback") and note not in row.notes:
                 row.notes.append(note)
+    aggregate_reasoning(row, results)
 
 
 def _roofline(row: ConfigResult, target) -> None:
     """How close decoding came to the memory-bandwidth bound: tokens/s ≤ bandwidth ÷ bytes per token.
     With speculative decoding or prompt lookup one step can yield several tokens, so it may pass 100 %."""
-    from redline.inference.hardware.bandwidth import bandwidth, bytes_read_per_token
 
     context = int((row.prompt_tokens or 0) + (row.new_tokens or 0) / 2)  # the cache read on an average step
     row.bytes_per_token = bytes_read_per_token(target, row.strategy, context)
@@ -253,12 +265,15 @@ def _roofline(row: ConfigResult, target) -> None:
         row.roofline_pct = 100.0 * row.tokens_per_s * row.bytes_per_token / row.bandwidth_bytes_per_s
 
 
-def _predict_speed(row: ConfigResult, config: BenchConfig, target, draft, record: bool = True) -> None:
-    """The speed model's prediction for the row, then the row's measurement fed to this machine's correction."""
-    from redline.inference.speed.calibration import predict_generation
+def _predict_speed(
+    row: ConfigResult, config: BenchConfig, target, draft, record: bool = True, results: Sequence = ()
+) -> None:
+    """The speed model's prediction for the row, then the row's measurement fed to this machine's correction (with a
+    reasoning row's thinking length, from ``results``, its samples)."""
 
     speculative = config.strategy == "speculative" and draft is not None
     prompt_tokens, new_tokens = int(row.prompt_tokens or 1), int(row.new_tokens or 1)
+    thinking = predicted_thinking(row, config)  # a reasoning row's time to first answer
     try:
         shown, key, cal = predict_generation(
             target,
@@ -269,9 +284,12 @@ def _predict_speed(row: ConfigResult, config: BenchConfig, target, draft, record
             k=config.k,
             compile=config.compile,
             config=config.label,
+            thinking=thinking,
         )
         row.predicted_tokens_per_s = round(shown.tokens_per_s, 2)
         row.predicted_ttft_ms = round(shown.ttft_ms, 1)
+        if thinking is not None and shown.ttfat_ms is not None:
+            row.predicted_ttfat_ms = round(shown.ttfat_ms, 1)
         row.prediction_calibration = shown.calibration
         if row.tokens_per_s:
             row.prediction_error_pct = round(100.0 * (shown.tokens_per_s - row.tokens_per_s) / row.tokens_per_s, 1)
@@ -290,7 +308,7 @@ def _predict_speed(row: ConfigResult, config: BenchConfig, target, draft, record
             compile=config.compile,
             calibration=cal,
         )
-        cal.record(exact, key, target.name, row.tokens_per_s, row.ttft_ms, "lab")
+        cal.record(exact, key, target.name, row.tokens_per_s, row.ttft_ms, "lab", thinking=row_thinking(results))
         if speculative:
             cal.record_acceptance(target.name, draft.name, draft.precision.label(), config.k, row.acceptance_rate)
     except Exception as exc:  # a prediction is a report: it must never fail the row
@@ -380,7 +398,10 @@ def run_bench(
                         "measured on this client; the server decides where a reply ends"
                     )
                 else:
-                    prompts = _render_prompts(target.tokenizer, spec)
+                    # A reasoning model's prompts carry the row's thinking setting and its replies are split.
+                    prompts = reasoning_prompts(target, spec, config) or _render_prompts(target.tokenizer, spec)
+                    if isinstance(prompts[0], tuple):
+                        row.thinking = THINKING_LABELS[config.thinking]
                 options = config.options()
                 measured: list[tuple[int, GenerationResult]] = []
                 outputs: dict[int, GenerationResult] = {}
@@ -405,7 +426,12 @@ def run_bench(
                         elif isinstance(ev, StatsEvent):
                             emit(BenchLive(_i, ev.tokens_per_s_1s, ev.ttft_ms, ev.new_tokens))
 
-                    prompt = {"input_ids": prompts[p]} if target.capabilities.token_ids else {"messages": prompts[p]}
+                    if isinstance(prompts[p], tuple):  # a reasoning model's: messages, made ready once
+                        prompt = {"messages": prompts[p][0], "prepared": prompts[p][1], "thinking": prompts[p][2]}
+                    elif target.capabilities.token_ids:
+                        prompt = {"input_ids": prompts[p]}
+                    else:
+                        prompt = {"messages": prompts[p]}
                     request = GenerationRequest(
                         **prompt, sampling=sampling, options=options, client="lab", record=False
                     )
@@ -435,8 +461,12 @@ def run_bench(
                     if target.capabilities.measured_here:  # a server's speed is its own (and its network's)
                         _roofline(row, target)
                         # this machine's speed: a server's is its own (and its network's)
-                        _predict_speed(row, config, target, engine.draft, spec.record_speed)
+                        _predict_speed(row, config, target, engine.draft, spec.record_speed, [r for _, r in measured])
                         row.token_ids = [outputs[p].token_ids for p in sorted(outputs)]
+                        row.kv = target.kv_form() if config.strategy == "fast" else None
+                        for pair in kv_quality.completed_pairs(rows, spec.configs, i) if row.kv else ():
+                            if not isinstance(prompts[0], tuple):  # the later row of a q8/bf16 pair scores it
+                                kv_quality.score_pair(target, *pair, prompts)
             except Cancelled:
                 row.status = "cancelled"
                 row.wall_s = time.perf_counter() - row_start
@@ -452,11 +482,10 @@ def run_bench(
                 free_memory(engine.device)
             done_units = unit_base + per_config
             _compare(rows, spec.baseline)
+            kv_quality.compare(rows, spec.configs)
             emit(BenchRow(row))
 
         if spec.batch_sizes and not cancelled():
-            from redline.inference.bench.sweep import run_sweep
-
             cfg = spec.configs[spec.batch_config if spec.batch_config is not None else spec.baseline]
             report.sweep_config = cfg.label
 
@@ -495,8 +524,6 @@ def run_bench(
                 emit(BenchSweepRow(report.sweep[-1]))
 
         if spec.concurrency and not cancelled():
-            from redline.inference.bench.concurrency import run_concurrency
-
             cfg = spec.configs[spec.batch_config if spec.batch_config is not None else spec.baseline]
             report.concurrency_config = cfg.label
 
@@ -520,11 +547,10 @@ def run_bench(
                     on_row=on_concurrency_row,
                 )
             except RedlineError as exc:
-                from redline.inference.bench.concurrency import ConcurrencyRow
-
                 on_concurrency_row(ConcurrencyRow(0, "-", status="error", error=str(exc)))
     finally:
         report.cancelled = cancelled()
+        engine.limits.kv = models.kv_default
         if restore_model:
             _restore(engine, previous, previous_draft)
     report.seconds = time.perf_counter() - started
@@ -551,6 +577,7 @@ def _restore(engine: Engine, previous, previous_draft) -> None:
             target is None
             or not target.answers_to(spec_text)
             or (precision is not None and target.precision != precision)
+            or target.kv_form() not in (None, engine.limits.kv)
         ):
             engine.load(spec_text, precision, api_key=key)
         if previous_draft is not None:

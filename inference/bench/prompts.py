@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Union
 
-from redline.inference.errors import UnsupportedConfiguration
+from ..errors import UnsupportedConfiguration
 
 
 def assets_dir() -> Path:
     """Where the built-in assets live: the installed ``redline.assets`` package (a folder on disk in a
     wheel, an editable install and the PyInstaller bundle alike)."""
-    from importlib.resources import files
 
     return Path(str(files("redline.assets")))
 

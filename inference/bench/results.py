@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Union
 
+from .concurrency import ConcurrencyRow
+
 
 @dataclass
 class ConfigResult:
@@ -48,6 +50,29 @@ class ConfigResult:
     predicted_ttft_ms: Optional[float] = None
     prediction_error_pct: Optional[float] = None
     prediction_calibration: Optional[str] = None  # "class", "device" (other configurations measured) or "none"
+    # A reasoning model's row (docs/speed-lab.md#reasoning-models): its thinking ("on", "off", "default"), the format
+    # its replies were split by, the time to the first answer token (p50 over the samples that reached their answer,
+    # and how many did), the thinking tokens (median), the thinking's and the answer's own tokens/s (medians), and
+    # the speed model's time to first answer (None: no thinking length learned yet for this model).
+    thinking: Optional[str] = None
+    reasoning_format: Optional[str] = None
+    ttfat_ms: Optional[float] = None
+    answered: Optional[int] = None
+    thinking_tokens: Optional[float] = None
+    thinking_tokens_per_s: Optional[float] = None
+    answer_tokens_per_s: Optional[float] = None
+    predicted_ttfat_ms: Optional[float] = None
+    # The fast path's KV form for a row that ran it ("bf16", "q8"; None for other strategies), and for a q8 row
+    # beside the same row in bf16 (``bench/kv_quality.py``): that row's label, the share of its output's tokens
+    # this row's holds at the same positions, the first that differs (None: identical), the tokens compared, and the
+    # perplexity of that row's replies under q8 KV against bf16 KV (ppl_q8 ÷ ppl_bf16 − 1).
+    kv: Optional[str] = None
+    kv_reference: Optional[str] = None
+    kv_agreement: Optional[float] = None
+    kv_first_diff: Optional[int] = None
+    kv_compared_tokens: Optional[int] = None
+    kv_ppl_change: Optional[float] = None
+    kv_forced_agreement: Optional[float] = None  # that row's replies teacher-forced: q8's greedy token is theirs
     per_token_ms_by_position: list[float] = field(default_factory=list)  # median over samples
     outputs: list[str] = field(default_factory=list)  # per prompt, the first measured sample
     token_ids: list[list[int]] = field(default_factory=list)
@@ -129,7 +154,6 @@ class BenchReport:
         rep.results = [ConfigResult(**{k: v for k, v in r.items() if k in known}) for r in d.get("results", [])]
         known_s = SweepRow.__dataclass_fields__
         rep.sweep = [SweepRow(**{k: v for k, v in s.items() if k in known_s}) for s in d.get("sweep", [])]
-        from redline.inference.bench.concurrency import ConcurrencyRow
 
         known_c = ConcurrencyRow.__dataclass_fields__
         rep.concurrency = [

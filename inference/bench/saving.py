@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from redline.inference.bench.results import BenchReport
-from redline.inference.errors import UnsupportedConfiguration
+from ..errors import UnsupportedConfiguration
+from .results import BenchReport
 
 
 def save_report(report: BenchReport, folder: Path) -> Path:

@@ -1,15 +1,19 @@
 """Ready-made sets of speed-lab configurations: the ladder of decoding optimisations, every precision, and
-the user's presets. Each is a list of ``BenchConfig`` rows; the panel and ``redline bench --set`` use them."""
+the user's presets. Each is a list of ``BenchConfig`` rows; the panel and ``redline bench --set`` use them.
+``for_model`` keeps the rows the lab's model can run, as its backend's capabilities say (a model on a server runs
+only as the server decodes: its own ``remote:URL`` row)."""
 
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from redline.inference.bench.configs import BenchConfig, format_config, parse_config
-from redline.inference.decoding.options import STRATEGIES
-from redline.inference.loading.precision import PRECISIONS
+from ..backends.local import LOCAL_STRATEGIES
+from ..backends.remote import REMOTE_CAPABILITIES, is_server_url
+from ..decoding.options import STRATEGIES
+from ..precision import PRECISIONS
+from .configs import BenchConfig, format_config, parse_config
 
-READY_SETS = ("ladder", "every precision", "my presets")
+READY_SETS = ("ladder", "every precision", "kv forms", "my presets")
 
 
 def _row(text: str) -> BenchConfig:
@@ -61,6 +65,14 @@ def every_precision(strategy: str = "kv") -> list[BenchConfig]:
     return [BenchConfig(strategy=strategy, precision=p) for p in PRECISIONS]
 
 
+def kv_forms(device: str = "cpu") -> list[BenchConfig]:
+    """The fast path with its KV cache in 16 bits and in 8 bits, side by side: what the 8 bits buy in speed and
+    cost in quality (the q8 row's "q8 KV agrees" and "q8 KV ppl" columns compare it with the row above it). On a
+    CPU in q8 and bf16 weights; on CUDA in bf16."""
+    weights = ("bf16",) if device.startswith("cuda") else ("q8", "bf16")
+    return [_row(f"fast:{w}+kv={kv}") for w in weights for kv in ("bf16", "q8")]
+
+
 def from_presets(presets: Iterable) -> list[BenchConfig]:
     """One row per saved preset (``values``: the settings a preset keeps). ``auto`` stays ``auto`` (the
     device's default dtype); a preset's strategy ``auto`` runs as ``kv``."""
@@ -85,9 +97,36 @@ def from_presets(presets: Iterable) -> list[BenchConfig]:
     return rows
 
 
+def strategies_for(model: str) -> tuple[str, ...]:
+    """The strategies the backend that would run ``model`` (a ``--model`` text) takes, its
+    ``Capabilities.strategies``, known from the text alone: nothing loads or connects."""
+    return REMOTE_CAPABILITIES.strategies if is_server_url(model) else LOCAL_STRATEGIES
+
+
+def for_model(configs: Iterable[BenchConfig], model: str) -> list[BenchConfig]:
+    """The rows of ``configs`` the lab can run with ``model`` as its model: a ``remote:URL`` row runs on its own
+    server whatever the model; any other row runs on the model, so only if its backend takes the row's strategy.
+    When none is left and the model is on a server, the one row it runs: ``remote:MODEL``."""
+    strategies = strategies_for(model)
+    kept = [c for c in configs if c.remote or c.strategy in strategies]
+    if not kept and is_server_url(model):
+        kept = [_row(f"remote:{model}")]
+    return kept
+
+
 def configs_text(configs: list[BenchConfig]) -> str:
     """The advanced field's text for a list of rows."""
     return ",".join(c.label for c in configs)
 
 
-__all__ = ["READY_SETS", "configs_text", "every_precision", "format_config", "from_presets", "ladder"]
+__all__ = [
+    "READY_SETS",
+    "configs_text",
+    "every_precision",
+    "for_model",
+    "format_config",
+    "from_presets",
+    "kv_forms",
+    "ladder",
+    "strategies_for",
+]

@@ -21,16 +21,19 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from redline.inference.decoding.hf import CancelCriteria, generation_config
-from redline.inference.decoding.options import SamplingSettings, eos_token_ids
-from redline.inference.decoding.timing import percentile, sync
-from redline.inference.errors import UnsupportedConfiguration
-from redline.inference.loading.loader import LoadedModel, free_memory, is_oom
-from redline.inference.memory.measured import PeakMemory
+from ..backends.local import LoadedModel
+from ..decoding.hf import CancelCriteria, generation_config
+from ..decoding.options import SamplingSettings, eos_token_ids
+from ..decoding.timing import sync
+from ..errors import UnsupportedConfiguration
+from ..memory.measured import PeakMemory
+from ..memory.oom import free_memory, is_oom
+from ..stats import percentile
+from .results import SweepRow
 
 if TYPE_CHECKING:
-    from redline.inference.bench.configs import BenchConfig
-    from redline.inference.bench.results import SweepRow
+    from .configs import BenchConfig
+    from .results import SweepRow
 
 MODES = ("auto", "transformers", "padded")
 CB_PAGE_SIZE = 64  # tokens per page of the continuous-batching cache
@@ -56,7 +59,10 @@ class _StepClock:
 
 
 def _padded(target: LoadedModel, prompts: list[list[int]], cfg, should_cancel) -> dict:
+    # lazy: torch loads on the engine's thread, never at import
     import torch
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import StoppingCriteriaList
 
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
@@ -94,7 +100,10 @@ def _padded(target: LoadedModel, prompts: list[list[int]], cfg, should_cancel) -
 
 
 def _continuous(target: LoadedModel, prompts: list[list[int]], cfg) -> dict:
+    # lazy: torch loads on the engine's thread, never at import
     import torch
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import ContinuousBatchingConfig
 
     # Left to itself, transformers sizes the paged cache from free memory (90 % of it; on a CPU that is
@@ -142,9 +151,8 @@ def run_sweep(
     fixed_length: bool = True,
 ) -> "list[SweepRow]":
     """Run ``config`` at each batch size; one SweepRow per size, each also handed to ``on_row`` when done."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
-
-    from redline.inference.bench.results import SweepRow
 
     if mode not in MODES:
         raise UnsupportedConfiguration(f"Unknown batch mode {mode!r}.", f"Choose one of: {', '.join(MODES)}.")

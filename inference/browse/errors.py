@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from redline.inference.errors import ModelSourceError
-from redline.inference.sources.hub import LOGIN
+from ..errors import ModelSourceError
+from ..sources.hub import LOGIN
 
 OFFLINE_TEXT = (
     "The Hugging Face hub is not used while HF_HUB_OFFLINE is set, so only the models on this machine are listed."
@@ -13,6 +13,7 @@ OFFLINE_TEXT = (
 
 
 def offline() -> bool:
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import constants
 
     env = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
@@ -31,7 +32,10 @@ def check_reachable(what: str) -> None:
     """One quick request to the hub, without retries, before a call that would retry: huggingface_hub's backoff
     tries a failed connection five more times with growing waits (about 30 s on a machine without network),
     where a user deserves the sentence at once. Any HTTP answer means the hub is reachable."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import constants
+
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub.utils import get_session
 
     try:
@@ -44,6 +48,7 @@ def check_reachable(what: str) -> None:
 
 def explain(what: str, exc: BaseException) -> ModelSourceError:
     """``exc`` (raised while ``what``, e.g. "searching the hub") as one sentence a user can act on."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 
     if isinstance(exc, ModelSourceError):

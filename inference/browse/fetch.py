@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.browse.errors import check_online
-from redline.inference.browse.predict import VariantPrediction
-from redline.inference.browse.variants import RepoVariants, Variant
-from redline.inference.errors import Cancelled
-from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress
-from redline.inference.units import format_bytes
+from ..errors import Cancelled
+from ..progress import CancelFn, ProgressFn, check_cancel, noop_progress
+from ..sources import hub
+from ..units import format_bytes
+from .errors import check_online
+from .predict import VariantPrediction
+from .variants import RepoVariants, Variant
 
 
 @dataclass
@@ -29,10 +30,11 @@ class Fetched:
 
 
 def _gguf_file(repo_id: str, commit: str, variant: Variant, progress: ProgressFn, should_cancel) -> Path:
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import HfApi
-    from huggingface_hub.hf_api import RepoFile
 
-    from redline.inference.sources import hub
+    # lazy: the hub client loads only when the hub is used
+    from huggingface_hub.hf_api import RepoFile
 
     try:
         entries = [
@@ -71,7 +73,6 @@ def fetch(
     should_cancel: Optional[CancelFn] = None,
 ) -> Fetched:
     """Download ``variant`` of ``rv`` into the hub cache; what to load, in the predicted configuration."""
-    from redline.inference.sources import hub
 
     check_online()
     strategy = prediction.strategy if prediction is not None else ""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.errors import ModelSourceError
-from redline.inference.units import MB, format_bytes
+from ..errors import ModelSourceError
+from ..units import MB, format_bytes
 
 MAX_HEADER_BYTES = 8 * MB
 FIRST_READ = 2 * MB
@@ -98,6 +98,7 @@ class HeaderRead:
 
 def _range(url: str, start: int, end: int, headers: dict) -> bytes:
     """Bytes ``start``..``end`` (inclusive) of ``url``."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
     r = get_session().get(url, headers={**headers, "Range": f"bytes={start}-{end}"}, follow_redirects=True)
@@ -112,7 +113,10 @@ def read_header(
     repo_id: str, filename: str, commit: str, size: int, dest: Path, limit: int = MAX_HEADER_BYTES
 ) -> HeaderRead:
     """Read ``filename``'s header from the hub into ``dest`` (a sparse file of ``size`` bytes)."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import hf_hub_url
+
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub.utils import build_hf_headers
 
     url = hf_hub_url(repo_id, filename, revision=commit)

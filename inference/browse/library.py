@@ -18,8 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from redline.inference.errors import ModelSourceError
-from redline.inference.units import format_bytes
+from ..errors import ModelSourceError
+from ..paths import models_dir
+from ..sources.gguf import cache_folder_for, is_complete
+from ..sources.hub import PARTIAL
+from ..sources.starter import STARTER_NAME, starter_folder
+from ..units import format_bytes
 
 
 @dataclass
@@ -65,6 +69,7 @@ def _last_used(path: Path) -> Optional[float]:
 
 def _hub_entries() -> tuple[list[LocalModel], list[Path]]:
     """The hub cache's models, and every .gguf file in it (converted folders' possible sources)."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import constants, scan_cache_dir
 
     try:
@@ -120,14 +125,11 @@ def _hub_entries() -> tuple[list[LocalModel], list[Path]]:
 
 
 def _partial_suffix() -> str:
-    from redline.inference.sources.hub import PARTIAL
 
     return PARTIAL
 
 
 def _converted(sources: Iterable[Path]) -> list[LocalModel]:
-    from redline.inference.paths import models_dir
-    from redline.inference.sources.gguf import cache_folder_for, is_complete
 
     root = models_dir() / "gguf"
     if not root.is_dir():
@@ -186,8 +188,6 @@ def _converted(sources: Iterable[Path]) -> list[LocalModel]:
 def local_library(recent: Iterable[str] = ()) -> list[LocalModel]:
     """Everything on disk: models first, then what can be reclaimed. ``recent``: the recent models (the app's
     list), whose local folders and .gguf files are listed too and count as converted folders' sources."""
-    from redline.inference.sources.gguf import is_complete
-    from redline.inference.sources.starter import STARTER_NAME, starter_folder
 
     rows: list[LocalModel] = []
     sf = starter_folder()
@@ -221,9 +221,8 @@ def delete_text(row: LocalModel) -> str:
 
 def delete(row: LocalModel) -> int:
     """Delete ``row`` from disk; the bytes it freed (what ``delete_text`` said)."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import constants
-
-    from redline.inference.paths import models_dir
 
     path = Path(row.path)
     allowed = [Path(constants.HF_HUB_CACHE).resolve(), models_dir().resolve()]

@@ -18,9 +18,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from redline.inference.browse.variants import RepoVariants, Variant
-from redline.inference.memory.fit import MIN_CONTEXT, Planner, Target
-from redline.inference.speed.model import SpeedModel
+import psutil
+
+from ..errors import RedlineError
+from ..estimate.calibration import correction_bytes
+from ..estimate.estimator import CPU_BASELINE_BYTES, accuracy_margin
+from ..estimate.fit import MIN_CONTEXT, Planner, Target, detect_target
+from ..precision import parse_precision
+from ..speed.arithmetic import this_machine
+from ..speed.choose import DEFAULT_CONTEXT_CAP, check_priority, choose
+from ..speed.model import SpeedModel
+from .variants import RepoVariants, Variant
 
 USEFUL_TOKENS_PER_S = 5.0
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "cannot tell"
@@ -49,7 +57,6 @@ class VariantPrediction:
 
 
 def context_for(variant: Variant, context: Optional[int]) -> int:
-    from redline.inference.speed.choose import DEFAULT_CONTEXT_CAP
 
     shape = variant.model_shape()
     longest = shape.max_positions if shape is not None else DEFAULT_CONTEXT_CAP
@@ -67,8 +74,6 @@ def predict_variant(
 ):
     """``baseline_bytes`` (CPU): the resident memory of the process that will load it, before the load (as the
     engine's own prediction uses once loaded); None: the estimator's default Python/torch baseline."""
-    from redline.inference.errors import RedlineError
-    from redline.inference.speed.choose import choose
 
     shape = variant.model_shape()
     ctx = context_for(variant, context)
@@ -103,8 +108,6 @@ def predict_variant(
     if speed_of.strategy == "fast":  # its memory as it would run (the fused weights beside a mapped checkpoint)
         est = planner.estimate(_spec(variant.precision), ctx, strategy="fast")
     if baseline_bytes is not None and target.device == "cpu":
-        from redline.inference.memory.estimator import CPU_BASELINE_BYTES, accuracy_margin
-
         est.total_bytes = max(0, est.total_bytes + int(baseline_bytes) - CPU_BASELINE_BYTES)
         est.margin_bytes = accuracy_margin(est.total_bytes)
         est.fits = est.total_bytes + est.margin_bytes <= target.available_bytes
@@ -127,14 +130,12 @@ def predict_variant(
 
 
 def _spec(precision: str):
-    from redline.inference.loading.precision import parse_precision
 
     return parse_precision(precision)
 
 
 def recommend(predictions: list[VariantPrediction], priority: str) -> Optional[VariantPrediction]:
     """Mark the variant recommended here for ``priority``; None when none fits."""
-    from redline.inference.speed.choose import check_priority
 
     check_priority(priority)
     fitting = [p for p in predictions if p.fit == FITS]
@@ -166,7 +167,6 @@ def recommend(predictions: list[VariantPrediction], priority: str) -> Optional[V
 
 def process_rss() -> int:
     """This process's resident memory now: the CPU baseline for a model this process will load."""
-    import psutil
 
     return int(psutil.Process().memory_info().rss)
 
@@ -174,9 +174,6 @@ def process_rss() -> int:
 def machine_target(device: Optional[str] = None) -> tuple[Target, SpeedModel, int]:
     """This machine's target (GPU free memory, or free RAM), its speed model and learned memory correction.
     Imports torch (the speed model measures the machine once): run it off the UI thread."""
-    from redline.inference.memory.calibration import correction_bytes
-    from redline.inference.memory.fit import detect_target
-    from redline.inference.speed.arithmetic import this_machine
 
     target = detect_target(device=device)
     correction = correction_bytes(target.device, key=target.calibration_key) if target.calibration_key else 0

@@ -15,7 +15,7 @@ import functools
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from redline.inference.browse.errors import check_online, check_reachable, explain
+from .errors import check_online, check_reachable, explain
 
 SORTS = {"downloads": "downloads", "trending": "trending_score", "likes": "likes"}
 EXPAND = ["downloads", "likes", "trendingScore", "gated", "tags", "cardData", "safetensors", "gguf", "config"]
@@ -43,6 +43,7 @@ class HubModel:
 @functools.lru_cache(maxsize=1)
 def causal_lm_names() -> tuple[frozenset, frozenset]:
     """(model types, architecture class names) transformers builds as causal language models."""
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
@@ -51,6 +52,7 @@ def causal_lm_names() -> tuple[frozenset, frozenset]:
 @functools.lru_cache(maxsize=1)
 def gguf_architectures() -> frozenset:
     """The GGUF architectures transformers' GGUF loader (which Redline's conversion uses) reads."""
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
     names = set(GGUF_CONFIG_MAPPING) - {"general", "tokenizer", "t5", "umt5"}  # not causal LMs
@@ -108,6 +110,7 @@ def search(query: str, sort: str = "downloads", limit: int = 20, kind: Optional[
     ``kind``: "gguf" or "safetensors" keeps only that kind. Asks the hub for a few more than ``limit`` so that
     what is filtered out does not leave the page short. Raises ``ModelSourceError`` (one sentence) offline or
     when the hub cannot be reached."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import HfApi
 
     if sort not in SORTS:
@@ -147,5 +150,5 @@ def warm_up() -> None:
 
     causal_lm_names()
     gguf_architectures()
-    from redline.inference.memory import model_shapes  # noqa: F401
-    from redline.inference.sources import gguf as redline_gguf  # noqa: F401
+    from ..estimate import model_shapes  # noqa: F401
+    from ..sources import gguf as redline_gguf  # noqa: F401

@@ -18,6 +18,7 @@ many F16 files converted from bf16 checkpoints get their original values back ex
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import tempfile
@@ -25,10 +26,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.browse.errors import check_online, explain
-from redline.inference.errors import ModelSourceError, RedlineError
-from redline.inference.memory.estimator import ModelShape
-from redline.inference.paths import cache_dir
+from ..errors import ModelSourceError, RedlineError
+from ..estimate.estimator import ModelShape, shape_from_config
+from ..estimate.fit import precisions_for
+from ..estimate.model_shapes import _folder_shape, check_fields
+from ..paths import cache_dir
+from ..precision import QUANTISED, bitsandbytes_available
+from ..sources.gguf import plan_gguf
+from ..sources.hub import MODEL_FILES
+from .errors import check_online, explain
+from .gguf_header import read_header
 
 CACHE_VERSION = 3  # 2: a float GGUF's precision is its float dtype; 3: keyed by the device kind
 WEIGHT_FILES = (".safetensors",)
@@ -119,8 +126,6 @@ def quant_name(filename: str) -> str:
 
 
 def _safetensors_precisions(shape: ModelShape, device: str) -> list[str]:
-    from redline.inference.loading.precision import QUANTISED, bitsandbytes_available
-    from redline.inference.memory.fit import precisions_for
 
     out = precisions_for(shape)
     if not (device.startswith("cuda") and bitsandbytes_available()):
@@ -137,12 +142,9 @@ def float_gguf_precision(stored_dtype: str, device: str) -> str:
 
 
 def _safetensors_variants(repo_id: str, commit: str, siblings, device: str) -> list[Variant]:
-    import fnmatch
 
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import hf_hub_download
-
-    from redline.inference.memory.model_shapes import _folder_shape
-    from redline.inference.sources.hub import MODEL_FILES
 
     files = {
         s.rfilename: int(s.size or 0) for s in siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in MODEL_FILES)
@@ -163,9 +165,6 @@ def _safetensors_variants(repo_id: str, commit: str, siblings, device: str) -> l
 
 
 def _gguf_shape(path: Path, name: str, file_bytes: int) -> ModelShape:
-    from redline.inference.memory.estimator import shape_from_config
-    from redline.inference.memory.model_shapes import check_fields
-    from redline.inference.sources.gguf import plan_gguf
 
     plan = plan_gguf(path)  # metadata and the tensor table only: the sparse file's holes are never read
     check_fields(plan.config.to_dict(), name)
@@ -187,7 +186,6 @@ def _gguf_bits(shape: ModelShape, quant: str) -> float:
 
 
 def _gguf_variants(repo_id: str, commit: str, siblings, device: str, should_stop=None) -> list[Variant]:
-    from redline.inference.browse.gguf_header import read_header
 
     out = []
     with tempfile.TemporaryDirectory(prefix="redline-gguf-header-") as tmp:
@@ -235,6 +233,7 @@ def _gguf_variants(repo_id: str, commit: str, siblings, device: str, should_stop
 def repo_variants(repo_id: str, device: str = "cpu", use_cache: bool = True) -> RepoVariants:
     """``repo_id``'s variants and their shapes on ``device`` (a target's, "cpu" or "cuda…"), from the cache when this
     commit was read before for that kind of device."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import HfApi
 
     check_online()

@@ -6,8 +6,11 @@ page's keys and values for every layer are written to a file of their own under
 walks past the pages in memory, the walk goes on here: each next page's file is read into a fresh page of the pool.
 
 A file is never trusted. It holds a header (magic, format version, the namespace, the previous page's key, the
-page's own key and token ids, the tensors' dtype and shape, a blake2b checksum of the payload) and the payload
-(K then V, ``[layers, kv_heads, page, head_dim]`` each). On load every field must equal what the walk expects,
+page's own key and token ids, the KV form (``bf16``/``float32``…: the dtype; ``q8``: 8-bit rows, each head's
+D int8 and an fp16 scale, ``kernels/kv_quant.py``), the tensors' dtype and shape, a blake2b checksum of the payload)
+and the payload (K then V, ``[layers, kv_heads, page, row]`` each: row = head_dim, or head_dim + 2 for q8). A page of
+another form than the cache's is refused by its form before anything is read as numbers (a file written before the
+form was recorded holds its dtype's form). On load every field must equal what the walk expects,
 the key recomputed from the previous key and the stored token ids must be the stored key, and the payload's
 checksum must match; anything else (a corrupt or truncated file, another model's page, a renamed file, another
 format) is deleted and the page is computed as if it had never been there.
@@ -27,6 +30,7 @@ import queue
 import struct
 import threading
 import time
+from array import array
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -42,7 +46,6 @@ _STALE_TMP_S = 60.0  # a temporary file this old is a write that died with its p
 
 def page_key(prev: bytes, tokens: Sequence[int]) -> bytes:
     """The content key of one page: its token ids hashed after the previous page's key (``kv_cache.chain_keys``)."""
-    from array import array
 
     h = hashlib.blake2b(prev, digest_size=16)
     h.update(array("q", tokens).tobytes())
@@ -174,6 +177,7 @@ class DiskPages:
                 "prev": prev.hex(),
                 "key": key.hex(),
                 "tokens": tokens,
+                "form": kv_form(k.dtype),
                 "dtype": str(k.dtype).removeprefix("torch."),
                 "shape": list(k.shape),
                 "payload_bytes": len(kb) + len(vb),
@@ -273,6 +277,7 @@ def _check(
         stored_tokens = [int(t) for t in head["tokens"]]
         stored_key, stored_prev = bytes.fromhex(head["key"]), bytes.fromhex(head["prev"])
         fields = (head["namespace"], head["dtype"], tuple(head["shape"]), int(head["payload_bytes"]), head["blake2b"])
+        stored_form = str(head.get("form", head["dtype"]))
     except (ValueError, KeyError, TypeError):
         return "its header is not readable", 0
     stored_ns, stored_dtype, stored_shape, payload_bytes, checksum = fields
@@ -282,6 +287,8 @@ def _check(
         return "another page (its key, previous key or token ids differ)", 0
     if page_key(stored_prev, stored_tokens) != stored_key:
         return "its key is not the hash of its token ids", 0
+    if stored_form != kv_form(dtype):
+        return f"a page of KV form {stored_form}, the cache holds {kv_form(dtype)}", 0
     if stored_dtype != str(dtype).removeprefix("torch.") or stored_shape != tuple(shape):
         return f"a page of {stored_dtype} {list(stored_shape)}, the cache holds {dtype} {list(shape)}", 0
     start = _PREFIX.size + hlen
@@ -291,6 +298,11 @@ def _check(
     if hashlib.blake2b(memoryview(data)[start:], digest_size=16).hexdigest() != checksum:
         return "its payload does not match its checksum (corrupt)", 0
     return None, start
+
+
+def kv_form(dtype: torch.dtype) -> str:
+    """The form a page of ``dtype`` holds: ``q8`` for int8 (8-bit rows with their scales), else the dtype's name."""
+    return "q8" if dtype == torch.int8 else str(dtype).removeprefix("torch.")
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.errors import IncompatibleDraft
-from redline.inference.sources.resolve import resolve
+from ..errors import IncompatibleDraft
+from ..sources.config import load_config, load_tokenizer
+from ..sources.resolve import resolve
 
 MODES = {
     "shared": "shares the target's vocabulary: its tokens are checked directly",
@@ -67,7 +68,6 @@ def check_pair(target_spec: str, draft_spec: str) -> PairCheck:
     Mode "unknown" when one of them is not on this machine yet (a hub model not downloaded, the
     starter not fetched): nothing is downloaded to decide; the engine checks again when it loads.
     """
-    from redline.inference.loading.loader import load_config, load_tokenizer
 
     target, draft = resolve(target_spec), resolve(draft_spec)
     tfolder: Optional[Path] = target.local_folder()

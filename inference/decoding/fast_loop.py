@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from redline.inference.decoding.hf import CancelCriteria
-from redline.inference.decoding.logprobs import distribution, pack
-from redline.inference.decoding.options import eos_token_ids
+from .hf import CancelCriteria
+from .logprobs import distribution, pack
+from .options import eos_token_ids
 
 
 def logits_processors(cfg):
     """The same sampling transformations generate() applies, from transformers' public classes."""
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import (
         LogitsProcessorList,
         RepetitionPenaltyLogitsProcessor,
@@ -58,6 +59,7 @@ class FastSequence:
         cached: int = 0,
         top_logprobs: Optional[int] = None,
     ):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         self.dec, self.seq, self.prompt, self.cfg = dec, seq, prompt, cfg
@@ -92,6 +94,7 @@ class FastSequence:
     def prefill(self, chunk: Optional[int] = None) -> None:
         """Read the next ``chunk`` prompt tokens (all of them by default); after the last, choose the first
         new token."""
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         end = len(self.prompt) if chunk is None else min(len(self.prompt), self.prefilled + chunk)
@@ -115,6 +118,7 @@ class FastSequence:
         return self.prompt + self.collector.ids[: max(0, self.steps - 1)]
 
     def sample(self, scores):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         if self.cfg.do_sample:
@@ -123,6 +127,7 @@ class FastSequence:
 
     def accept(self, logits) -> None:
         """Choose the next token from ``logits`` (fp32, [vocab]), stream it, and decide whether to go on."""
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         # Log-probabilities (asked only): of the model's raw logits, before the mask below and the processors.

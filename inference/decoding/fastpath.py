@@ -30,10 +30,14 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from redline.inference.cost import fast_path_refusal
-from redline.inference.decoding.kv_cache import PagedKV
-from redline.inference.kernels import ops, reference
-from redline.inference.memory.policy import release_pages, weights_in_own_mappings
+from ..cost import fast_path_refusal
+from ..estimate.estimator import context_limit
+from ..kernels import ops, paged_torch, reference
+from ..kernels.cpu.library import native
+from ..loading.weight_only import PackedLinear
+from ..memory.policy import one_reading_of_the_mappings, release_pages, weights_in_own_mappings
+from .compiled import CompiledStep
+from .kv_cache import PagedKV
 
 
 def supports(model) -> Optional[str]:
@@ -62,7 +66,6 @@ def supports(model) -> Optional[str]:
 
 
 def _is_plain_linear(module) -> bool:
-    from redline.inference.loading.weight_only import PackedLinear
 
     return isinstance(module, PackedLinear) or type(module) is torch.nn.Linear
 
@@ -116,7 +119,6 @@ def _fuse_linears(modules) -> tuple[Callable[[torch.Tensor], torch.Tensor], Opti
     Packed weight-only layers: fused the same way through their own ``fuse``.
     Returns the product and its weights for the whole-step operator (None where it cannot read them).
     """
-    from redline.inference.loading.weight_only import PackedLinear
 
     if all(isinstance(m, PackedLinear) for m in modules):
         joined = PackedLinear.fused_blocks(modules)
@@ -129,7 +131,9 @@ def _fuse_linears(modules) -> tuple[Callable[[torch.Tensor], torch.Tensor], Opti
     offset = 0
     for m in modules:
         rows = m.weight.shape[0]
-        m.weight.data = weight[offset : offset + rows]
+        # A new parameter over the view, not ``.data =``: the same storage, and it also works on fake CUDA tensors
+        # in a CPU-only torch (whose ``set_data`` asks the CUDA runtime).
+        m.weight = torch.nn.Parameter(weight.narrow(0, offset, rows), requires_grad=False)
         offset += rows
     # Views of a mapped checkpoint leave the pages the copy read resident: give them back (memory/policy.py, 3.).
     release_pages(originals)
@@ -147,7 +151,6 @@ def _fuse_linears(modules) -> tuple[Callable[[torch.Tensor], torch.Tensor], Opti
 
 
 def _linear(module) -> tuple[Callable[[torch.Tensor], torch.Tensor], Optional[tuple]]:
-    from redline.inference.loading.weight_only import PackedLinear
 
     if isinstance(module, PackedLinear):
         if module.blocks is not None:  # the fast step's activations are fp32 already: call the kernel directly
@@ -157,7 +160,6 @@ def _linear(module) -> tuple[Callable[[torch.Tensor], torch.Tensor], Optional[tu
 
 
 def _native_cpu(device: torch.device) -> bool:
-    from redline.inference.kernels.native import native
 
     return device.type == "cpu" and native() is not None
 
@@ -168,7 +170,7 @@ class FastDecoder:
     ``prefill(tokens, start)`` runs several positions of one sequence (a prompt); ``step(tokens, positions,
     seqs)`` runs one new token for each of several sequences at once. Both return fp32 logits."""
 
-    def __init__(self, model, max_context: int = 0):
+    def __init__(self, model, max_context: int = 0, kv: str = "bf16"):
         reason = supports(model)
         if reason:
             raise ValueError(reason)
@@ -221,7 +223,8 @@ class FastDecoder:
             )
         self.scaling = self.head_dim**-0.5
         self.rotary = inner.rotary_emb
-        # The cache in the model's dtype (as transformers keeps it), fp32 for an fp32 model.
+        # The cache in the model's dtype (as transformers keeps it), fp32 for an fp32 model; with ``kv`` "q8" in
+        # 8-bit rows (int8 and a scale per token and head: kernels/kv_quant.py), on every device.
         cache_dtype = torch.float32 if self.dtype == torch.float32 else torch.bfloat16 if self.native else self.dtype
         self.kv = PagedKV(
             len(self.layers),
@@ -229,15 +232,16 @@ class FastDecoder:
             self.head_dim,
             cache_dtype,
             self.device,
-            paged=self.native,
-            tokens=max_context or 256,
+            max_context or 256,
+            cleared=not self.native,
+            form=kv,
         )
         self.max_context = 0
         self.ensure_context(max_context or 256)
         self.compiled = None  # a CompiledStep once compiling is asked for (decoding/compiled.py)
         self.whole_step_plan, self.whole_step_reason = self._whole_step_plan(head_spec)
         # Whether decode steps (and short prefills) run as one redline::decode_step call; a switch, so the
-        # operator-by-operator step can be measured against it in one process (tools/whole_step_ab.py).
+        # operator-by-operator step can be measured against it in one process (tools/experiments/whole_step_ab.py).
         self.whole_step = self.whole_step_plan is not None
         # Short prompts through the whole step too? Off: it is faster for q8/q4 (44-token prompt, 5 interleaved
         # rounds: q8 130 vs 169 ms, q4 118 vs 151 ms; bf16 143 vs 132 ms), and in fp32 it matches the operators
@@ -248,7 +252,7 @@ class FastDecoder:
 
     def _whole_step_plan(self, head_spec) -> tuple[Optional[tuple], Optional[str]]:
         """The weight lists redline::decode_step reads (decode_step.cpp), or None and why it cannot run."""
-        if not (self.native and self.kv.paged):
+        if not self.native:
             return None, "the native kernels do not run here"
         if os.environ.get("REDLINE_WHOLE_STEP", "1").strip().lower() in ("0", "false", "no", "off"):
             return None, "turned off (REDLINE_WHOLE_STEP=0)"
@@ -288,7 +292,7 @@ class FastDecoder:
         not every turn; never beyond the model's limit unless asked)."""
         if needed <= self.max_context:
             return
-        limit = int(getattr(self.model.config, "max_position_embeddings", needed) or needed)
+        limit = context_limit(self.model.config)  # its rope scaling included, as LoadedModel.context_limit
         size = min(max(limit, needed), 1 << max(8, (needed - 1).bit_length()))
         with torch.inference_mode():
             # Rotary tables from the model's own rotary module, so every rope type is covered.
@@ -300,7 +304,9 @@ class FastDecoder:
 
     # -- the step ------------------------------------------------------------------------------------
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.embedding(tokens, self.embed).to(self.act_dtype)
+        # index_select, not F.embedding: the same rows, and it also runs on fake CUDA tensors in a CPU-only torch
+        # (where F.embedding ends the process: docs/performance.md, "On a GPU").
+        return self.embed.index_select(0, tokens).to(self.act_dtype)
 
     def _qk_norms(self, qkv: torch.Tensor, L: _Layer) -> torch.Tensor:
         if L.q_norm is None:
@@ -362,9 +368,8 @@ class FastDecoder:
             qkv = self._qk_norms(L.qkv(h), L)
             q, k, v = reference.split_qkv(qkv, self.n_heads, self.n_kv, self.head_dim)
             q, k = reference.rotate(q, cos, sin), reference.rotate(k, cos, sin)
-            self.kv.write(i, seq, start, k.to(self.kv.dtype), v.to(self.kv.dtype))
-            keys, values = self.kv.read(i, seq, end)
-            keys, values = keys.to(self.act_dtype), values.to(self.act_dtype)
+            self.kv.write(i, seq, start, k, v)  # in the cache's form (quantised for 8-bit rows)
+            keys, values = self.kv.read(i, seq, end, self.act_dtype)
             attn = self._prefill_attention(q, keys, values, mask, T)
             x = x + L.o(attn.transpose(0, 1).reshape(T, self.q_size))
             x = self._mlp(x, L)
@@ -372,7 +377,7 @@ class FastDecoder:
 
     def can_mix(self, rows: int) -> bool:
         """Whether a prompt chunk and decode rows can run as one step of ``rows`` rows (``mixed_step``)."""
-        return self.whole_step and self.kv.paged and rows < ops.GEMM_ROWS
+        return self.whole_step and rows < ops.GEMM_ROWS
 
     @torch.inference_mode()
     def mixed_step(
@@ -415,65 +420,57 @@ class FastDecoder:
         for seq, p in zip(seqs, positions):
             self.kv.reserve(seq, p + 1)
         self.ensure_context(max(positions) + 1)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        if self.kv.paged:
-            where = self.kv.table(seqs)
-        else:
-            where = torch.tensor([self.kv.tables[s][0] for s in seqs], dtype=torch.long, device=self.device)
-        inputs = (tokens, pos, where, self.kv.k, self.kv.v, self.cos, self.sin)
         compiled = self.compiled
-        if compiled is not None and compiled.ready() and compiled.batch == len(seqs):
-            out = compiled(*inputs)
+        if compiled is not None and compiled.ready():
+            out = compiled.run(tokens, positions, seqs)
             if out is not None:
                 return out
-        return self.decode_graph(*inputs)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        pages = self.kv.table(seqs)
+        step = None
+        if not self.native:  # torch's attention reads each sequence's pages in use (lengths known here)
+            step = paged_torch.StepPages.build(pages, pos, [self.kv.tables[s] for s in seqs], positions, self.kv.page)
+        return self.decode_graph(tokens, pos, pages, self.kv.k, self.kv.v, self.cos, self.sin, step)
 
-    def decode_graph(self, tokens, pos, where, k_pool, v_pool, cos, sin) -> torch.Tensor:
-        """The decode step as a function of tensors alone (what torch.compile compiles): ``where`` is the page
-        table [B, pages] (paged cache) or each sequence's slot [B] (one page per sequence)."""
+    def decode_graph(self, tokens, pos, pages, k_pool, v_pool, cos, sin, step=None) -> torch.Tensor:
+        """The decode step as a function of tensors: ``pages`` is the page table [B, W], ``pos`` [B] each row's
+        position. Where the native kernels do not run, attention reads the pages in use eagerly with ``step``
+        (its host-side lengths) and, without it, with static shapes (``paged_torch.attend_static``: what a
+        compiled step and a CUDA graph hold)."""
         x = self._embed(tokens)  # [B, H]
         if self.whole_step:
-            return self._whole_step(x, where, pos, k_pool, v_pool, cos, sin, x.shape[0])
+            return self._whole_step(x, pages, pos, k_pool, v_pool, cos, sin, x.shape[0])
         for i, L in enumerate(self.layers):
             h = ops.rms_norm(x, L.ln1, L.eps1)
             qkv = self._qk_norms(L.qkv(h), L)
-            if self.kv.paged:
+            if self.native:
                 attn = ops.attend(
-                    qkv, cos, sin, k_pool[i], v_pool[i], where, pos, self.n_heads, self.n_kv, self.scaling
+                    qkv, cos, sin, k_pool[i], v_pool[i], pages, pos, self.n_heads, self.n_kv, self.scaling
                 )
             else:
-                attn = self._attend_static(qkv, k_pool[i], v_pool[i], where, pos, cos, sin)
+                attn = self._attend_pages(qkv, k_pool[i], v_pool[i], pages, pos, cos, sin, step)
             x = x + L.o(attn.to(x.dtype))
             x = self._mlp(x, L)
         return self._logits(x)
+
+    def _attend_pages(self, qkv, k_pool, v_pool, pages, pos, cos, sin, step) -> torch.Tensor:
+        """torch's paged attention (kernels/paged_torch.py) over the same pages as the native kernel's."""
+        q, k, v = reference.split_qkv(qkv, self.n_heads, self.n_kv, self.head_dim)
+        q, k = paged_torch.rotary_rows(q, k, cos, sin, pos)
+        paged_torch.write(k_pool, v_pool, pages, pos, k, v)
+        if step is not None:
+            out = paged_torch.attend(q, k_pool, v_pool, step, self.scaling)
+        else:
+            out = paged_torch.attend_static(q, k_pool, v_pool, pages, pos, self.scaling)
+        return out.reshape(q.shape[0], self.q_size)
 
     def _whole_step(self, x, pages, pos, k_pool, v_pool, cos, sin, logit_rows: int) -> torch.Tensor:
         return ops.native().decode_step(  # straight through ctypes; torch.ops.redline.decode_step when compiling
             x, self.whole_step_id, self.vocab, cos, sin, k_pool, v_pool, pages, pos, self.scaling, logit_rows
         )
 
-    def _attend_static(self, qkv, k_cache, v_cache, slots, pos, cos, sin) -> torch.Tensor:
-        """One page per sequence: gather the sequences' slots, attend with static shapes, write the slots back."""
-        k_sel, v_sel = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
-        out = reference.attend_static(qkv, cos, sin, k_sel, v_sel, pos, self.n_heads, self.n_kv, self.scaling)
-        k_cache.index_copy_(0, slots, k_sel)
-        v_cache.index_copy_(0, slots, v_sel)
-        return out
-
-    def scratch_inputs(self, batch: int):
-        """Inputs shaped like a decode step's, on scratch cache pools (compiling must not touch the real cache)."""
-        tokens = torch.zeros(batch, dtype=torch.long, device=self.device)
-        pos = torch.arange(batch, dtype=torch.long, device=self.device)
-        k, v = torch.zeros_like(self.kv.k), torch.zeros_like(self.kv.v)
-        if self.kv.paged:
-            where = torch.zeros(batch, max(2, self.kv.pages // 2), dtype=torch.int32, device=self.device)
-        else:
-            where = torch.zeros(batch, dtype=torch.long, device=self.device)
-        return tokens, pos, where, k, v, self.cos.clone(), self.sin.clone()
-
     def weights_signature(self) -> str:
         """The weights' dtypes and layouts (what a compiled step depends on, beside the shapes)."""
-        from redline.inference.loading.weight_only import PackedLinear
 
         mods = [self.model.lm_head] + [
             m
@@ -498,7 +495,6 @@ class FastDecoder:
 
     def compile_in_background(self, batch: int = 1):
         """Start compiling the decode step for ``batch`` sequences; eager until it is ready."""
-        from redline.inference.decoding.compiled import CompiledStep
 
         if self.compiled is None or self.compiled.batch != batch:
             self.compiled = CompiledStep(self, batch)
@@ -515,9 +511,11 @@ def get_decoder(loaded, needed_context: int) -> FastDecoder:
     """One FastDecoder per loaded model (weights fused once); its cache grows when needed."""
     dec = getattr(loaded, "fast_decoder", None)
     if dec is None:
-        # The fused weights are model memory: mappings of their own, returned whole on unload.
-        with weights_in_own_mappings():
-            dec = FastDecoder(loaded.model, needed_context)
+        kv = getattr(getattr(loaded, "limits", None), "kv", "bf16")  # the KV form chosen for this load (--kv)
+        # The fused weights are model memory: mappings of their own, returned whole on unload. The pages the
+        # fusions read are given back after each, from one reading of the file mappings.
+        with weights_in_own_mappings(), one_reading_of_the_mappings():
+            dec = FastDecoder(loaded.model, needed_context, kv=kv)
         loaded.fast_decoder = dec
     dec.ensure_context(needed_context)
     return dec

@@ -9,12 +9,16 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.errors import IncompatibleDraft
-from redline.inference.loading.loader import LoadedModel
-from redline.inference.progress import CancelFn
+from ..errors import IncompatibleDraft
+from ..events import PrefillProgress
+from ..progress import CancelFn
+from .draft_check import compare
+from .options import DecodeOptions, SamplingSettings
+
+if TYPE_CHECKING:  # a type only: the local backend sits above decoding
+    from ..backends.local import LoadedModel
 
 
 class CancelCriteria:
@@ -31,6 +35,7 @@ class CancelCriteria:
         return self.cancelled
 
     def __call__(self, input_ids, scores, **kwargs):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         return torch.full((input_ids.shape[0],), self.check(), dtype=torch.bool, device=input_ids.device)
@@ -38,6 +43,7 @@ class CancelCriteria:
 
 def generation_config(target: LoadedModel, sampling: SamplingSettings, options: DecodeOptions, max_new_tokens: int):
     """The model's own generation_config with the user's settings on top."""
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import GenerationConfig
 
     base = target.model.generation_config
@@ -67,6 +73,7 @@ def generation_config(target: LoadedModel, sampling: SamplingSettings, options: 
         cfg.cache_implementation = "static"
         use_compile = options.compile if options.compile is not None else target.device.startswith("cuda")
         if use_compile:
+            # lazy: transformers loads on the engine's thread, never at import
             from transformers import CompileConfig
 
             cfg.compile_config = CompileConfig()
@@ -81,7 +88,6 @@ def generation_config(target: LoadedModel, sampling: SamplingSettings, options: 
 
 def check_draft(target: LoadedModel, draft: LoadedModel) -> str:
     """Return how the pair works ("shared" vocabulary or "universal" assisted decoding) or raise why not."""
-    from redline.inference.decoding.draft_check import compare
 
     if draft.device != target.device:
         raise IncompatibleDraft(
@@ -163,7 +169,10 @@ def run_generate(
     With the dynamic KV cache (``kv``), a long prompt is read first in chunks, the cancel checked and progress
     reported between them, so Stop works within a chunk's time and the window can show how far reading got;
     generate() then goes on from that cache. Other strategies read the prompt in one pass, inside generate()."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import StoppingCriteriaList
 
     model = target.model
@@ -177,9 +186,8 @@ def run_generate(
         and not getattr(cfg, "prompt_lookup_num_tokens", None)
     )
     if chunked:
+        # lazy: transformers loads on the engine's thread, never at import
         from transformers import DynamicCache
-
-        from redline.inference.events import PrefillProgress
 
         cache = DynamicCache(config=model.config)
         # transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40).

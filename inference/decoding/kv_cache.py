@@ -3,13 +3,14 @@ pages already computed, so a conversation's next turn (or another chat with the 
 only what is new.
 
 Memory follows the tokens in use, not the longest context times the most sequences: a sequence holds
-``ceil(length / page)`` pages, freed when it ends, and the pool grows (by an eighth) only when no page is
-free. Two shapes of the same idea:
-
-- small pages (64 tokens) where Redline's native attention kernel reads them through a page table (CPU);
-- one page per sequence, as long as its context, where attention runs on torch's operators with static
-  shapes (CUDA, so a decode step can be captured in a CUDA graph; a CPU without the native kernels). The
-  page grows (doubling, copied) when a sequence outgrows it.
+``ceil(length / page)`` pages of 64 tokens, freed when it ends, and the pool grows (by an eighth) only when no
+page is free; a sequence that grows takes another page, never a copy of what it holds. One layout on every
+device: the pool is ``[layers, pages, kv_heads, page, head_dim]`` and each sequence has a page table, read by
+Redline's native attention kernel on a CPU and by ``kernels/paged_torch.py`` (torch's operators: a GPU, a CPU
+without the native kernels), so the prefix cache, many conversations kept at once and the pages on disk work
+the same everywhere. (Until 2026-12 a GPU kept one page per sequence as long as its context, so that a decode
+step had static shapes: the step read the longest sequence's whole slot and the prefix cache kept one idle
+slot; two conversations taking turns re-read their history every turn.)
 
 **The prefix cache.** With small pages, a full page is addressed by its content: a hash of its token ids
 chained with the previous page's (so equal prefixes have equal keys, and a page is only ever reused after the
@@ -18,13 +19,16 @@ a new sequence walks its prompt's pages and takes every one already there (count
 use it: a shared page is never written, never freed while in use), then reads only the rest. Unused cached
 pages stay, least recently used first out: evicted when a page is needed and the cache holds its limit
 (``cache_pages``) or the pool its budget (``budget_pages``). A partial page, a page of a sequence that failed
-and an evicted page are simply recomputed. With one page per sequence, a sequence that ends leaves its slot
-cached with its tokens, and a new sequence takes over the idle slot whose tokens share the longest prefix
-with its prompt (the way llama.cpp reuses a slot).
+and an evicted page are simply recomputed.
 
-With small pages the cache also outlives the process: ``disk`` (``disk_pages.py``) takes a page as it is
+The cache also outlives the process: ``disk`` (``disk_pages.py``) takes a page as it is
 evicted and every registered page on ``persist`` (the model unloads, Redline quits), and a prompt's walk that
 passes the pages in memory goes on with the files on disk, each checked before it is copied into a fresh page.
+
+**8 bits** (``form="q8"``, ``--kv q8``): the pools are int8 ``[layers, pages, kv_heads, page, head_dim + 2]``, each
+token's row of a head its int8 values and their fp16 scale (``kernels/kv_quant.py``, the kernels'
+``paged_attention.h``): written quantised by the step that computes the keys, read by attention as they are, about
+half the bytes of bf16. Pages, the prefix cache and the disk pages hold that form unchanged.
 
 The key of a pool is its model's: one pool belongs to one loaded model at one precision and KV dtype (the
 decoder's), and ``namespace`` (the model's content, precision and KV dtype) starts every chain, so keys from
@@ -38,11 +42,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from redline.inference.decoding.disk_pages import DiskPages, page_key
-from redline.inference.memory.policy import weights_in_own_mappings
+from ..kernels import kv_quant
+from ..memory.policy import weights_in_own_mappings
+from .disk_pages import DiskPages, page_key
 
 PAGE_TOKENS = 64
-MIN_SLOT_REUSE = 16  # one page per sequence: a shorter common prefix is not worth taking a slot over
 
 
 def chain_keys(namespace: bytes, tokens: Sequence[int], page: int, pages: int) -> list[bytes]:
@@ -56,15 +60,33 @@ def chain_keys(namespace: bytes, tokens: Sequence[int], page: int, pages: int) -
 
 
 class PagedKV:
+    paged = True  # every pool is paged (one layout on every device); kept for readers that still ask
+
     def __init__(
-        self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, paged: bool, tokens: int = 256
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device,
+        tokens: int = 256,
+        cleared: bool = False,
+        form: str = "bf16",
     ):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
-        self.dtype, self.device, self.paged = dtype, torch.device(device), paged
-        self.page = PAGE_TOKENS if paged else _round_up_pow2(tokens)
-        pages = max(1, -(-tokens // self.page)) if paged else 1
+        # ``form`` q8: 8-bit rows (int8, a scale each) whatever ``dtype`` (the model's) would have been.
+        self.form = kv_quant.check_form(form)
+        if form == "q8":
+            dtype = torch.int8
+        self.row = kv_quant.row_width(head_dim, form)  # the pool's last dimension
+        self.dtype, self.device = dtype, torch.device(device)
+        # Whether pages are allocated cleared (see ``_allocate``): always off a CPU, and where asked (a CPU step
+        # on torch's operators, whose graphed attention reads past a sequence's length behind a mask).
+        self.cleared = cleared or self.device.type != "cpu"
+        self.page = PAGE_TOKENS
+        pages = max(1, -(-tokens // self.page))
         self.k = self.v = None
-        self.high_water = 0  # pages below this were handed out (written); those above never were (small pages)
+        self.high_water = 0  # pages below this were handed out (written); those above never were
         self._allocate(pages)
         self.free = list(range(pages))
         self.tables: dict[int, list[int]] = {}
@@ -76,9 +98,8 @@ class PagedKV:
         self.key_of: dict[int, bytes] = {}  # a registered page's content key
         self.page_of: dict[bytes, int] = {}
         self.idle: OrderedDict[int, None] = OrderedDict()  # registered pages no sequence uses: oldest first
-        self.slot_tokens: dict[int, list[int]] = {}  # one page per sequence: an idle slot's tokens
-        self.hits = self.misses = 0  # pages (small pages) or tokens (slots) reused / computed
-        # Pages on disk (disk_pages.py; small pages only): written on eviction and by ``persist``, read when the
+        self.hits = self.misses = 0  # pages reused / computed
+        # Pages on disk (disk_pages.py): written on eviction and by ``persist``, read when the
         # walk of a prompt's pages goes past those in memory. A registered page's previous key and token ids
         # (what its file's header holds, and what a load checks).
         self.disk: Optional[DiskPages] = None
@@ -87,23 +108,25 @@ class PagedKV:
 
     # -- memory --------------------------------------------------------------------------------------
     def _allocate(self, pages: int) -> None:
-        shape = (self.layers, pages, self.kv_heads, self.page, self.head_dim)
+        shape = (self.layers, pages, self.kv_heads, self.page, self.row)
         old_k, old_v = self.k, self.v
         self.k = self.v = None
-        # Small pages are never read past what was written (attention and ``read`` stop at each sequence's length),
-        # so a grown pool is not cleared: clearing touched every new byte at once, and growing for a 2,000-token
-        # prompt beside a streaming reply was a 50 ms gap in its stream (tools/prefill_stall_bench.py); untouched,
-        # the pages are taken from the system as the prompt's keys are written. One page per sequence (CUDA) is
-        # read whole behind a mask, where garbage times a zero weight could be NaN: cleared.
-        new = torch.empty if self.paged else torch.zeros
+        # The native CPU kernels never read a page past what was written (attention and ``read`` stop at each
+        # sequence's length), so their pool is not cleared: clearing touched every new byte at once, and growing for
+        # a 2,000-token prompt beside a streaming reply was a 50 ms gap in its stream
+        # (tools/benchmarks/prefill_stall_bench.py); untouched, the pages are taken from the system as the prompt's
+        # keys are written. torch's graphed attention (paged_torch.attend_static) loads a sequence's last page
+        # whole behind a mask, where never-written memory times a zero weight could be NaN: cleared. (A GPU's
+        # memory is committed when allocated, so clearing costs no page faults there.)
+        new = torch.zeros if self.cleared else torch.empty
         with weights_in_own_mappings():  # cache memory is model memory: returned whole on unload
             k = new(shape, dtype=self.dtype, device=self.device)
             v = new(shape, dtype=self.dtype, device=self.device)
         if old_k is not None:
             # Only pages ever handed out hold anything: copying the rest would make the system give them now.
-            n, t = (min(old_k.shape[1], self.high_water) if self.paged else old_k.shape[1]), old_k.shape[3]
-            k[:, :n, :, :t] = old_k[:, :n]
-            v[:, :n, :, :t] = old_v[:, :n]
+            n = min(old_k.shape[1], self.high_water)
+            k[:, :n] = old_k[:, :n]
+            v[:, :n] = old_v[:, :n]
         self.k, self.v = k, v
 
     @property
@@ -115,9 +138,16 @@ class PagedKV:
         return 2 * self.k.numel() * self.k.element_size()
 
     def touched_bytes(self) -> int:
-        """The pool's memory the system has given: small pages up to the highest ever handed out (the rest is
-        address space until a key is written there); one page per sequence is cleared, so all of it."""
-        return self.high_water * self.page_bytes if self.paged else self.nbytes
+        """The pool's memory the system has given: uncleared, pages up to the highest ever handed out (the rest is
+        address space until a key is written there); cleared, all of it."""
+        if self.cleared:
+            return self.nbytes
+        return self.high_water * self.page_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one position takes over every layer (keys and values; 8-bit rows with their scales)."""
+        return 2 * self.layers * self.kv_heads * self.row * self.k.element_size()
 
     @property
     def page_bytes(self) -> int:
@@ -128,12 +158,10 @@ class PagedKV:
 
     def cached_tokens(self) -> int:
         """Positions held by the prefix cache and used by no sequence (what it keeps for later turns)."""
-        if self.paged:
-            return len(self.idle) * self.page
-        return sum(len(t) for t in self.slot_tokens.values())
+        return len(self.idle) * self.page
 
     def cached_bytes(self) -> int:
-        return (len(self.idle) if self.paged else len(self.slot_tokens)) * self.page_bytes
+        return len(self.idle) * self.page_bytes
 
     def set_cache(self, namespace: bytes, cache_pages: int, budget_pages: Optional[int] = None) -> None:
         """Turn the prefix cache on (``cache_pages`` > 0) for keys under ``namespace``, or off."""
@@ -148,10 +176,6 @@ class PagedKV:
             self._unregister(page)
             self.free.append(page)
         self.idle.clear()
-        for slot in list(self.slot_tokens):
-            if slot not in self.refs:
-                self.free.append(slot)
-        self.slot_tokens.clear()
         self.free.sort()
 
     # -- sequences -----------------------------------------------------------------------------------
@@ -161,8 +185,6 @@ class PagedKV:
         reply's first)."""
         if self.cache_pages <= 0 or seq in self.tables or len(tokens) < 2:
             return 0
-        if not self.paged:
-            return self._attach_slot(seq, tokens)
         usable = (len(tokens) - 1) // self.page
         keys = chain_keys(self.namespace, tokens, self.page, usable)
         taken = []
@@ -188,7 +210,7 @@ class PagedKV:
         if not self.disk.has(key):
             return None
         page_tokens = tuple(tokens[i * self.page : (i + 1) * self.page])
-        shape = (self.layers, self.kv_heads, self.page, self.head_dim)
+        shape = (self.layers, self.kv_heads, self.page, self.row)
         loaded = self.disk.load(key, prev, page_tokens, self.dtype, shape)
         if loaded is None:
             return None
@@ -207,7 +229,7 @@ class PagedKV:
     def persist(self) -> int:
         """Write every registered page not on disk yet (the model is being unloaded, Redline is quitting) and wait
         for the writes; how many pages were handed over."""
-        if self.disk is None or not self.paged:
+        if self.disk is None:
             return 0
         n = 0
         for page in list(self.idle) + [p for p in self.key_of if p not in self.idle]:
@@ -222,32 +244,9 @@ class PagedKV:
         self.disk.save(key, origin[0], origin[1], self.k[:, page], self.v[:, page])
         return 1
 
-    def _attach_slot(self, seq: int, tokens: Sequence[int]) -> int:
-        best, best_len = None, 0
-        for slot, held in self.slot_tokens.items():
-            n = _common_prefix(held, tokens, len(tokens) - 1)
-            if n > best_len:
-                best, best_len = slot, n
-        if best is None or best_len < MIN_SLOT_REUSE:
-            return 0
-        del self.slot_tokens[best]
-        self.refs[best] = 1
-        self.tables[seq] = [best]
-        self.hits += best_len
-        return best_len
-
     def reserve(self, seq: int, length: int) -> None:
         """Make room for positions 0..length-1 of ``seq``."""
         table = self.tables.setdefault(seq, [])
-        if not self.paged:
-            if length > self.page:  # one page per sequence: grow the page itself
-                old_page = self.page
-                self.page = _round_up_pow2(length)
-                self._grow_page(old_page, self.pages)
-            if not table:
-                table.append(self._take(1)[0])
-                self.refs[table[0]] = 1
-            return
         needed = -(-length // self.page) - len(table)
         if needed <= 0:
             return
@@ -257,18 +256,22 @@ class PagedKV:
 
     def make_room(self, lengths: dict[int, int]) -> None:
         """Grow the pool once, now, so that each sequence (seq → length) can reach its length without another
-        growth (small pages only; never past the budget). A growth copies the whole pool: grown by an eighth as
+        growth (never past the budget). A growth copies the whole pool: grown by an eighth as
         a reply decodes, it stalled the reply every 128 tokens for longer each time (12 ms at 1,000 tokens, 20 ms
         at 1,900, beside a 4.7 ms step on the starter). Untouched pages cost address space, not memory: the
         system gives them as keys are written (``_allocate``)."""
-        if not self.paged:
-            return
         need = sum(max(0, -(-n // self.page) - len(self.tables.get(s, []))) for s, n in lengths.items())
         grow = need - len(self.free)
         if self.budget_pages is not None:
             grow = min(grow, self.budget_pages - self.pages)
         if grow > 0:
             self._grow(grow)
+
+    def grow_to_budget(self) -> None:
+        """The pool at its budget now (where one is set), so it never grows again: a graph compiled against the
+        pool holds its address, and a grown pool is a new tensor (another capture)."""
+        if self.budget_pages is not None and self.pages < self.budget_pages:
+            self._grow(self.budget_pages - self.pages)
 
     def _grow(self, n: int) -> None:
         """``n`` more pages, free; a copy of the pages handed out so far (``_allocate``)."""
@@ -279,21 +282,18 @@ class PagedKV:
         """``n`` pages to write into: free ones, then (when the cache is at its limit or the pool at its budget)
         the least recently used cached ones, else a grown pool."""
         while len(self.free) < n:
-            cached = self.idle if self.paged else self.slot_tokens
+            cached = self.idle
             full = len(cached) >= self.cache_pages or (
                 self.budget_pages is not None and self.pages + 1 > self.budget_pages
             )
             if cached and full:
                 self._evict_oldest()
                 continue
-            if self.paged:
-                # Grow by an eighth (at least what is needed): memory stays close to the tokens in use, and the
-                # copies a growth costs stay few.
-                grow = max(n - len(self.free), self.pages // 8, 1)
-                if self.budget_pages is not None and cached:
-                    grow = max(n - len(self.free), min(grow, self.budget_pages - self.pages))
-            else:
-                grow = max(1, self.pages)  # one page per sequence: the pool doubles
+            # Grow by an eighth (at least what is needed): memory stays close to the tokens in use, and the copies
+            # a growth costs stay few.
+            grow = max(n - len(self.free), self.pages // 8, 1)
+            if self.budget_pages is not None and cached:
+                grow = max(n - len(self.free), min(grow, self.budget_pages - self.pages))
             self._grow(grow)
         taken, self.free = self.free[:n], self.free[n:]
         if taken:
@@ -301,13 +301,9 @@ class PagedKV:
         return taken
 
     def _evict_oldest(self) -> None:
-        if self.paged:
-            page, _ = self.idle.popitem(last=False)
-            self._save(page)  # to disk (when there is a store) before its memory is reused
-            self._unregister(page)
-        else:
-            page = next(iter(self.slot_tokens))
-            del self.slot_tokens[page]
+        page, _ = self.idle.popitem(last=False)
+        self._save(page)  # to disk (when there is a store) before its memory is reused
+        self._unregister(page)
         self.free.append(page)
 
     def _unregister(self, page: int) -> None:
@@ -316,31 +312,11 @@ class PagedKV:
         if key is not None and self.page_of.get(key) == page:
             del self.page_of[key]
 
-    def _grow_page(self, old_page: int, pages: int) -> None:
-        old_k, old_v = self.k, self.v
-        self.k = self.v = None
-        shape = (self.layers, pages, self.kv_heads, self.page, self.head_dim)
-        with weights_in_own_mappings():
-            self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.k[:, :, :, :old_page] = old_k
-        self.v[:, :, :, :old_page] = old_v
-
     def release(self, seq: int, written: Optional[Sequence[int]] = None) -> None:
         """``seq`` ended. With ``written`` (the tokens whose keys and values it wrote, positions 0..), its full
         pages join the prefix cache; without (a failure, the cache off), only the pages others use stay."""
         table = self.tables.pop(seq, [])
         keep = written is not None and self.cache_pages > 0
-        if not self.paged:
-            for slot in table:
-                self.refs.pop(slot, None)
-                if keep and len(written) >= MIN_SLOT_REUSE:
-                    self.slot_tokens[slot] = list(written)
-                else:
-                    self.free.append(slot)
-            self._trim()
-            self.free.sort()
-            return
         full = len(written) // self.page if keep else 0
         keys = chain_keys(self.namespace, written, self.page, min(full, len(table))) if keep else []
         for i, page in enumerate(table):
@@ -369,19 +345,21 @@ class PagedKV:
         self.free.sort()
 
     def _trim(self) -> None:
-        cached = self.idle if self.paged else self.slot_tokens
-        while len(cached) > self.cache_pages:
+        while len(self.idle) > self.cache_pages:
             self._evict_oldest()
 
-    def table(self, seqs: list[int]) -> torch.Tensor:
-        """[B, pages] int32: each sequence's pages in order (padded with its first page)."""
-        width = max(len(self.tables[s]) for s in seqs)
-        rows = [self.tables[s] + [self.tables[s][0]] * (width - len(self.tables[s])) for s in seqs]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device)
+    def table(self, seqs: list[int], width: int = 0, rows: int = 0, pad_page: int = 0) -> torch.Tensor:
+        """[B, pages] int32: each sequence's pages in order, padded with its first page to the longest table (or
+        ``width``); with ``rows`` (a batch bucket), padded with rows of ``pad_page`` only."""
+        width = max([width] + [len(self.tables[s]) for s in seqs])
+        table = [self.tables[s] + [self.tables[s][0]] * (width - len(self.tables[s])) for s in seqs]
+        table += [[pad_page] * width for _ in range(rows - len(seqs))]
+        return torch.tensor(table, dtype=torch.int32, device=self.device)
 
     # -- prefill: many positions of one sequence at once ----------------------------------------------
     def write(self, layer: int, seq: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [T, Hkv, D] at positions start..start+T-1."""
+        """Store k, v [T, Hkv, D] (any float dtype) at positions start..start+T-1, in the pool's form."""
+        k, v = kv_quant.rows_as(k, self.k), kv_quant.rows_as(v, self.v)
         table, t, end = self.tables[seq], 0, start + k.shape[0]
         pos = start
         while pos < end:
@@ -391,24 +369,20 @@ class PagedKV:
             self.v[layer, page, :, off : off + n] = v[t : t + n].transpose(0, 1)
             pos, t = pos + n, t + n
 
-    def read(self, layer: int, seq: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of positions 0..end-1: [Hkv, end, D] each (a view when one page holds them)."""
+    def read(
+        self, layer: int, seq: int, end: int, dtype: Optional[torch.dtype] = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions 0..end-1: [Hkv, end, D] each, in ``dtype`` (8-bit rows dequantised, to
+        fp32 without one); without ``dtype`` the pool's own (a view when one page holds them)."""
         pages = self.tables[seq][: -(-end // self.page)]
         if len(pages) == 1:
-            return self.k[layer, pages[0], :, :end], self.v[layer, pages[0], :, :end]
-        idx = torch.tensor(pages, device=self.device)
-        k = self.k[layer].index_select(0, idx).transpose(0, 1).reshape(self.kv_heads, -1, self.head_dim)
-        v = self.v[layer].index_select(0, idx).transpose(0, 1).reshape(self.kv_heads, -1, self.head_dim)
-        return k[:, :end], v[:, :end]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def _round_up_pow2(n: int) -> int:
-    return 1 << max(8, (max(1, n) - 1).bit_length())
+            k, v = self.k[layer, pages[0], :, :end], self.v[layer, pages[0], :, :end]
+        else:
+            idx = torch.tensor(pages, device=self.device)
+            k = self.k[layer].index_select(0, idx).transpose(0, 1).reshape(self.kv_heads, -1, self.row)[:, :end]
+            v = self.v[layer].index_select(0, idx).transpose(0, 1).reshape(self.kv_heads, -1, self.row)[:, :end]
+        if dtype is None and self.form == "q8":
+            dtype = torch.float32
+        if dtype is None:
+            return k, v
+        return kv_quant.rows_from(k, dtype), kv_quant.rows_from(v, dtype)

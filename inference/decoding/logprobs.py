@@ -14,6 +14,7 @@ per token, packed with the chosen id into one small tensor so the token's one re
 from __future__ import annotations
 
 import re
+from collections import deque
 from functools import lru_cache
 from typing import Optional
 
@@ -23,6 +24,7 @@ MAX_TOP = 20  # most alternatives per token (OpenAI's limit for chat's top_logpr
 def pack(logprobs, next_id, top: int):
     """One 1-D fp32 tensor on the device: the chosen id, its log-probability, then the ``top`` best log-probabilities
     and their ids (ids as fp32: exact below 2**24, beyond any vocabulary), read on the host in one transfer."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     chosen = next_id.reshape(1).to(logprobs.device)  # generate() streams its ids from the host
@@ -35,6 +37,7 @@ def pack(logprobs, next_id, top: int):
 
 def distribution(logits):
     """The model's log-probabilities over the vocabulary at one position (``logits``: [vocab] or [1, vocab])."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     return torch.log_softmax(logits.reshape(-1).to(torch.float32), dim=-1)
@@ -105,7 +108,6 @@ class RawLogits:
     in one forward and is refused instead (``solo.run_solo``)."""
 
     def __init__(self, model):
-        from collections import deque
 
         self._kept: deque = deque(maxlen=4)
         self._handle = model.register_forward_hook(self._keep)

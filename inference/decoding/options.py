@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from redline.inference.errors import UnsupportedConfiguration
+from ..errors import UnsupportedConfiguration
 
 STRATEGIES = ("naive", "kv", "static", "speculative", "prompt-lookup", "fast")
 # Also accepted in a request: "auto" (the target's own choice: the fast path where it runs, a server's own

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from redline.inference.errors import ContextExceeded, UnsupportedConfiguration
+from ..errors import ContextExceeded, UnsupportedConfiguration
 
 FALLBACK_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 HEAD_TOKENS = 1024  # of an over-long message, at most this much of its start is kept (the rest of the room: its end)
@@ -29,13 +29,20 @@ class ChatPrompt:
     cut: str = ""  # how the last message was shortened, in a sentence for the user ("" when it was not)
 
 
-def _render(tokenizer, messages: Sequence[dict], tools=None) -> tuple[list[int], bool]:
+def _render(
+    tokenizer, messages: Sequence[dict], tools=None, template_kwargs=None, extend=None
+) -> tuple[list[int], bool]:
+    """``template_kwargs``: extra variables for the template (a reasoning model's ``enable_thinking`` or
+    ``reasoning_effort``, a request's ``chat_template_kwargs``); ``extend``: a function given the rendered ids that
+    returns them with what goes after the template's own prompt (a closed, empty thinking block: thinking off)."""
     if getattr(tokenizer, "chat_template", None):
         extra = {"tools": list(tools)} if tools else {}  # the template's own tool support (transformers' tools=)
+        extra.update(template_kwargs or {})
         out = tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=True, return_dict=True, **extra
         )
-        return list(out["input_ids"]), True
+        ids = list(out["input_ids"])
+        return (extend(ids) if extend is not None else ids), True
     text = "".join(f"{FALLBACK_ROLES.get(m['role'], m['role'].title())}: {m['content']}\n" for m in messages)
     text += "Assistant:"
     ids = tokenizer(text, add_special_tokens=True)["input_ids"]
@@ -43,11 +50,20 @@ def _render(tokenizer, messages: Sequence[dict], tools=None) -> tuple[list[int],
 
 
 def build_prompt(
-    tokenizer, messages: Sequence[dict], context: int, reserve_new_tokens: int, strict: bool = False, tools=None
+    tokenizer,
+    messages: Sequence[dict],
+    context: int,
+    reserve_new_tokens: int,
+    strict: bool = False,
+    tools=None,
+    template_kwargs=None,
+    extend=None,
 ) -> ChatPrompt:
     """Render ``messages`` to ids that leave ``reserve_new_tokens`` free within ``context``. ``strict``: a
     conversation that does not fit is refused (ContextExceeded) instead of shortened. ``tools`` (OpenAI function
-    tools) go to the template as ``tools=`` (strict only: the server's requests)."""
+    tools) go to the template as ``tools=`` (strict only: the server's requests); ``template_kwargs`` and
+    ``extend`` as ``_render`` takes them, for every rendering."""
+    frame = {"template_kwargs": template_kwargs, "extend": extend}
     if not messages:
         raise UnsupportedConfiguration("There is no message to answer.", "Type a message first.")
     budget = context - max(1, reserve_new_tokens)
@@ -57,7 +73,7 @@ def build_prompt(
             "Lower max new tokens or raise the context length.",
         )
     if strict:
-        ids, templ = _render(tokenizer, messages, tools)
+        ids, templ = _render(tokenizer, messages, tools, **frame)
         if len(ids) > budget:
             raise ContextExceeded(
                 f"The prompt has {len(ids)} tokens, which fills the model's context of {context}.",
@@ -72,7 +88,7 @@ def build_prompt(
     turns = [m for m in messages if m["role"] != "system"]
     dropped = 0
     while True:
-        ids, templ = _render(tokenizer, system + turns)
+        ids, templ = _render(tokenizer, system + turns, **frame)
         if len(ids) <= budget:
             return ChatPrompt(ids, dropped, templ)
         if len(turns) > 1:
@@ -104,7 +120,7 @@ def build_prompt(
             + f"\n\n[… {left_out:,} tokens of this message left out to fit the context …]\n\n"
             + tokenizer.decode(content_ids[-tail:], skip_special_tokens=True)
         )
-        ids, templ = _render(tokenizer, system + [last])
+        ids, templ = _render(tokenizer, system + [last], **frame)
         if len(ids) <= budget:
             break
         keep -= max(1, len(ids) - budget)  # re-tokenising can shift the count slightly

@@ -23,10 +23,23 @@ CONTEXT = 4  # tokens before the anchor decoded with the tail
 ADVANCE = 16  # new tokens between moves of the anchor (a move costs one short decode)
 
 
+def special_ids(tokenizer) -> set[int]:
+    """The ids a decode with ``skip_special_tokens`` leaves out: the named special tokens and added tokens marked
+    special."""
+    ids = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    for i, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False):
+            ids.add(int(i))
+    return ids
+
+
 class DeltaDecoder:
-    def __init__(self, tokenizer, stop_strings: Sequence[str] = ()):
+    def __init__(self, tokenizer, stop_strings: Sequence[str] = (), keep: frozenset = frozenset()):
+        """``keep``: special-token ids whose text stays in the stream (a reasoning model's markers, such as
+        harmony's ``<|channel|>``, that its parser must see); every other special token is left out, as always."""
         self.tokenizer = tokenizer
         self.stop_strings = [s for s in stop_strings if s]
+        self._drop = frozenset(special_ids(tokenizer) - set(keep)) if keep else None
         self.emitted = ""
         self.shown = ""  # the text the tokens so far show: cut at a stop string, no partial character, none held
         self.stopped_at_string = False
@@ -35,6 +48,9 @@ class DeltaDecoder:
         self._context = ""  # the text of the CONTEXT tokens before the anchor, decoded alone
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self._drop is not None:
+            kept = [i for i in ids if i not in self._drop]
+            return self.tokenizer.decode(kept, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def text(self, ids: Sequence[int]) -> str:

@@ -7,26 +7,20 @@ token ids into text deltas and emits Redline's events."""
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from typing import Optional
 
-from redline.inference.decoding.textstream import DeltaDecoder
-from redline.inference.events import EventFn, GenerationResult, StatsEvent, TokenEvent, TokenLogprob
+from ..events import EventFn, GenerationResult, StatsEvent, TokenEvent, TokenLogprob
+from ..stats import decode_tokens_per_s, percentile, token_latencies_ms
+from .logprobs import Pieces, pack, unpack
+from .textstream import DeltaDecoder
 
 STATS_INTERVAL_S = 0.5
-
-
-def percentile(values: Sequence[float], q: float) -> Optional[float]:
-    if not values:
-        return None
-    data = sorted(values)
-    k = (len(data) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
 
 
 def sync(device: str) -> None:
     """Wait for the device's queued work, so a clock read afterwards measures it."""
     if device.startswith("cuda"):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         torch.cuda.synchronize()
@@ -58,14 +52,17 @@ class TokenCollector:
         self.top_logprobs = top_logprobs
         self.logprobs: Optional[list[TokenLogprob]] = None
         if top_logprobs is not None:
-            from redline.inference.decoding.logprobs import Pieces
-
             self.logprobs = []
             self.raw = None  # transformers' generate(): a RawLogits hook on the model, set by its runner
             self._pieces = Pieces(decoder.tokenizer)
             self._scored: list[list[float]] = []  # the fast path's packed scores, for the tokens it puts next
             self._waiting: list[tuple[int, TokenLogprob]] = []  # entries whose text is not streamed yet, its end
             self._shown = 0  # characters of the reply's text given to entries so far
+
+    def begin(self, now: float) -> None:
+        """The generation's own work starts now (its wait in the queue ends): every time from here on, the TTFT's
+        included, counts from ``now``. The wait is the reply's ``queued_ms``, kept apart: TTFT is the prefill's."""
+        self.start = self._last_stats = now
 
     def score(self, row: list[float]) -> None:
         """The fast path's scores for the token it puts next (``logprobs.pack``, read on the host)."""
@@ -99,7 +96,6 @@ class TokenCollector:
 
     def _score_raw(self, value) -> None:
         """transformers' generate() put ``value`` (one token): score it against the logits its hook kept."""
-        from redline.inference.decoding.logprobs import pack
 
         logprobs = self.raw.take() if self.raw is not None else None
         if logprobs is None or value.numel() != 1:
@@ -108,7 +104,6 @@ class TokenCollector:
 
     def _entry(self, tok: int) -> list[TokenLogprob]:
         """Token ``tok``'s entry (its scores, the text it adds), and the entries whose text is now streamed."""
-        from redline.inference.decoding.logprobs import unpack
 
         _, logprob, top = unpack(self._scored.pop(0))
         shown = self.decoder.shown
@@ -170,14 +165,9 @@ def fill_timing(result: GenerationResult, chunks: list[tuple[float, int]]) -> No
     if not chunks:
         return
     result.ttft_ms = chunks[0][0] * 1000
-    per_token = []
-    prev = chunks[0][0]
-    for t, n in chunks[1:]:
-        per_token.extend([(t - prev) * 1000 / n] * n)
-        prev = t
+    arrivals = [t for t, n in chunks for _ in range(n)]
+    per_token = token_latencies_ms(arrivals)
     result.per_token_ms = per_token
     result.p50_ms = percentile(per_token, 0.5)
     result.p95_ms = percentile(per_token, 0.95)
-    after_first = sum(n for _, n in chunks[1:])
-    span = chunks[-1][0] - chunks[0][0]
-    result.tokens_per_s = after_first / span if span > 0 and after_first else None
+    result.tokens_per_s = decode_tokens_per_s(arrivals)

@@ -22,6 +22,10 @@ family's call syntax, its name one of the tools (or the named one) and its argum
 ``auto`` the grammar is lazy: nothing is masked until the model opens a call (``<tool_call>``, ``[TOOL_CALLS]``, a
 reply starting with ``{`` for llama3); from there the call must parse, and the reply ends after the calls.
 A reply whose call names an unknown tool or whose arguments do not parse is returned as text, never as a call.
+The grammar lets the model end after any complete call, a newline after it included (a Hermes model writes
+``</tool_call>`` and a newline before its end of turn; a grammar that then wanted another call made the starter
+start one it could not finish). A reply cut by ``max_tokens`` in the middle of a call after complete ones
+(``parse(..., cut=True)``) keeps the complete calls: the unfinished one is dropped, never returned half written.
 
 The window reads a chat reply with the same parsers (``read_calls``), without a list of tools: any function-like
 name, every family's syntax; and it stores a remote server's ``tool_calls`` in the reply's text in one canonical
@@ -36,7 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from redline.inference.errors import RedlineError
+from ..errors import RedlineError
 
 
 class ToolError(RedlineError):
@@ -129,27 +133,43 @@ def _one(obj: Any, names: Optional[set[str]], strict: bool = False) -> Optional[
     return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
-def _json_values(text: str) -> Optional[list]:
-    """Every JSON value in ``text`` one after another (separated by whitespace, ``;`` or ``,``), or None."""
+def _scan_json(text: str, i: int = 0) -> tuple[list[tuple[Any, int]], Optional[int]]:
+    """The JSON values in ``text`` from ``i`` on, one after another (separated by whitespace, ``;`` or ``,``), each
+    with where it ends; and where the first that does not parse starts (None: all of the text parsed)."""
     decoder = json.JSONDecoder()
-    values, i = [], 0
+    found: list[tuple[Any, int]] = []
     while True:
         while i < len(text) and text[i] in " \t\r\n;,":
             i += 1
         if i >= len(text):
-            return values
+            return found, None
         try:
-            value, i = decoder.raw_decode(text, i)
+            value, end = decoder.raw_decode(text, i)
         except ValueError:
-            return None
-        values.append(value)
+            return found, i
+        found.append((value, end))
+        i = end
 
 
-def parse(family: Family, text: str, names: Optional[set[str]]) -> tuple[str, list[ToolCall]]:
+def _json_values(text: str) -> Optional[list]:
+    """Every JSON value in ``text`` one after another, or None where any part of it is not JSON."""
+    found, stopped = _scan_json(text)
+    return None if stopped is not None else [value for value, _ in found]
+
+
+def parse(family: Family, text: str, names: Optional[set[str]], cut: bool = False) -> tuple[str, list[ToolCall]]:
     """(the reply's text before its calls, its calls) — or (the whole text, []) when the reply holds no call, or a
     call that does not parse or names a tool not offered: such a reply is text, never a broken call. ``names``
     None: no tools were offered to check against (the window); a llama3 reply must then be exactly
-    ``{"name": …, "parameters": {…}}`` objects, so a reply that is JSON with a "name" is not taken for a call."""
+    ``{"name": …, "parameters": {…}}`` objects, so a reply that is JSON with a "name" is not taken for a call.
+    ``cut``: the reply was stopped by its token limit, so its end may be a call begun and not finished: that call is
+    dropped and the complete ones before it are the calls."""
+    if cut:
+        content, calls = parse(family, text, names)
+        if calls:
+            return content, calls
+        trimmed = _before_unfinished(family, text)
+        return parse(family, trimmed, names) if trimmed is not None else (text, [])
     whole = (text, [])
     if family.name == "hermes":
         start = text.find("<tool_call>")
@@ -178,6 +198,42 @@ def parse(family: Family, text: str, names: Optional[set[str]]) -> tuple[str, li
         return whole
     calls = [_one(v, names, strict=names is None) for v in values]
     return ("", calls) if all(calls) else whole
+
+
+def _before_unfinished(family: Family, text: str) -> Optional[str]:
+    """``text`` up to the end of its last complete call, where what follows is the start of another call cut short;
+    None where it is not (no complete call before it, or text that is no call at all)."""
+    if family.name == "hermes":
+        end = text.rfind("</tool_call>")
+        if end < 0:
+            return None
+        end += len("</tool_call>")
+        tail = text[end:].strip()
+        opening = "<tool_call>"
+        return text[:end] if tail.startswith(opening) or opening.startswith(tail) else None
+    if family.name == "mistral":
+        start = text.find("[TOOL_CALLS]")
+        if start < 0:
+            return None
+        at = text.find("[", start + len("[TOOL_CALLS]"))
+        if at < 0:
+            return None
+        ends = _complete_values(text, at + 1)
+        return text[: ends[-1]] + "]" if ends else None
+    at = text.find("{")
+    if at < 0 or text[:at].strip() not in ("", "<|python_tag|>"):
+        return None
+    ends = _complete_values(text, at)
+    return text[: ends[-1]] if ends else None
+
+
+def _complete_values(text: str, i: int) -> list[int]:
+    """Where each JSON value that parses whole ends, from ``i`` on (separated as ``_json_values`` allows), up to the
+    first that does not; [] where the first does not, or where what follows the last is not the start of another
+    (a cut call opens with "{"; anything else means the text is not calls)."""
+    found, stopped = _scan_json(text, i)
+    ends = [end for _, end in found]
+    return ends if stopped is None or text[stopped] == "{" else []
 
 
 def read_calls(text: str) -> tuple[str, list[ToolCall]]:
@@ -340,7 +396,9 @@ def grammar(family: Family, tools: list[dict], parallel: bool) -> str:
         body = '"[TOOL_CALLS]" "[" call ' + ('(", " call)* ' if parallel else "") + '"]"'
     else:
         body = "call" + (' ("; " call)*' if parallel else "")
-    return f"start: {body}\nNL: /\\n?/\ncall: %json {schema}\n"
+    # The reply may end after its last call's newline: a Hermes model writes one before its end of turn, and where
+    # the newline was only allowed as the start of another call, the model was made to begin one after it.
+    return f"start: {body} NL\nNL: /\\n?/\ncall: %json {schema}\n"
 
 
 class ToolGrammar:
@@ -351,6 +409,7 @@ class ToolGrammar:
     WINDOW = 16  # tokens decoded to look for the opening text
 
     def __init__(self, lltok, tokenizer, family: Family, grammar_text: str, lazy: bool):
+        # lazy: the grammar library loads only for structured output
         import llguidance
 
         self._llg = llguidance
@@ -387,6 +446,7 @@ class ToolGrammar:
         return text if text.startswith("{") else None
 
     def __call__(self, input_ids, scores):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         length = int(input_ids.shape[-1])
@@ -485,11 +545,11 @@ class CallStream:
         self.sent = max(self.sent, upto)
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(the content still to send, the calls)."""
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """(the content still to send, the calls). ``cut``: the reply stopped at its token limit (``parse``)."""
         if self.family is FREE:
             return self._send(len(self.text)), []
-        content, calls = parse(self.family, self.text, self.names)
+        content, calls = parse(self.family, self.text, self.names, cut)
         if not calls:
             return self._send(len(self.text)), []
         return self._send(len(content)), calls

@@ -19,7 +19,9 @@ from typing import Optional
 
 import platformdirs
 
-from redline.inference.memory.estimator import MB, accuracy_margin
+from ..memory.measured import snapshot
+from .estimator import MB, accuracy_margin, estimate
+from .model_shapes import shape_for_folder
 
 HISTORY = 20  # records kept per device
 LEARN_FROM = 10  # the correction is the median residual of the last N records
@@ -83,6 +85,7 @@ def device_key(device: str) -> str:
     """Corrections are per machine (the file is) and per device: "cpu" or the GPU's name."""
     if device.startswith("cuda"):
         try:
+            # lazy: torch loads on the engine's thread, never at import
             import torch
 
             return "cuda:" + torch.cuda.get_device_name(torch.device(device))
@@ -135,7 +138,6 @@ def history(device: str, path: Optional[Path] = None) -> list[dict]:
 def loaded_shape(model):
     """A loaded model's shape (``estimator.ModelShape``): read from its config and weight sizes once, not every
     reply (it never changes)."""
-    from redline.inference.memory.model_shapes import shape_for_folder
 
     if getattr(model, "estimate_shape", None) is None:
         model.estimate_shape = shape_for_folder(model.folder, model.name)
@@ -146,7 +148,6 @@ def predict_loaded(
     loaded, tokens: int, prompt_tokens: Optional[int] = None, draft=None, correction: Optional[int] = None
 ):
     """The estimate for a model the engine has loaded, at ``tokens`` tokens in the cache."""
-    from redline.inference.memory.estimator import estimate
 
     shape = loaded_shape(loaded)
     draft_shape = loaded_shape(draft) if draft is not None else None
@@ -185,8 +186,6 @@ def measured_peak_bytes(loaded, result=None, draft=None) -> Optional[int]:
         return None
     peak = max(peaks)
     if loaded.device.startswith("cuda"):
-        from redline.inference.memory.measured import snapshot
-
         snap = snapshot(loaded.device)
         if snap.device_this_process_bytes and snap.cuda_reserved_bytes is not None:
             peak += max(0, snap.device_this_process_bytes - snap.cuda_reserved_bytes)

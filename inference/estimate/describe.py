@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.memory.estimator import ModelShape
-from redline.inference.memory.model_shapes import read_shape
-from redline.inference.sources.resolve import resolve
+from ..sources.resolve import resolve
+from .estimator import ModelShape
+from .model_shapes import read_shape
 
 STARTER_FETCH_BYTES = 100_000_000  # the starter's download the first time (README: about 100 MB)
 

@@ -35,19 +35,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from redline.inference.cost import (
-    AS_FILE,
+from ..cost import (
     DTYPE_BYTES,
-    WEIGHT_ONLY,
     WeightBytes,
     _canonical,
     compute_dtype,
     kv_cache_bytes,
+    packed_layer_bytes,
+    q8_in_blocks,
     weights_bytes,
 )
-from redline.inference.errors import ModelLoadError
-from redline.inference.loading.precision import PrecisionSpec
-from redline.inference.units import GB, MB  # noqa: F401 - MB/GB are part of the estimator's vocabulary
+from ..errors import ModelLoadError
+from ..memory.policy import releases_pages
+from ..precision import AS_FILE, WEIGHT_ONLY, PrecisionSpec
+from ..units import GB, MB  # noqa: F401 - MB/GB are part of the estimator's vocabulary
 
 # Runtime overhead defaults, before the per-machine correction. CPU figures are
 # RSS measured on Linux x86-64 (torch 2.13 CPU, transformers 5.2x) in the
@@ -156,11 +157,46 @@ def kv_geometry(config, source: str = "config.json") -> dict:
     }
 
 
+# The rope types whose ``factor`` stretches the positions a model was trained on (transformers'
+# ``modeling_rope_utils``): linear and dynamic scale ``max_position_embeddings``; yarn, llama3 and longrope their
+# ``original_max_position_embeddings``, which transformers fills in from ``max_position_embeddings`` when missing.
+SCALED_ROPE = ("linear", "dynamic", "yarn", "llama3", "longrope")
+
+
+def context_limit(config) -> int:
+    """The longest context the model allows: ``max_position_embeddings`` (``n_positions``; 4,096 where neither is
+    set), or, where its rope scaling stretches the positions further, the original length × the scaling factor, as
+    transformers reads the rope parameters (``rope_parameters``, or the older ``rope_scaling``, also per layer
+    type). Qwen2.5 with yarn ×4 over 32,768 positions: 131,072; Llama 3.1 (llama3 ×8 over 8,192, 131,072 set):
+    131,072."""
+    cfg = _text_config(config)
+    base = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 4096)
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None)
+    if not isinstance(rope, dict):
+        return base
+    params = [rope] if ("rope_type" in rope or "type" in rope or "factor" in rope) else list(rope.values())
+    limit = base
+    for p in params:
+        if not isinstance(p, dict) or (p.get("rope_type") or p.get("type")) not in SCALED_ROPE:
+            continue
+        factor = p.get("factor")
+        if isinstance(factor, (int, float)) and factor > 1:
+            limit = max(limit, int(float(factor) * int(p.get("original_max_position_embeddings") or base)))
+    return limit
+
+
 def shape_from_config(config, name: str = "", source: str = "config.json") -> ModelShape:
     """Instantiate the architecture on the meta device and read its exact shape."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import AutoModelForCausalLM
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers.pytorch_utils import Conv1D
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers.quantizers.base import get_keys_to_not_convert
 
     geometry = kv_geometry(config, source)
@@ -198,7 +234,7 @@ def shape_from_config(config, name: str = "", source: str = "config.json") -> Mo
             getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * geometry["hidden"]
         ),
         vocab=int(_require(cfg, source, "vocab_size")),
-        max_positions=int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 4096),
+        max_positions=context_limit(config),
         stored_dtype=stored,
         layer_windows=geometry["layer_windows"],
         kv_layers=geometry["kv_layers"],
@@ -279,7 +315,6 @@ def packed_views(shape: ModelShape, spec: PrecisionSpec, device: str) -> bool:
     """Whether a converted GGUF's layers load as views of its files (``loading/packed.py``): at ``gguf`` (as the
     file is) or at q8/q4 when every packed layer already has those bits, where Redline's kernels keep GGUF's
     blocks (elsewhere the blocks become torch's layouts: copies)."""
-    from redline.inference.cost import q8_in_blocks
 
     if not shape.packed or device.startswith("cuda") or not q8_in_blocks(device):
         return False
@@ -311,15 +346,12 @@ def fast_path_copy_bytes(
     asks), nothing stays: the starter's bf16 RSS after a fast reply went 1,393 → 1,253 MB, the 1B-shaped Q8_0
     GGUF's 2,898 → 2,144 MB."""
     if pages_released is None:
-        from redline.inference.memory.policy import releases_pages
-
         pages_released = releases_pages()
     if device.startswith("cuda") or pages_released:
         return 0
     if shape.packed:
         if not packed_views(shape, spec, device):
             return 0
-        from redline.inference.cost import packed_layer_bytes
 
         return sum(
             packed_layer_bytes(int(bits), fan_in, fan_out, weights.unquantised_dtype, True, bool(mins))
@@ -379,6 +411,7 @@ def estimate(
     available_bytes: Optional[int] = None,
     baseline_bytes: Optional[int] = None,
     strategy: Optional[str] = None,
+    kv: str = "bf16",
 ) -> Estimate:
     """Predicted peak memory for ``shape`` at ``spec`` with ``context`` tokens in the KV cache.
 
@@ -391,6 +424,9 @@ def estimate(
 
     ``strategy``: "fast" counts the fast path's fused weights where they add to the model (a CPU model mapped
     from its checkpoint, ``fast_path_copy_bytes``); None or another strategy: the model as loaded.
+
+    ``kv``: the KV cache's form (``cost.KV_FORMS``); "q8" counts 8-bit rows (head size + 2 bytes each: about half
+    of bf16's), which the fast path keeps (``--kv q8``).
     """
     if context < 1 or batch < 1:
         raise ValueError("context and batch must be at least 1")
@@ -398,7 +434,14 @@ def estimate(
     act_dtype = DTYPE_BYTES[compute_dtype(spec, device)]
     tokens = context
     kv = kv_cache_bytes(
-        shape.kv_layers or shape.layers, shape.kv_heads, shape.head_dim, tokens, batch, act_dtype, shape.layer_windows
+        shape.kv_layers or shape.layers,
+        shape.kv_heads,
+        shape.head_dim,
+        tokens,
+        batch,
+        act_dtype,
+        shape.layer_windows,
+        form=kv,
     )
     act = activation_bytes(shape, min(prefill_tokens or context, context), batch, act_dtype)
     decode_act = activation_bytes(shape, 1, batch, act_dtype)
@@ -449,7 +492,9 @@ def estimate(
 
 # --------------------------------------------------------------------------- shape cache
 def config_fingerprint(config_dict: dict) -> str:
+    # "shape 2": max_positions counts the rope scaling (``context_limit``); shapes cached before are read afresh.
     text = json.dumps(config_dict, sort_keys=True, default=str) + "|" + importlib.metadata.version("transformers")
+    text += "|shape 2"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -4,11 +4,13 @@ A configuration *fits* when its predicted total plus the estimate's own error
 bound (10 % or 300 MB) is at most the memory available, so "fits" holds even
 when the prediction is off by as much as it may be.
 
-The suggestion ranks bf16 (fp16 on cards without bf16), then int8, then nf4:
-highest precision first; then, for that precision, the longest context. For a
-GGUF whose layers stay quantised it ranks gguf (as the file is), then q4. fp32
-(twice the memory of bf16 for no gain at inference) and fp4 (the same memory
-as nf4, lower quality) are estimated but never suggested.
+The suggestion ranks bf16 (fp16 on cards without bf16), then int8, then nf4,
+with q8 among them where Redline's CPU kernels run it (``cost.kernels_run``),
+in the order of their weights' bytes: highest precision first; then, for that
+precision, the longest context. For a GGUF whose layers stay quantised it ranks
+gguf (as the file is), then q4. fp32 (twice the memory of bf16 for no gain at
+inference) and fp4 (the same memory as nf4, lower quality) are estimated but
+never suggested.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from typing import Optional
 
 import psutil
 
-from redline.inference.hardware.gpus import find_gpu, gpu_for_memory
-from redline.inference.loading.precision import PrecisionSpec, parse_precision
-from redline.inference.memory.estimator import GB, Estimate, ModelShape, estimate
-from redline.inference.units import format_bytes
+from ..cost import code_path, kernels_run, weights_bytes
+from ..hardware.gpus import find_gpu, gpu_for_memory
+from ..hardware.probe import _nvml_gpus
+from ..precision import PRECISIONS, PrecisionSpec, parse_precision
+from ..units import format_bytes
+from .estimator import GB, Estimate, ModelShape, estimate
 
 SUGGESTED = ("bf16", "int8", "nf4")
+SUGGESTED_WITH_KERNELS = ("q8",)  # where Redline's CPU kernels run (GGUF's Q8_0 blocks), placed by its bytes
 # A GGUF whose layers stay quantised: as the file is first, then everything at 4 bits. bitsandbytes is not
 # offered (it quantises from a float checkpoint, which such a conversion does not hold).
 SUGGESTED_PACKED = ("gguf", "q4")
@@ -32,7 +37,6 @@ PACKED_PRECISIONS = ("gguf", "fp32", "fp16", "bf16", "q8", "q4")
 
 def precisions_for(shape: ModelShape) -> list[str]:
     """The precisions ``shape`` can be loaded in, for an estimate of each."""
-    from redline.inference.loading.precision import PRECISIONS
 
     if shape.packed:
         return list(PACKED_PRECISIONS)
@@ -40,6 +44,9 @@ def precisions_for(shape: ModelShape) -> list[str]:
 
 
 MIN_CONTEXT = 256  # shorter than this is not a useful chat
+# The context planned for where none is set (``auto``, ``redline estimate``, the wizard, a load's out-of-memory
+# message): the model's own, at most this.
+DEFAULT_CONTEXT_CAP = 8192
 
 
 @dataclass
@@ -60,6 +67,7 @@ class Target:
 
 def _nvml_bf16(index: int) -> Optional[bool]:
     try:
+        # lazy: pynvml is read only where a GPU may be
         import pynvml
 
         pynvml.nvmlInit()
@@ -86,6 +94,7 @@ def process_memory_limit() -> Optional[tuple[int, str]]:
     mapped) or a container's memory limit (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
     limits: list[tuple[int, str]] = []
     try:
+        # lazy: it may be missing or fail to load here, which the handler below says
         import resource
 
         soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -120,7 +129,6 @@ def detect_target(
         card = find_gpu(gpu)
         avail = int(free_gb * GB) if free_gb is not None else card.memory_bytes
         return Target("cuda", avail, f"an {card.name}", None, card.bf16, card.bandwidth_gb_s, f"an {card.name} has")
-    from redline.inference.hardware.probe import _nvml_gpus
 
     gpus = [] if device == "cpu" else _nvml_gpus()
     if gpus and gpus[0].free_bytes is not None:
@@ -129,6 +137,7 @@ def detect_target(
         bf16 = _nvml_bf16(g.index)
         label = f"this GPU ({g.name})"
     elif device is not None and device.startswith("cuda"):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         free, _total = torch.cuda.mem_get_info()
@@ -183,7 +192,8 @@ class Suggestion:
 
 
 class Planner:
-    """Estimates for one model on one target, with the fit rule applied."""
+    """Estimates for one model on one target, with the fit rule applied. ``kv``: the KV cache's form (``--kv``,
+    ``cost.KV_FORMS``), which only the fast path keeps in 8 bits: an estimate for another strategy counts bf16."""
 
     def __init__(
         self,
@@ -193,9 +203,15 @@ class Planner:
         draft: Optional[ModelShape] = None,
         draft_spec: Optional[PrecisionSpec] = None,
         correction_bytes: int = 0,
+        kv: str = "bf16",
     ):
         self.shape, self.target, self.batch = shape, target, batch
         self.draft, self.draft_spec, self.correction = draft, draft_spec, correction_bytes
+        self.kv = kv
+
+    def with_kv(self, kv: str) -> "Planner":
+        """The same plan with the KV cache in another form."""
+        return Planner(self.shape, self.target, self.batch, self.draft, self.draft_spec, self.correction, kv)
 
     def estimate(
         self, spec: PrecisionSpec, context: int, with_draft: bool = True, strategy: Optional[str] = None
@@ -211,7 +227,15 @@ class Planner:
             correction_bytes=self.correction,
             available_bytes=self.target.available_bytes,
             strategy=strategy,
+            kv=self.kv_form(spec, strategy),
         )
+
+    def kv_form(self, spec: PrecisionSpec, strategy: Optional[str] = None) -> str:
+        """The form the KV cache takes for ``spec`` run by ``strategy`` (None: the fast path where it runs it):
+        ``kv`` where the fast path keeps the cache, bf16 where transformers does."""
+        if strategy not in (None, "fast") or code_path("fast", spec, self.shape, self.target.device)[0] != "fast":
+            return "bf16"
+        return self.kv
 
     def fits(self, spec: PrecisionSpec, context: int, with_draft: bool = True) -> bool:
         return bool(self.estimate(spec, context, with_draft).fits)
@@ -230,6 +254,14 @@ class Planner:
         return lo
 
 
+def suggested_ladder(shape: ModelShape, device: str, half: str = "bf16") -> list[str]:
+    """The precisions the memory suggestion tries, in turn: bf16 (``half``), int8 and nf4, and q8 where Redline's
+    kernels run, most weight bytes first (the starter: bf16 269 MB, int8 220 MB, q8 200 MB, nf4 111 MB)."""
+    names = [half if p == "bf16" else p for p in SUGGESTED]
+    names += list(SUGGESTED_WITH_KERNELS) if kernels_run(device) else []
+    return sorted(names, key=lambda p: -weights_bytes(shape, parse_precision(p), device).total)
+
+
 def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> Suggestion:
     """The best configuration that fits, its runners-up, or the single changes that would make it fit.
 
@@ -237,7 +269,7 @@ def suggest(planner: Planner, context: int, precision: Optional[str] = None) -> 
     """
     t = planner.target
     half = "bf16" if t.bf16 else "fp16"
-    ladder = list(SUGGESTED_PACKED) if planner.shape.packed else [half if p == "bf16" else p for p in SUGGESTED]
+    ladder = list(SUGGESTED_PACKED) if planner.shape.packed else suggested_ladder(planner.shape, t.device, half)
     if precision and precision not in ("all", "auto"):
         name = parse_precision(precision).name
         name = {"bf16": half, "fp16": half, "fp32": half, "fp4": "nf4"}.get(name, name)

@@ -14,10 +14,13 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.errors import ModelLoadError, ModelSourceError
-from redline.inference.memory.estimator import ModelShape, cached_shape, shape_from_config
-from redline.inference.paths import cache_dir
-from redline.inference.sources.resolve import ModelSource, resolve
+from ..errors import ModelLoadError, ModelSourceError
+from ..paths import cache_dir
+from ..sources.config import load_config, read_config
+from ..sources.gguf import plan_gguf
+from ..sources.manifest import read_manifest
+from ..sources.resolve import ModelSource, resolve
+from .estimator import ModelShape, cached_shape, shape_from_config
 
 STARTER_SHAPE_FILE = Path(__file__).with_name("starter_shape.json")
 # SmolLM2-135M-Instruct's config.json, so the starter can be estimated before its first fetch.
@@ -70,21 +73,18 @@ def check_fields(data: dict, path: str) -> None:
 
 
 def _folder_shape(folder: Path, name: str, checkpoint_bytes: Optional[int]) -> ModelShape:
-    from redline.inference.loading.loader import read_config
 
     data = read_config(folder)
     path = str(folder / "config.json")
     check_fields(data, path)
 
     def build() -> ModelShape:
-        from redline.inference.loading.loader import load_config
 
         return shape_from_config(load_config(folder), name=name, source=path)
 
     shape = cached_shape(data, build, shape_cache_file())
     shape.name = name
     shape.checkpoint_bytes = checkpoint_bytes
-    from redline.inference.loading.packed import read_manifest
 
     manifest = read_manifest(folder)
     if manifest is not None:
@@ -122,6 +122,7 @@ def _starter_shape(source: ModelSource) -> ModelShape:
 
 
 def _hub_config_folder(repo_id: str) -> Path:
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import hf_hub_download
 
     try:
@@ -151,7 +152,6 @@ def _gguf_shape(source: ModelSource) -> ModelShape:
     key = {"gguf": str(path), "size": st.st_size, "mtime": int(st.st_mtime), "v": GGUF_SHAPE_VERSION}
 
     def build() -> ModelShape:
-        from redline.inference.sources.gguf import plan_gguf
 
         plan = plan_gguf(path)  # metadata and the tensor table only
         check_fields(plan.config.to_dict(), str(path))

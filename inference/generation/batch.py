@@ -12,37 +12,43 @@ place at the next step. Each sequence keeps its own sampling, stopping, seed and
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Callable, Optional
 
-from redline.inference.decoding.fast_loop import FastSequence, wants_compile
-from redline.inference.errors import Refused
-from redline.inference.events import GenerationResult, PrefillProgress, Started
-from redline.inference.generation.lifecycle import Generation, Sink
-from redline.inference.generation.request import GenerationRequest, Prepared, prepare
-from redline.inference.memory.measured import PeakMemory
+from ..cost import kv_cache_bytes
+from ..decoding.fast_loop import FastSequence, wants_compile
+from ..estimate.fit import detect_target
+from ..events import GenerationResult, PrefillProgress, Started
+from ..kernels.cpu import library as native
+from ..memory.measured import PeakMemory
+from ..paths import kv_pages_dir
+from .lifecycle import Generation, Sink
+from .request import GenerationRequest, Prepared, prepare
 
 PREFILL_CHUNK = 256  # most prompt tokens read per scheduler step (a prompt read with no reply streaming beside it)
 MIN_PREFILL_CHUNK = 4  # fewest read alone: a chunk's fixed costs (a pass over every weight) would outweigh its tokens
 # Fewest read in the same pass as the streaming replies' step (mixed), which makes that pass over the weights anyway:
 # there a chunk's cost is its rows' attention over the prompt read so far, which at 1,800 positions made even four
-# rows (the floor above) 10-15 ms beside a 4 ms step on the starter (tools/prefill_stall_bench.py, Zen 5).
+# rows (the floor above) 10-15 ms beside a 4 ms step on the starter (tools/benchmarks/prefill_stall_bench.py, Zen 5).
 MIN_MIXED_CHUNK = 1
 KV_SHARE = 0.8  # of the memory free when the batch starts, what its KV cache may take (the rest stays headroom)
 # While a prompt is read beside streaming replies, their longest gap between tokens may be this many of their
 # normal steps (issue 27.5's bound is 3; the margin absorbs one chunk's overshoot and most of a shared machine's
 # late wake-ups). 2.5 left the starter's p99 gap at 3.0-3.3 steps; 2.2, once Q8_0 prompt rows ran paired in 512-bit
 # registers, at 2.7-3.1, and the 1B-shaped model's longest gap within 3 (2.93-2.96), with the newcomer's first token
-# 1.06-1.14x later than at 2.5 and no later than at 2.5 before that kernel (tools/prefill_stall_bench.py, Zen 5;
-# docs/concurrency.md).
+# 1.06-1.14x later than at 2.5 and no later than at 2.5 before that kernel (tools/benchmarks/prefill_stall_bench.py,
+# Zen 5; docs/concurrency.md).
 GAP_STEPS = 2.2
 # A prompt whose rest reads in this long (at the rate its chunks measured) is read whole even beside streaming
 # replies: they see one gap this long at most, not a stutter, and splitting a short prompt costs a pass over
 # the weights per chunk, which delayed its first token and cut the server's throughput at 4 clients to 0.89×
-# (tools/bench_server.py). Long prompts are still paced.
+# (tools/benchmarks/bench_server.py). Long prompts are still paced.
 WHOLE_PROMPT_S = 0.1
 # The normal step is the median of this many steps with no prompt beside them: an average took in a late wake-up of
 # the machine (0.2 of a 12 ms step among 3.5 ms ones raises it by half), and the whole read that followed would be
@@ -144,7 +150,8 @@ class Batcher:
         prefill_chunk: Optional[int] = None,
         disk_pages_bytes: int = 0,
     ):
-        from redline.inference.decoding.fastpath import get_decoder
+        # lazy: fastpath imports torch (torch loads on the engine's thread, never at import)
+        from ..decoding.fastpath import get_decoder
 
         self.target = target
         self.max_active = max_active
@@ -182,8 +189,8 @@ class Batcher:
                 kv.disk.flush()
             kv.disk = None
             return
-        from redline.inference.decoding.disk_pages import DiskPages
-        from redline.inference.paths import kv_pages_dir
+        # lazy: disk_pages imports torch (torch loads on the engine's thread, never at import)
+        from ..decoding.disk_pages import DiskPages
 
         if kv.disk is not None and kv.disk.namespace == self.namespace:
             kv.disk.limit_bytes = int(nbytes)
@@ -194,18 +201,16 @@ class Batcher:
         """Write the prefix cache's pages to disk (the model unloads, Redline quits); pages handed over."""
         return self.dec.kv.persist()
 
-    # -- admission: what the KV cache can hold ----------------------------------------------------------
+    # -- what the KV cache can hold (the service's admission reads it through the backend's kv_room) -------
     def kv_bytes_per_token(self) -> int:
-        from redline.inference.cost import kv_cache_bytes
 
         kv = self.dec.kv
-        return kv_cache_bytes(kv.layers, kv.kv_heads, kv.head_dim, 1, 1, kv.k.element_size())
+        return kv_cache_bytes(kv.layers, kv.kv_heads, kv.head_dim, 1, 1, kv.k.element_size(), form=kv.form)
 
     def _kv_budget(self) -> int:
         """Positions the KV cache may hold across requests: the estimator's KV bytes per token against the memory
         free now (``fit.detect_target``: free RAM, or the GPU's free memory), plus what the cache holds already;
         never more than ``max_active`` full contexts (more could never be used)."""
-        from redline.inference.memory.fit import detect_target
 
         free = detect_target(device=self.target.device).available_bytes
         tokens = int(free * KV_SHARE) // self.kv_bytes_per_token() + self.dec.kv.pages * self.dec.kv.page
@@ -215,28 +220,12 @@ class Batcher:
         return sum(a.gen.prepared.tokens for a in self.active)
 
     def prepare(self, request: GenerationRequest) -> Prepared:
-        """The request's prompt and limits (raises, before anything runs, if it cannot be served)."""
-        prepared = prepare(self.target.tokenizer, self.target.context_limit, request)
-        if prepared.tokens > self.kv_budget_tokens:
-            from redline.inference.units import format_bytes
-
-            raise Refused(
-                f"This request needs up to {prepared.tokens:,} tokens of KV cache "
-                f"({format_bytes(prepared.tokens * self.kv_bytes_per_token())}); the memory free for it holds "
-                f"{self.kv_budget_tokens:,} ({format_bytes(self.kv_budget_tokens * self.kv_bytes_per_token())}).",
-                "Ask for fewer new tokens, shorten the prompt, or free memory.",
-            )
-        return prepared
-
-    def fits(self, prepared: Prepared) -> bool:
-        """Whether it can join now: room in the batch, and KV memory beside what the running requests may take."""
-        return self.has_room() and self.tokens_reserved() + prepared.tokens <= self.kv_budget_tokens
+        """The request's prompt and limits (raises, before anything runs, if the context cannot hold it). Whether
+        the KV cache can hold it is the service's admission's call (``service/admission.py``, from ``kv_room``)."""
+        return prepare(self.target.tokenizer, self.target.context_limit, request)
 
     def __len__(self) -> int:
         return len(self.active)
-
-    def has_room(self) -> bool:
-        return len(self.active) < self.max_active
 
     def add(
         self, sink: Sink, request: GenerationRequest, submitted: float, prepared: Optional[Prepared] = None
@@ -250,8 +239,9 @@ class Batcher:
         self.dec.ensure_context(prepared.tokens)
         # Room for every running request to reach its limit (the admission check counted it), in one growth of the
         # pool now: a growth copies the pool, and grown as they went, a long prompt copied it every eighth of the
-        # way (20-34 ms gaps beside a 4 ms step, tools/prefill_stall_bench.py) and a reply decoding alone every 128
-        # tokens (12 ms at 1,000 tokens, 20 ms at 1,900, beside a 4.7 ms step, tools/decode_gaps.py).
+        # way (20-34 ms gaps beside a 4 ms step, tools/benchmarks/prefill_stall_bench.py) and a reply decoding alone
+        # every 128 tokens (12 ms at 1,000 tokens, 20 ms at 1,900, beside a 4.7 ms step,
+        # tools/experiments/decode_gaps.py).
         kv = self.dec.kv
         kv.make_room({a.seq.seq: a.gen.prepared.tokens for a in self.active} | {sink.id: prepared.tokens})
         # The prompt's pages are taken now too, while nothing else is in the step, and, beside a long one, the
@@ -278,7 +268,7 @@ class Batcher:
             gen.cancel,
             prepared.max_new,
             gen.generator(self.dec.device),
-            request.logits_processor,
+            gen.logits_processor,
             cached,
             request.logprobs,
         )
@@ -301,6 +291,7 @@ class Batcher:
     def step(self) -> None:
         """One prompt chunk for the oldest request still reading its prompt, then one token for every
         request generating. Ended requests leave with their results."""
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         with torch.inference_mode():
@@ -327,6 +318,7 @@ class Batcher:
         a.seq.prefill(chunk)
         if others_streaming:
             if self.dec.device.type == "cuda":
+                # lazy: torch loads on the engine's thread, never at import
                 import torch
 
                 torch.cuda.synchronize(self.dec.device)  # the chunk's time, not its launch's
@@ -345,6 +337,7 @@ class Batcher:
 
     def _mixed(self, a: _Active, batch: list[_Active]) -> None:
         """A chunk of ``a``'s prompt and one token for every reply in ``batch``, in one pass over the weights."""
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         if a.gen.cancel.check():
@@ -373,6 +366,7 @@ class Batcher:
             a.sink.emit(PrefillProgress(seq.prefilled, len(seq.prompt)))
 
     def _decode(self, batch: list[_Active]) -> None:
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         tokens = torch.cat([a.seq.next_token.view(1) for a in batch])
@@ -428,20 +422,22 @@ class Batcher:
 
 def _rows_beside(decoding: int) -> int:
     """The most prompt rows a mixed step can take beside ``decoding`` rows (the whole step's row limit)."""
-    from redline.inference.kernels.ops import GEMM_ROWS
+    # lazy: ops imports torch (torch loads on the engine's thread, never at import)
+    from ..kernels.ops import GEMM_ROWS
 
     return max(1, GEMM_ROWS - 1 - decoding)
 
 
 def disk_pages_win(paged: bool, device) -> Optional[str]:
     """None where prefix-cache pages on disk are used, else why not. Measured (docs/performance.md, "Warm across
-    restarts", tools/disk_pages_bench.py): on this CPU, the starter in bf16, reading a 2,048-token prompt's pages
-    took 168 ms (page cache warm) / 294 ms (cold) against 20.9 s to compute them, so the CPU keeps them. On a GPU
-    it does not: the KV cache there is one page per sequence (a slot, for CUDA graphs), with no 64-token pages
-    to key and keep, and by estimate the win would be small where it matters least (the starter: ~23 KB a token
-    from an NVMe drive at ~3 GB/s is ~130k tokens/s, about what a GPU prefills a 135M model at)."""
+    restarts", tools/benchmarks/disk_pages_bench.py): on this CPU, the starter in bf16, reading a 2,048-token
+    prompt's pages took 168 ms (page cache warm) / 294 ms (cold) against 20.9 s to compute them, so the CPU keeps
+    them. On a GPU it does not yet: its KV cache has the same 64-token pages (kv_cache.py), and ``PagedKV`` writes
+    and reads them there unchanged, but the win is unmeasured and by estimate small where it matters least (the
+    starter: ~23 KB a token from an NVMe drive at ~3 GB/s is ~130k tokens/s, about what a GPU prefills a 135M
+    model at)."""
     if str(device).split(":")[0] != "cpu":
-        return "prefix-cache pages are kept on disk only on the CPU (a GPU's KV cache has no pages to keep)"
+        return "prefix-cache pages are kept on disk only on the CPU (on a GPU the win is not measured yet)"
     if not paged:
         return "this KV cache keeps one page per sequence (no prefix-cache pages to keep on disk)"
     return None
@@ -456,12 +452,12 @@ def cache_namespace(target, kv_dtype) -> bytes:
     sizes, times and a sample of their bytes: the first and last 64 KiB), its precision, the KV cache's dtype,
     the device type, and the Redline and torch versions that computed the pages, so a page is only reused by the
     same model, loaded and computed the same way. A re-downloaded file (a new time) misses: safe."""
-    import hashlib
-    from pathlib import Path
 
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
-    from redline.inference.decoding.disk_pages import FORMAT_VERSION
+    # lazy: disk_pages imports torch (torch loads on the engine's thread, never at import)
+    from ..decoding.disk_pages import FORMAT_VERSION
 
     h = hashlib.blake2b(digest_size=16)
     h.update(f"redline-kv:{CACHE_NAMESPACE_VERSION}:{FORMAT_VERSION}:{_redline_version()}:{torch.__version__}".encode())
@@ -484,8 +480,8 @@ def cache_namespace(target, kv_dtype) -> bytes:
     h.update(str(getattr(target, "device", "")).split(":")[0].encode())
     # The code that computes the pages: the fast path's Python and the native kernels' build (its path names the
     # build's key: sources, flags, compiler), so pages of an older build miss rather than differ by a rounding.
-    from redline.inference.decoding import fastpath
-    from redline.inference.kernels import native
+    # lazy: fastpath imports torch (torch loads on the engine's thread, never at import)
+    from ..decoding import fastpath
 
     kernels = native.status()
     h.update(f"{kernels.get('variant')}:{kernels.get('path')}".encode())
@@ -497,7 +493,6 @@ def cache_namespace(target, kv_dtype) -> bytes:
 
 
 def _redline_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("redline")

@@ -1,8 +1,11 @@
 """One generation from its start to its result: the lifecycle every strategy and every runner goes through.
 
 A ``Generation`` holds what a reply is while it runs: its result (filled as it goes), its settings as
-transformers' GenerationConfig, its cancel, its clock (TTFT counts from the submission: what a user waits for
-includes the queue), its seed (a generator of its own, so a seed repeats whatever runs beside it), its
+transformers' GenerationConfig, its cancel, its clock (two figures: ``queued_ms``, from the submission to the
+start of its own work, what it waited for other replies, the speed lab or a load; then TTFT, from there to its
+first token, its own prefill — only that teaches the speed model, and a user is shown both apart), the machine's
+load while it ran (``hardware/load.py``: a reply measured while other programs kept the cores busy is not a fair
+sample of this machine's speed), its seed (a generator of its own, so a seed repeats whatever runs beside it), its
 text stream (``TokenCollector`` → ``TokenEvent``s and ``StatsEvent``s) and its end (``finish``: why it ended,
 its text, its timing and its peak memory). The batcher (fast path) and ``solo.run_solo`` (transformers'
 strategies) create one per request and call the same ``announce``, ``fail`` and ``finish``.
@@ -16,13 +19,16 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Protocol
 
-from redline.inference.decoding import hf
-from redline.inference.decoding.options import eos_token_ids
-from redline.inference.decoding.textstream import DeltaDecoder
-from redline.inference.decoding.timing import TokenCollector, fill_timing
-from redline.inference.errors import RedlineError
-from redline.inference.events import EventFn, FinishedEvent, GenerationResult, Notice, TokenEvent
-from redline.inference.generation.request import GenerationRequest, Prepared
+from ..decoding import hf
+from ..decoding.options import eos_token_ids
+from ..decoding.textstream import DeltaDecoder
+from ..decoding.timing import TokenCollector, fill_timing
+from ..errors import RedlineError
+from ..events import EventFn, FinishedEvent, GenerationResult, Notice, TokenEvent
+from ..hardware.load import CpuLoad
+from ..memory.oom import free_memory, is_oom
+from ..reasoning.split import ReplySplit
+from .request import GenerationRequest, Prepared
 
 
 class Sink(Protocol):
@@ -67,7 +73,6 @@ class DirectSink:
 
 def describe_failure(exc: BaseException, prompt_tokens: int, max_new: int, notes: list[str]) -> str:
     """The sentence a user reads when a generation fails at run time (out of memory says so, with what to lower)."""
-    from redline.inference.loading.loader import is_oom
 
     if is_oom(exc):
         return (
@@ -109,20 +114,31 @@ class Generation:
         self.result.notes = list(prepared.notes)
         self.result.dropped_messages = prepared.dropped_messages
         self.cfg = hf.generation_config(target, request.sampling, request.options, prepared.max_new)
-        self.decoder = DeltaDecoder(target.tokenizer, request.sampling.stop)
+        # A reasoning model's chat reply is split into thinking and answer as it streams (None for any other).
+        self.split = ReplySplit.for_reply(target.tokenizer, request, prepared.prompt, sink.emit)
+        keep = self.split.kept if self.split is not None else frozenset()
+        self.decoder = DeltaDecoder(target.tokenizer, request.sampling.stop, keep)
         self.cancel = hf.CancelCriteria(lambda: sink.cancelled)
         self.submitted = submitted if submitted is not None else time.perf_counter()
+        emit = self.split.emit if self.split is not None else sink.emit
         self.collector = TokenCollector(
-            target.device, self.decoder, sink.emit, speculative, self.submitted, request.logprobs
+            target.device, self.decoder, emit, speculative, self.submitted, request.logprobs
+        )
+        # The request's own processor (a grammar, penalties), inside a thinking budget's where one is asked for.
+        self.logits_processor = (
+            self.split.processor(request.logits_processor) if self.split is not None else request.logits_processor
         )
         self.failed = False
         self.began: Optional[float] = None
+        self.load: Optional[CpuLoad] = None  # the machine's load from ``announce`` on
 
     # -- its start ------------------------------------------------------------------------------------
     def announce(self) -> None:
         """Start the clock of the work itself (the queue ends here) and say, before the reply, what did not fit."""
         self.began = time.perf_counter()
         self.result.queued_ms = (self.began - self.submitted) * 1000
+        self.collector.begin(self.began)  # TTFT and the tokens' times count from here, not from the submission
+        self.load = CpuLoad()
         for note in self.result.notes:
             self.sink.emit(Notice(note))
 
@@ -131,6 +147,7 @@ class Generation:
         seed = self.request.sampling.seed
         if seed is None:
             return None
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         gen = torch.Generator(device=device)
@@ -145,6 +162,7 @@ class Generation:
         if seed is None:
             yield
             return
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         devices = [torch.cuda.current_device()] if self.target.device.startswith("cuda") else []
@@ -155,7 +173,6 @@ class Generation:
     # -- its end --------------------------------------------------------------------------------------
     def fail(self, exc: BaseException) -> None:
         """A run-time failure (out of memory mid-step, say): this generation ends with the reason; the model stays."""
-        from redline.inference.loading.loader import free_memory
 
         free_memory(self.target.device)
         self.failed = True
@@ -173,11 +190,15 @@ class Generation:
         text, last_delta = self.decoder.finish(new_ids)
         if self.decoder.stopped_at_string and r.finish_reason in ("length", "eos"):
             r.finish_reason = "stop"
-        total_s = time.perf_counter() - self.submitted
+        now = time.perf_counter()
+        total_s = now - self.submitted  # the whole of it, queue included (a benchmark's latency per request)
         self.collector.settle(text)
         rest = self.collector.unstreamed()
-        if last_delta or rest:
-            self.sink.emit(TokenEvent(len(new_ids), -1, last_delta, total_s, False, rest))
+        thought = ""
+        if self.split is not None:  # the last delta split too, with what the parser held back
+            last_delta, thought = self.split.last(last_delta, now - self.collector.start)
+        if last_delta or rest or thought:  # its time counts from the work's start, as every token's
+            self.sink.emit(TokenEvent(len(new_ids), -1, last_delta, now - self.collector.start, False, rest, thought))
         r.text = text
         r.token_ids = new_ids
         r.new_tokens = len(new_ids)
@@ -185,6 +206,10 @@ class Generation:
         r.logprobs = self.collector.logprobs
         r.total_s = total_s
         fill_timing(r, self.collector.chunks)
+        if self.split is not None:
+            self.split.fill(r)
+        if self.load is not None:
+            r.others_cpu_share, r.load_average = self.load.read()
         if peak is not None and not self.failed:
             peak.read()
             r.peak_memory_bytes = peak.peak_bytes

@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.errors import ContextExceeded, RedlineError, UnsupportedConfiguration
+from ..decoding.options import DecodeOptions, SamplingSettings
+from ..decoding.prompt import build_prompt
+from ..errors import ContextExceeded, RedlineError, UnsupportedConfiguration
+from ..reasoning import formats, switch
+from ..reasoning.switch import Thinking
 
 
 @dataclass
@@ -51,6 +54,12 @@ class GenerationRequest:
     # Log-probabilities of the new tokens, with this many most likely alternatives per token (0 to 20); None: not
     # computed at all (no log-softmax, no extra transfer from the device).
     logprobs: Optional[int] = None
+    # A reasoning model's thinking: on or off, its effort, its budget in tokens (None: the model's defaults), mapped
+    # to the model's own mechanism by ``prepare`` (``inference/reasoning/switch.py``); a model that does not reason
+    # ignores it. ``template_kwargs``: extra chat-template variables (the server's ``chat_template_kwargs``), passed
+    # as they are and winning over what the thinking setting maps to.
+    thinking: Optional[Thinking] = None
+    template_kwargs: Optional[dict] = None
 
     def __post_init__(self):
         if (self.messages is None) == (self.input_ids is None):
@@ -98,7 +107,6 @@ def prepare(
     ``strict`` (the HTTP API): a conversation that does not fit is refused rather than shortened, and more new
     tokens than fit are refused rather than capped (unless ``new_tokens_asked`` is False: the number is a default,
     capped to what fits) — what OpenAI-compatible clients expect."""
-    from redline.inference.decoding.prompt import build_prompt
 
     if request.prepared is not None:
         return request.prepared
@@ -109,8 +117,20 @@ def prepare(
     if request.input_ids is not None:
         prompt = [int(t) for t in request.input_ids]
     else:
+        # The thinking setting as this model's template and format take it (none of it for a model that does not
+        # reason; a request's own template variables pass either way).
+        fmt = formats.detect(tokenizer)
+        plan = switch.plan(fmt, formats.template_text(tokenizer), request.thinking, request.template_kwargs)
+        notes.extend(plan.notes)
         built = build_prompt(
-            tokenizer, request.messages, context, 1 if strict else wanted, strict=strict, tools=request.tools
+            tokenizer,
+            plan.messages(request.messages),
+            context,
+            1 if strict else wanted,
+            strict=strict,
+            tools=request.tools,
+            template_kwargs=plan.template_kwargs,
+            extend=switch.extender(tokenizer, fmt, plan),
         )
         prompt, dropped = built.input_ids, built.dropped_messages
         if dropped:

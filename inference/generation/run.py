@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.generation.lifecycle import DirectSink, Sink
-from redline.inference.generation.request import GenerationRequest, prepare
-from redline.inference.generation.solo import run_solo
+from ..decoding.options import DecodeOptions, SamplingSettings
+from .lifecycle import DirectSink, Sink
+from .request import GenerationRequest, prepare
+from .solo import run_solo
 
 
 def run_local(target, request: GenerationRequest, sink: Sink, submitted: Optional[float] = None):

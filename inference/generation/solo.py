@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from redline.inference.decoding import hf
-from redline.inference.decoding.timing import sync
-from redline.inference.generation.lifecycle import Generation, Sink
-from redline.inference.generation.request import GenerationRequest, Prepared
-from redline.inference.memory.measured import PeakMemory
+from ..decoding import hf
+from ..decoding.logprobs import RawLogits
+from ..decoding.timing import sync
+from ..errors import UnsupportedConfiguration
+from ..memory.measured import PeakMemory
+from .lifecycle import Generation, Sink
+from .request import GenerationRequest, Prepared
 
 SPECULATIVE = ("speculative", "prompt-lookup")
 
@@ -25,6 +27,7 @@ def run_solo(
 ):
     """Run ``request`` alone on transformers' generate(); returns its GenerationResult (a run-time failure, such as
     out of memory, ends it with ``finish_reason="error"``; a draft that cannot pair raises before anything runs)."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     options, sampling = request.options, request.sampling
@@ -32,8 +35,6 @@ def run_solo(
     gen = Generation(target, request, prepared, sink, submitted, speculative)
     gen.result.notes.extend(notes)
     if request.logprobs is not None and speculative:
-        from redline.inference.errors import UnsupportedConfiguration
-
         # A draft's tokens are verified several in one forward pass; the scores are kept per forward (RawLogits).
         raise UnsupportedConfiguration(
             f"Log-probabilities are not available with the {options.strategy} strategy.",
@@ -44,17 +45,16 @@ def run_solo(
     if options.strategy == "speculative":
         restore.append(hf.use_draft(target, draft, options, gen_kwargs, gen.result.notes))
     if request.logprobs is not None:
-        from redline.inference.decoding.logprobs import RawLogits
-
         gen.collector.raw = RawLogits(target.model)
         restore.append(gen.collector.raw.remove)
     gen.announce()
     if speculative:
         restore.append(hf.count_draft_tokens(target.model, stats))
-    if request.logits_processor is not None:
+    if gen.logits_processor is not None:  # the request's own, inside a thinking budget's where one is asked for
+        # lazy: transformers loads on the engine's thread, never at import
         from transformers import LogitsProcessorList
 
-        gen_kwargs["logits_processor"] = LogitsProcessorList([request.logits_processor])
+        gen_kwargs["logits_processor"] = LogitsProcessorList([gen.logits_processor])
     if sampling.stop:
         gen_kwargs["stop_strings"] = list(sampling.stop)
         gen_kwargs["tokenizer"] = target.tokenizer

@@ -2,8 +2,9 @@
 
 Prefill (the prompt's forward pass) multiplies a block of tokens by every weight, so unlike a decode step
 it is bound by arithmetic rather than by memory. We time a square matrix product — the shape of a prefill's
-linear layers — once per device and thread count, keep the best of a few repeats, and cache it beside the
-measured bandwidth (``bandwidth.py``).
+linear layers — per device and thread count, keep the best of a few repeats, and cache it beside the
+measured bandwidth (``bandwidth.py``), read again until a read was taken while the machine was quiet
+(``measurements.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import json
 import time
 
-from redline.inference.hardware.measurements import measured
-from redline.inference.paths import cache_dir
+from ..paths import cache_dir
+from .measurements import measured
+from .probe import cpu_name
 
 CPU_SIZE = 1024  # 2·1024³ ≈ 2.1 GFLOP per product: a few hundred ms on a small CPU
 CUDA_SIZE = 4096
@@ -20,6 +22,7 @@ CUDA_SIZE = 4096
 
 def measure_flops(device: str = "cpu", repeats: int = 3) -> float:
     """Floating-point operations per second of a square fp32 (CPU) or bf16 (CUDA) matrix product."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     cuda = device.startswith("cuda")
@@ -41,7 +44,7 @@ def measure_flops(device: str = "cpu", repeats: int = 3) -> float:
 
 
 def flops(device: str = "cpu", refresh: bool = False) -> float:
-    """The measured FLOP/s for ``device``, from the cache when it has one."""
+    """The measured FLOP/s for ``device``, from the cache when it has a quiet read (``measurements.measured``)."""
     return measured("compute", "flops", device, measure_flops, refresh)
 
 
@@ -51,7 +54,6 @@ def cached(name: str, device: str):
     The cache keys name the CPU and torch's thread count; without torch we cannot know the thread count,
     so on a CPU the entry measured with the most threads for this CPU is used (what torch uses by default).
     """
-    from redline.inference.hardware.probe import cpu_name
 
     path = cache_dir() / f"{name}.json"
     field = "bytes_per_s" if name == "bandwidth" else "flops"

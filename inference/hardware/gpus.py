@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from redline.inference.errors import UnsupportedConfiguration
+from ..errors import UnsupportedConfiguration
 
 GIB = 1 << 30
 

@@ -56,6 +56,7 @@ def cpu_name() -> str:
 
 def _nvml_gpus() -> list[GpuInfo]:
     try:
+        # lazy: it may be missing or fail to load here, which the handler below says
         import pynvml
     except ImportError:
         return []
@@ -89,6 +90,7 @@ def _nvml_gpus() -> list[GpuInfo]:
 
 def cuda_available() -> bool:
     try:
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         return torch.cuda.is_available()
@@ -108,6 +110,7 @@ def probe(include_gpus: bool = True) -> HardwareInfo:
         info.gpus = _nvml_gpus()
         info.cuda_available = cuda_available()
         if info.cuda_available and not info.gpus:
+            # lazy: torch loads on the engine's thread, never at import
             import torch
 
             for i in range(torch.cuda.device_count()):
@@ -121,6 +124,7 @@ def torch_cuda_build() -> Optional[str]:
 
     Imports torch: call it off the UI thread.
     """
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     return torch.version.cuda

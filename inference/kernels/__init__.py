@@ -1,8 +1,8 @@
 """Redline's compute kernels for the fast decode step.
 
-``ops`` is what the decode step calls: each operator runs Redline's native CPU kernel (a plain C library built
-from ``cpu_kernels.cpp`` and ``decode_step.cpp`` by ``build.py``, shipped in the wheel and the desktop bundle,
-loaded by ``native.py``) when it is available and the tensors live on the CPU, and otherwise the same
-computation written with torch operators (``reference.py``), which is also what tests compare the native kernels
-against.
+``ops`` is what the decode step calls: a table of operators by device type, each device's row starting from the
+same computations written with torch operators (``reference.py``, also what tests compare the native kernels
+against) and filled in by that device's backend. ``cpu/`` is the CPU's: Redline's native kernels, a plain C library
+(``cpu/cpu_kernels.cpp``, ``cpu/decode_step.cpp``, built by ``cpu/build.py``, shipped in the wheel and the desktop
+bundle, loaded by ``cpu/library.py``). ``block_quant.py`` is the weights' block layout every backend reads.
 """

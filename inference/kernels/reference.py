@@ -1,12 +1,13 @@
-"""The kernels' computations written with torch operators: what runs where the native kernels do not
-(a CPU without a kernel build, CUDA), and what tests compare the native kernels against."""
+"""The kernels' computations written with torch operators: every device's row of the device table (``ops.py``)
+starts from them (a CPU without a kernel build, CUDA), and tests compare the native kernels against them."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from redline.inference.loading.block_quant import BlockWeights, dequantize
+from . import kv_quant
+from .block_quant import BlockWeights, dequantize, quantize_q4, quantize_q8
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -47,7 +48,7 @@ def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int):
 def attend(qkv, cos, sin, k_pool, v_pool, pages, pos, heads: int, kv_heads: int, scale: float) -> torch.Tensor:
     """One decode step over a paged KV cache, as ``redline::attend`` (see cpu_kernels.cpp): for each of the
     B sequences, rotary on q and k, k and v written at ``pos``, attention over positions 0..pos. [B, H·D]"""
-    page, head_dim = k_pool.shape[2], k_pool.shape[3]
+    page, head_dim = k_pool.shape[2], kv_quant.head_dim(k_pool)  # 8-bit rows: D int8 and a scale
     q, k, v = split_qkv(qkv, heads, kv_heads, head_dim)  # [B, H, D], [B, Hkv, D]
     out = []
     for b in range(q.shape[0]):
@@ -55,11 +56,12 @@ def attend(qkv, cos, sin, k_pool, v_pool, pages, pos, heads: int, kv_heads: int,
         c, s = cos[p].to(q.dtype), sin[p].to(q.dtype)
         qb, kb = rotate(q[b], c, s), rotate(k[b], c, s)
         pid, off = int(pages[b, p // page]), p % page
-        k_pool[pid, :, off] = kb.to(k_pool.dtype)
-        v_pool[pid, :, off] = v[b].to(v_pool.dtype)
+        k_pool[pid, :, off] = kv_quant.rows_as(kb, k_pool)
+        v_pool[pid, :, off] = kv_quant.rows_as(v[b], v_pool)
         used = pages[b, : p // page + 1].long()
-        keys = k_pool[used].transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, : p + 1].to(q.dtype)
-        values = v_pool[used].transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, : p + 1].to(q.dtype)
+        row = k_pool.shape[3]
+        keys = kv_quant.rows_from(k_pool[used].transpose(0, 1).reshape(kv_heads, -1, row)[:, : p + 1], q.dtype)
+        values = kv_quant.rows_from(v_pool[used].transpose(0, 1).reshape(kv_heads, -1, row)[:, : p + 1], q.dtype)
         o = F.scaled_dot_product_attention(
             qb[:, None], keys, values, scale=scale, enable_gqa=heads != kv_heads
         )  # [H, 1, D]
@@ -87,3 +89,8 @@ def attend_static(qkv, cos, sin, k_cache, v_cache, pos, heads: int, kv_heads: in
         enable_gqa=heads != kv_heads,
     )  # [B, H, 1, D]
     return o.reshape(q.shape[0], heads * head_dim)
+
+
+def quantize_blocks(w: torch.Tensor, bits: int, symmetric: bool = False) -> BlockWeights:
+    """``block_quant.quantize_q8`` / ``quantize_q4``: the table's operator where no backend quantises faster."""
+    return quantize_q8(w) if bits == 8 else quantize_q4(w, symmetric)

@@ -21,52 +21,13 @@ checkpoint).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from redline.inference.errors import ModelLoadError, UnsupportedConfiguration
-
-MANIFEST = "redline_quantization.json"
-FORMAT = "redline-blocks"
-VERSION = 1
-
-
-def write_manifest(folder: Path, modules: dict[str, dict], source: str) -> None:
-    from redline.inference.loading.block_quant import BLOCK
-
-    data = {"format": FORMAT, "version": VERSION, "block_size": BLOCK, "source": source, "modules": modules}
-    (folder / MANIFEST).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def read_manifest(folder: Path) -> Optional[dict]:
-    """The folder's manifest, or None for an ordinary folder; a broken one is an error that names it."""
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(
-            f"{path} cannot be read ({exc}).", "Delete the folder and convert the GGUF again."
-        ) from exc
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("modules"), dict):
-        raise ModelLoadError(
-            f"{path} is not a Redline quantisation manifest.", "Delete the folder and convert the GGUF again."
-        )
-    if int(data.get("version", 0)) > VERSION or int(data.get("block_size", 0)) != 32:
-        raise ModelLoadError(
-            f"{path} is format version {data.get('version')} with blocks of {data.get('block_size')}; this Redline "
-            f"reads version {VERSION} with blocks of 32.",
-            "Upgrade Redline, or delete the folder and convert the GGUF again.",
-        )
-    return data
-
-
-def file_bits(manifest: dict) -> str:
-    """``q4``, ``q8`` or ``q4/q8``: the bits the folder's layers are stored in."""
-    bits = sorted({int(m["bits"]) for m in manifest["modules"].values()})
-    return "/".join(f"q{b}" for b in bits) or "none"
+from ..errors import ModelLoadError, UnsupportedConfiguration
+from ..precision import torch_dtype
+from ..progress import check_cancel
+from ..sources.manifest import file_bits
 
 
 def check_precision(manifest: dict, precision_name: str, folder: Path) -> None:
@@ -84,15 +45,23 @@ def _weight_files(folder: Path) -> list[Path]:
 
 def load_packed(folder: Path, config, manifest: dict, precision, device: str, progress, should_cancel) -> Any:
     """Build the model of a packed folder at ``precision`` (a PrecisionSpec: gguf, q8, q4, fp32, fp16, bf16)."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
+
+    # lazy: accelerate loads only when this runs
     from accelerate import init_empty_weights
+
+    # lazy: safetensors loads only when this runs
     from safetensors import safe_open
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from redline.inference.loading.block_quant import BlockWeights, dequantize, quantize_q4, quantize_q8
-    from redline.inference.loading.precision import torch_dtype
-    from redline.inference.loading.weight_only import PackedLinear, quantize_model
-    from redline.inference.progress import check_cancel
+    # lazy: block_quant imports torch (torch loads on the engine's thread, never at import)
+    from ..kernels.block_quant import BlockWeights, dequantize, quantize_q4, quantize_q8
+
+    # lazy: weight_only imports torch (torch loads on the engine's thread, never at import)
+    from .weight_only import PackedLinear, quantize_model
 
     name = precision.name
     check_precision(manifest, name, folder)

@@ -19,18 +19,19 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from redline.inference.loading import block_quant
-from redline.inference.loading.block_quant import BlockWeights
-from redline.inference.memory.policy import release_pages
+from ..kernels import block_quant, ops
+from ..kernels.block_quant import BlockWeights
+from ..kernels.cpu.library import native
+from ..kernels.ops import quantize_blocks
+from ..memory.policy import release_pages
 
-INT4_GROUP = 32
+INT4_GROUP = block_quant.BLOCK  # torch's int4 groups are the blocks' 32 weights: cost.py counts both alike
 INT4_INNER_K_TILES = 2
 
 
 def _use_blocks(device: torch.device) -> bool:
     if device.type != "cpu":
         return False
-    from redline.inference.kernels.native import native
 
     return native() is not None
 
@@ -56,8 +57,6 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
         self.blocks: Optional[BlockWeights] = None
         if blocks is None and self.in_features % block_quant.BLOCK == 0 and _use_blocks(device):
-            from redline.inference.kernels.ops import quantize_blocks
-
             blocks = quantize_blocks(linear.weight.data, bits)
         if blocks is not None and _use_blocks(device):
             self.blocks = blocks.to(device)
@@ -119,8 +118,6 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.blocks is not None:
-            from redline.inference.kernels import ops
-
             y = ops.linear_blocks(x.to(torch.float32), self.blocks).to(x.dtype)
         else:
             shape = x.shape
@@ -175,7 +172,6 @@ class PackedLinear(nn.Module):
     def fuse(modules: Sequence["PackedLinear"]) -> Callable[[torch.Tensor], torch.Tensor]:
         """One kernel call for projections sharing an input. Blocks and int8 rows concatenate (the modules
         keep views); torch's int4 layout is tiled, so those layers run one after another."""
-        from redline.inference.kernels import ops
 
         biases = [m.bias for m in modules]
         has_bias = any(b is not None for b in biases)

@@ -12,6 +12,8 @@ from typing import Optional
 
 import psutil
 
+from ..hardware.probe import _nvml_gpus
+
 _PROC = psutil.Process()
 
 
@@ -37,11 +39,11 @@ def snapshot(device: str = "cpu") -> MemorySnapshot:
     vm = psutil.virtual_memory()
     snap = MemorySnapshot(device, process_rss(), int(vm.total - vm.available), int(vm.total))
     if device.startswith("cuda"):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         snap.cuda_allocated_bytes = int(torch.cuda.memory_allocated())
         snap.cuda_reserved_bytes = int(torch.cuda.memory_reserved())
-        from redline.inference.hardware.probe import _nvml_gpus
 
         idx = torch.cuda.current_device()
         gpus = _nvml_gpus()
@@ -80,6 +82,7 @@ class PeakMemory:
     def __enter__(self) -> "PeakMemory":
         self.start_rss = self.peak_rss = process_rss()
         if self.device.startswith("cuda"):
+            # lazy: torch loads on the engine's thread, never at import
             import torch
 
             torch.cuda.synchronize()
@@ -98,6 +101,7 @@ class PeakMemory:
         """The peaks so far (also while still watching: a batch's replies end one by one)."""
         self.peak_rss = max(self.peak_rss, process_rss())
         if self.device.startswith("cuda"):
+            # lazy: torch loads on the engine's thread, never at import
             import torch
 
             torch.cuda.synchronize()

@@ -15,13 +15,14 @@ kept a model's weights twice (3):
        setting heads in a warm process anyway, so decoding allocates much as it did before. (Tight thresholds
        throughout would map and fault in fresh pages for every large per-token temporary; measured on this
        2-core CPU it gave 0.80-1.01x the decode speed of wide ones across runs, within the machine's noise
-       at best: tools/memory_policy_bench.py --part heap.)
+       at best: tools/experiments/memory_policy_bench.py --part heap.)
    Elsewhere (macOS, Windows, musl) these are no-ops.
 
 2. Kernel caches. oneDNN (bf16/fp16 matrix products on CPU) and torch's ideep layer each keep a cache of
    compiled kernels keyed by shape, 1024 entries by default. Every new prompt length is a new shape, so over a
    day of chats the caches grow (about 2.5 MB per prompt length on the starter in bf16; 75 MB over a 30-turn
-   conversation at 1024 entries, 20 MB at 32: tools/memory_policy_bench.py --part caches) and survive unloading.
+   conversation at 1024 entries, 20 MB at 32: tools/experiments/memory_policy_bench.py --part caches) and survive
+   unloading.
    Redline bounds both to ``KERNEL_CACHE_ENTRIES``, enough for every shape one decoding step uses (the
    projections at one token, a draft's and a verify step's), unless the user set the variables themselves.
 
@@ -37,6 +38,7 @@ kept a model's weights twice (3):
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import gc
 import os
@@ -182,6 +184,40 @@ def _file_mappings() -> list[tuple[int, int]]:
     return sorted(out)
 
 
+_held = threading.local()  # the file mappings read once (``one_reading_of_the_mappings``), per thread
+
+
+@contextmanager
+def one_reading_of_the_mappings() -> Iterator[None]:
+    """Inside, ``release_pages`` reads this process's file mappings once instead of at every call. Why: with torch
+    loaded ``/proc/self/maps`` holds thousands of lines, and the fast path's decoder gives pages back after each of
+    a model's fusions (60 for the starter): reading it each time took 220 of the 300 ms the decoder's build took,
+    paid by the first reply. Nothing inside maps or unmaps a file (fusing copies weights into memory of its own),
+    so the one reading holds throughout."""
+    if getattr(_held, "active", False):
+        yield
+        return
+    _held.active, _held.ranges = True, None
+    try:
+        yield
+    finally:
+        _held.active, _held.ranges = False, None
+
+
+def _mappings_now() -> list[tuple[int, int]]:
+    if not getattr(_held, "active", False):
+        return _file_mappings()
+    if _held.ranges is None:
+        _held.ranges = _file_mappings()
+    return _held.ranges
+
+
+def _in_a_mapping(ranges: list[tuple[int, int]], starts: list[int], start: int, size: int) -> bool:
+    """Whether [start, start + size) lies inside one of ``ranges`` (sorted, not overlapping)."""
+    i = bisect.bisect_right(starts, start) - 1
+    return i >= 0 and start + size <= ranges[i][1]
+
+
 def release_pages(tensors) -> int:
     """Page out the whole pages inside each CPU tensor's storage that lie in a mapping of a file (the caller stops
     using them); the bytes asked for. Only file mappings: anonymous memory about to be freed would be written to
@@ -190,13 +226,14 @@ def release_pages(tensors) -> int:
     if not advise:
         return 0
     tensors = [t for t in tensors if t is not None and t.device.type == "cpu"]
-    files = _file_mappings() if tensors else []
+    files = _mappings_now() if tensors else []
+    starts = [lo for lo, _ in files]
     page = os.sysconf("SC_PAGE_SIZE")
     asked = 0
     for t in tensors:
         # The tensor's own bytes, not its storage's: a storage may be a whole file's, other tensors live in it.
         start, size = t.data_ptr(), t.numel() * t.element_size() if t.is_contiguous() else 0
-        if not any(lo <= start and start + size <= hi for lo, hi in files):
+        if not _in_a_mapping(files, starts, start, size):
             continue
         lo, hi = -(-start // page) * page, (start + size) // page * page
         if hi > lo and advise(lo, hi - lo, MADV_PAGEOUT) == 0:

@@ -6,7 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Optional
 
-from redline.inference.errors import RedlineError
+from ..errors import RedlineError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8642

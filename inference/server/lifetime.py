@@ -14,14 +14,14 @@ import threading
 import time
 from typing import Optional
 
-from redline.inference.server.config import ServerConfig, ServerConfigError
+from .config import ServerConfig, ServerConfigError
+from .stats import ServerStats
 
 DRAIN_S = 1.0  # at most this long for the replies in flight to send their last event when the server stops
 
 
 class ApiServer:
     def __init__(self, service, config: Optional[ServerConfig] = None, on_thread_start=None):
-        from redline.inference.server.stats import ServerStats
 
         self.service = service
         self.config = config or ServerConfig()
@@ -80,9 +80,11 @@ class ApiServer:
 
     def start(self, timeout: float = 20.0) -> str:
         """Listen and serve; returns the address (``http://HOST:PORT/v1``). Raises ServerConfigError."""
+        # lazy: the server's libraries load only when it starts
         import uvicorn
 
-        from redline.inference.server.routes import Api, build_app
+        # lazy: routes imports fastapi (the server's libraries load only when it starts)
+        from .routes import Api, build_app
 
         if self.running:
             return self.address
@@ -129,7 +131,8 @@ class ApiServer:
         """Stop listening. Every reply in flight ends first, with a 503 error saying ``reason`` (by default, that the
         server was stopped) and, when streamed, ``[DONE]``, and its generation is cancelled; then uvicorn exits.
         True if it stopped within ``timeout``."""
-        from redline.inference.server.routes import STOPPED
+        # lazy: routes imports fastapi (the server's libraries load only when it starts)
+        from .routes import STOPPED
 
         server, thread, api = self._server, self._thread, self._api  # stop() may run on two threads at once
         if server is None or thread is None:

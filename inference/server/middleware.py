@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from redline.inference.server.protocol import error_body
+from .protocol import error_body
 
 log = logging.getLogger("redline.server")
 

@@ -11,14 +11,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-from redline.inference.decoding.tool_calls import Family, ToolError, conversation, family_of, tool_grammar
-from redline.inference.errors import ContextExceeded, RedlineError
-from redline.inference.generation.request import GenerationRequest
-from redline.inference.server.config import ServerConfig
-from redline.inference.server.middleware import BodyTooLarge
-from redline.inference.server.protocol import ApiError, describe_validation, lone_surrogate
-from redline.inference.server.structured import (
+from ..decoding.options import DecodeOptions, SamplingSettings
+from ..decoding.tool_calls import Family, ToolError, conversation, family_of, tool_grammar
+from ..errors import ContextExceeded, RedlineError
+from ..generation.request import GenerationRequest
+from ..reasoning.switch import Thinking
+from .config import ServerConfig
+from .middleware import BodyTooLarge
+from .protocol import ApiError, describe_validation, lone_surrogate
+from .structured import (
     Chain,
     GrammarProcessor,
     GrammarTokenizers,
@@ -26,7 +27,7 @@ from redline.inference.server.structured import (
     SchemaError,
     grammar_for,
 )
-from redline.inference.server.tokenizers import ServerTokenizers
+from .tokenizers import ServerTokenizers
 
 
 @dataclass
@@ -53,8 +54,7 @@ class Preparation:
 
     # -- the model --------------------------------------------------------------------------------------
     def target(self):
-        engine = self.service.engine
-        target = getattr(engine, "target", None)
+        target = self.service.target
         if target is None:
             raise ApiError(
                 503,
@@ -70,17 +70,9 @@ class Preparation:
             )
         return target
 
-    @staticmethod
-    def _names(target) -> set[str]:
-        source = getattr(target, "source", None)
-        names = {target.name}
-        if source is not None:
-            names.add(source.spec)
-        return names
-
     async def model_for(self, wanted: str):
-        target = getattr(self.service.engine, "target", None)
-        if target is not None and target.capabilities.servable and wanted in self._names(target):
+        target = self.service.target
+        if target is not None and target.capabilities.servable and wanted in target.names():
             return target
         if not self.config.load_on_request:
             target = self.target()  # none loaded, or a remote one: the clear 503
@@ -92,8 +84,8 @@ class Preparation:
                 "model_not_found",
             )
         async with self._switch:  # one load at a time: two requests for the same model load it once
-            target = getattr(self.service.engine, "target", None)
-            if target is not None and wanted in self._names(target):
+            target = self.service.target
+            if target is not None and wanted in target.names():
                 return target
             try:
                 handle = self.service.load(wanted, self.config.precision, interrupt=False)
@@ -126,6 +118,7 @@ class Preparation:
                 "send valid Unicode text.",
                 field or None,
             )
+        # lazy: pydantic loads only when this runs
         from pydantic import ValidationError
 
         try:
@@ -186,6 +179,10 @@ class Preparation:
                 client="api",
                 logprobs=self._logprobs(body),
             )
+            if chat:  # a reasoning model's switch (a model that does not reason ignores it)
+                effort = body.reasoning_effort
+                request.thinking = Thinking.from_effort(effort) if effort is not None else None
+                request.template_kwargs = body.chat_template_kwargs
             request.prepared = await asyncio.to_thread(self.tokenizers.prepare, target, request, wanted is not None)
         except ContextExceeded as exc:
             if exc.what == "max_new_tokens":
@@ -244,7 +241,7 @@ class Preparation:
         bias = {int(k): float(v) for k, v in (body.logit_bias or {}).items()}
         if not (frequency or presence or bias):
             return None
-        vocab = getattr(target.model.config, "vocab_size", None) if target.model is not None else None
+        vocab = target.vocab_size()
         if vocab is not None:
             outside = [t for t in bias if t >= vocab]
             if outside:
@@ -257,7 +254,7 @@ class Preparation:
 
     def _tool_grammar(self, target, tools: Tools, offered: list[dict], parallel: bool):
         tok = self.tokenizers.get(target)
-        vocab = getattr(target.model.config, "vocab_size", None) if target.model is not None else None
+        vocab = target.vocab_size()
         lltok = self.grammars.get(tok, vocab)
         try:
             return tool_grammar(lltok, tok, tools.family, offered, tools.choice, parallel)
@@ -276,6 +273,6 @@ class Preparation:
         if grammar is None:
             return None
         tok = self.tokenizers.get(target)
-        vocab = getattr(target.model.config, "vocab_size", None) if target.model is not None else None
+        vocab = target.vocab_size()
         lltok = self.grammars.get(tok, vocab)
         return GrammarProcessor(lltok, grammar)

@@ -71,6 +71,9 @@ class Message(BaseModel):
     tool_calls: Optional[list[ToolCallIn]] = None
     tool_call_id: Optional[str] = None
     refusal: Optional[str] = None
+    # An earlier reply's thinking, as this server and vLLM return it: accepted and not sent to the model (reasoning
+    # templates drop earlier thinking; kept in the history it breaks agents, issue 47).
+    reasoning_content: Optional[str] = None
 
     def text(self) -> str:
         if self.content is None:
@@ -179,6 +182,26 @@ class _Sampling(BaseModel):
         return None
 
 
+# What transformers' apply_chat_template takes itself: not template variables (chat_template_kwargs cannot set them).
+TEMPLATE_ARGUMENTS = {
+    "conversation",
+    "messages",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+}
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
@@ -187,6 +210,11 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Optional[Union[Literal["none", "auto", "required"], dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
     top_logprobs: Optional[int] = None
+    # Reasoning models (docs/server.md#reasoning-models): OpenAI's effort ("none" turns thinking off), mapped to the
+    # model's own switch, and extra chat-template variables as vLLM and llama.cpp take them ({"enable_thinking":
+    # false}), which win over the effort's mapping.
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
     def wanted_logprobs(self) -> Optional[int]:
         """The alternatives per token a request asks log-probabilities with (None: it asks for none)."""
@@ -200,6 +228,11 @@ class ChatCompletionRequest(_Sampling):
         return self.tool_choice
 
     def unsupported(self) -> Optional[tuple[str, str]]:
+        reserved = sorted(set(self.chat_template_kwargs or {}) & TEMPLATE_ARGUMENTS)
+        if reserved:
+            return "chat_template_kwargs", (
+                f"chat_template_kwargs cannot set {reserved[0]!r}: the server sets it; send template variables only."
+            )
         top = self.top_logprobs
         if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
             return "top_logprobs", f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS} (got {top})."

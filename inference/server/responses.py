@@ -20,10 +20,10 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from redline.inference.decoding.tool_calls import CallStream, argument_pieces, parse
-from redline.inference.events import Failed, FinishedEvent, TokenEvent
-from redline.inference.server.protocol import MEDIA_PARTS, TEXT_ONLY, ChatCompletionRequest
-from redline.inference.server.streaming import Closing, closing_message, failure
+from ..decoding.tool_calls import CallStream, argument_pieces, parse
+from ..events import Failed, FinishedEvent, TokenEvent
+from .protocol import MEDIA_PARTS, TEXT_ONLY, ChatCompletionRequest
+from .streaming import Closing, closing_message, failure
 
 LOOSE = ConfigDict(extra="forbid", strict=True)
 
@@ -131,6 +131,9 @@ class ResponsesRequest(BaseModel):
         ):
             if value is not None:
                 body[key] = value
+        effort = (self.reasoning or {}).get("effort")
+        if effort is not None:  # a reasoning model's effort, checked as chat's reasoning_effort is
+            body["reasoning_effort"] = effort
         fmt = self.text.format if self.text is not None else None
         if fmt is not None and fmt.type == "json_schema":
             if fmt.schema_ is None:
@@ -269,7 +272,7 @@ class Answer:
             "input_tokens": result.prompt_tokens,
             "input_tokens_details": {"cached_tokens": result.cached_tokens or 0},
             "output_tokens": result.new_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": result.reasoning_tokens},
             "total_tokens": result.prompt_tokens + result.new_tokens,
         }
         if result.finish_reason == "length" and not any(o["type"] == "function_call" for o in self.output):
@@ -287,6 +290,51 @@ def _message(item_id: str, text: str, status: str) -> dict:
         "status": "in_progress" if status == "start" else "completed",
         "content": content,
     }
+
+
+def _reasoning(item_id: str, text: str, status: str) -> dict:
+    """A reasoning model's thinking as a reasoning item (its text whole; no summary is made)."""
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": "in_progress" if status == "start" else "completed",
+    }
+
+
+class _Thinking:
+    """The streamed reasoning item: opened by the first thinking delta, closed before the answer's first text (or at
+    the end of a reply cut off while thinking)."""
+
+    def __init__(self, answer: "Answer"):
+        self.answer, self.item, self.text = answer, None, ""
+
+    def delta(self, piece: str) -> list[dict]:
+        out = []
+        if self.item is None:
+            self.item = "rs_" + uuid.uuid4().hex[:24]
+            self.answer.output.append(_reasoning(self.item, "", "start"))
+            out.append(self.event("response.output_item.added", item=self.answer.output[-1]))
+        self.text += piece
+        out.append(self.event("response.reasoning_text.delta", content_index=0, delta=piece, item_id=self.item))
+        return out
+
+    def close(self) -> list[dict]:
+        if self.item is None or self.answer.output[self.index]["status"] == "completed":
+            return []
+        self.answer.output[self.index] = _reasoning(self.item, self.text, "completed")
+        return [
+            self.event("response.reasoning_text.done", content_index=0, text=self.text, item_id=self.item),
+            self.event("response.output_item.done", item=self.answer.output[self.index]),
+        ]
+
+    @property
+    def index(self) -> int:
+        return next(i for i, o in enumerate(self.answer.output) if o["id"] == self.item)
+
+    def event(self, kind: str, **fields) -> dict:
+        return self.answer.event(kind, output_index=self.index, **fields)
 
 
 def _call(call, status: str) -> dict:
@@ -307,13 +355,15 @@ async def events(api, handle, queue, answer: Answer, tools):
     yield answer.event("response.in_progress", response=answer.obj())
     text_item: Optional[str] = None
     text = ""
+    thinking = _Thinking(answer)
 
     def open_text():
         nonlocal text_item
+        closed = thinking.close()  # the answer begins: the thinking's item is done
         text_item = "msg_" + uuid.uuid4().hex[:24]
         answer.output.append(_message(text_item, "", "start"))
         index = len(answer.output) - 1
-        return [
+        return closed + [
             answer.event("response.output_item.added", output_index=index, item=_message(text_item, "", "start")),
             answer.event(
                 "response.content_part.added",
@@ -347,6 +397,8 @@ async def events(api, handle, queue, answer: Answer, tools):
             if isinstance(event, TokenEvent):
                 if event.token_id >= 0:
                     api.stats.token()
+                for e in thinking.delta(event.reasoning) if event.reasoning else []:
+                    yield e
                 piece = held.feed(event.text) if held is not None and event.text else event.text
                 if piece:
                     for e in delta(piece):
@@ -365,9 +417,11 @@ async def events(api, handle, queue, answer: Answer, tools):
         if result.finish_reason in ("error", "cancelled"):
             yield answer.event("error", code="server_error", message=failure(result)[1], param=None)
             return
+        for e in thinking.close():  # a reply that ended while it thought
+            yield e
         calls = []
         if held is not None:
-            rest, calls = held.finish()
+            rest, calls = held.finish(cut=result.finish_reason == "length")  # a call cut short: dropped
             if rest:
                 for e in delta(rest):
                     yield e
@@ -416,7 +470,9 @@ def whole(answer: Answer, result, tools) -> dict:
     """The response object of a finished generation."""
     text, calls = (result.text, [])
     if tools is not None:
-        text, calls = parse(tools.family, result.text, tools.names)
+        text, calls = parse(tools.family, result.text, tools.names, cut=result.finish_reason == "length")
+    if result.reasoning:
+        answer.output.append(_reasoning("rs_" + uuid.uuid4().hex[:24], result.reasoning, "completed"))
     if text or not calls:
         answer.output.append(_message("msg_" + uuid.uuid4().hex[:24], text, "completed"))
     answer.output.extend(_call(c, "completed") for c in calls)

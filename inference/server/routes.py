@@ -24,21 +24,21 @@ from typing import Any, Optional
 
 from fastapi import Request
 
-from redline.inference.errors import Busy, RedlineError, Refused
-from redline.inference.events import Failed, FinishedEvent, GenerationResult
-from redline.inference.generation.request import GenerationRequest
-from redline.inference.server import responses, streaming
-from redline.inference.server.config import ServerConfig
-from redline.inference.server.middleware import BodyLimit
-from redline.inference.server.preparation import Preparation
-from redline.inference.server.protocol import (
+from ..errors import Busy, RedlineError, Refused
+from ..events import Failed, FinishedEvent, GenerationResult
+from ..generation.request import GenerationRequest
+from . import responses, streaming
+from .config import ServerConfig
+from .middleware import BodyLimit
+from .preparation import Preparation
+from .protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     describe_validation,
     error_body,
 )
-from redline.inference.server.stats import ServerStats
+from .stats import ServerStats
 
 RETRY_AFTER_S = 1
 
@@ -106,8 +106,7 @@ class Api:
             )
 
     def models(self) -> dict:
-        engine = self.service.engine
-        target = getattr(engine, "target", None)
+        target = self.service.target
         data = []
         if target is not None and target.capabilities.servable:
             data.append(
@@ -139,10 +138,19 @@ class Api:
 def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None, api: Optional[Api] = None):
     """The ASGI application (FastAPI) serving ``service`` under ``config`` (through ``api``, when given, so its
     owner can ``close`` it)."""
+    # lazy: the server's libraries load only when it starts
     from fastapi import FastAPI
+
+    # lazy: the server's libraries load only when it starts
     from fastapi.exceptions import RequestValidationError
+
+    # lazy: the server's libraries load only when it starts
     from fastapi.responses import JSONResponse
+
+    # lazy: the server's libraries load only when it starts
     from sse_starlette.sse import EventSourceResponse
+
+    # lazy: the server's libraries load only when it starts
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     api = api or Api(service, config, stats)
@@ -180,7 +188,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": getattr(getattr(service.engine, "target", None), "name", None)}
+        return {"status": "ok", "model": service.target.name if service.target is not None else None}
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -243,6 +251,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
 
     @app.post("/v1/responses")
     async def responses_api(request: Request):
+        # lazy: pydantic loads only when this runs
         from pydantic import ValidationError
 
         api.check_key(request)
@@ -275,6 +284,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
 
     wrapped: Any = app
     if config.cors_origins:
+        # lazy: the server's libraries load only when it starts
         from starlette.middleware.cors import CORSMiddleware
 
         wrapped = CORSMiddleware(

@@ -9,9 +9,9 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from redline.inference.decoding.tool_calls import CallStream, argument_pieces, parse
-from redline.inference.events import Failed, FinishedEvent, GenerationResult, TokenEvent, TokenLogprob
-from redline.inference.server.protocol import error_body
+from ..decoding.tool_calls import CallStream, argument_pieces, parse
+from ..events import Failed, FinishedEvent, GenerationResult, TokenEvent, TokenLogprob
+from .protocol import error_body
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "error"}
 
@@ -30,11 +30,13 @@ def closing_message(reason: str) -> str:
 def timings(result: GenerationResult) -> dict:
     """llama.cpp's ``timings`` object from Redline's measurements, plus TTFT and the time spent queued.
 
-    prompt_ms: from the start of work on the request to its first token (prefill; the queue excluded);
-    predicted_*: the decode, tokens after the first over their time (Redline's decode tokens/s)."""
-    ttft = result.ttft_ms or 0.0
+    prompt_ms: from the start of work on the request to its first token (prefill; the queue excluded: the result's
+    own TTFT); ttft_ms: from the request's arrival at the engine to its first token (the queue included, as this
+    object has always said: ``queued_ms`` plus ``prompt_ms``); predicted_*: the decode, tokens after the first over
+    their time (Redline's decode tokens/s)."""
     queued = result.queued_ms or 0.0
-    prompt_ms = max(ttft - queued, 0.0)
+    prompt_ms = result.ttft_ms or 0.0
+    ttft = result.submitted_ttft_ms or 0.0
     decoded = max(result.new_tokens - 1, 0)
     per_s = result.tokens_per_s or 0.0
     predicted_ms = decoded / per_s * 1000 if per_s else 0.0
@@ -61,6 +63,8 @@ def usage(result: GenerationResult) -> dict:
         "completion_tokens": result.new_tokens,
         "total_tokens": result.prompt_tokens + result.new_tokens,
         "prompt_tokens_details": {"cached_tokens": result.cached_tokens or 0},
+        # of the completion's tokens, a reasoning model's thinking (OpenAI's field; 0 for a model that does not reason)
+        "completion_tokens_details": {"reasoning_tokens": result.reasoning_tokens},
     }
 
 
@@ -79,6 +83,7 @@ def total_usage(results: list[GenerationResult]) -> dict:
     total = usage(first)
     written = sum(r.new_tokens for r in results)
     total.update(completion_tokens=written, total_tokens=first.prompt_tokens + written)
+    total["completion_tokens_details"] = {"reasoning_tokens": sum(r.reasoning_tokens for r in results)}
     return total
 
 
@@ -127,11 +132,14 @@ def _chunk(
     calls=None,
     index: int = 0,
     logprobs: Optional[dict] = None,
+    reasoning: Optional[str] = None,
 ) -> dict:
     if chat:
         delta: dict = {}
         if first:
             delta["role"] = "assistant"
+        if reasoning is not None:  # a reasoning model's thinking, apart from the answer (vLLM's and llama.cpp's field)
+            delta["reasoning_content"] = reasoning
         if text is not None:
             delta["content"] = text
         if calls is not None:
@@ -226,6 +234,8 @@ async def stream(api, runs, ident, created, name, chat, include_usage, tools=Non
                     stats.token()
                 if event.logprobs:
                     choice.pending.extend(event.logprobs)
+                if event.reasoning and chat:
+                    yield _data(_chunk(ident, created, name, chat, None, None, index=i, reasoning=event.reasoning))
                 text = choice.held.feed(event.text) if choice.held is not None and event.text else event.text
                 if text:
                     yield _data(_chunk(ident, created, name, chat, text, None, index=i, logprobs=choice.logprobs(chat)))
@@ -248,7 +258,7 @@ async def stream(api, runs, ident, created, name, chat, include_usage, tools=Non
                 return
             finish = FINISH[result.finish_reason]
             if choice.held is not None:
-                rest, calls = choice.held.finish()
+                rest, calls = choice.held.finish(cut=result.finish_reason == "length")
                 if rest:
                     yield _data(_chunk(ident, created, name, chat, rest, None, index=i, logprobs=choice.logprobs(chat)))
                 for chunk in _call_chunks(ident, created, name, calls, i):
@@ -284,6 +294,7 @@ async def stream(api, runs, ident, created, name, chat, include_usage, tools=Non
 
 async def collect(api, handle, queue, request):
     """The finished generation's result, or the error response (JSON) to answer instead."""
+    # lazy: the server's libraries load only when it starts
     from fastapi.responses import JSONResponse
 
     stats = api.stats
@@ -338,10 +349,14 @@ def choice_of(result: GenerationResult, index: int, chat: bool, tools=None) -> d
         logprobs = completion_logprobs(scored) if scored is not None else None
         return {"index": index, "text": result.text, "logprobs": logprobs, "finish_reason": finish}
     message: dict = {"role": "assistant", "content": result.text}
+    thinking = {"reasoning_content": result.reasoning or None} if result.reasoning_format else {}
+    message.update(thinking)
     if tools is not None:
-        content, calls = parse(tools.family, result.text, tools.names)
+        # Cut by max_tokens in the middle of a call: the complete calls before it are the answer.
+        content, calls = parse(tools.family, result.text, tools.names, cut=result.finish_reason == "length")
         if calls:
             message = {"role": "assistant", "content": content or None, "tool_calls": [c.as_openai() for c in calls]}
+            message.update(thinking)
             finish = "tool_calls"
     logprobs = chat_logprobs(scored) if scored is not None else None
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}

@@ -15,7 +15,7 @@ import json
 import threading
 from typing import Any, Optional
 
-from redline.inference.errors import RedlineError
+from ..errors import RedlineError
 
 
 class SchemaError(RedlineError):
@@ -35,6 +35,7 @@ class GrammarTokenizers:
             hit = self._cache.get(key)
             if hit is not None and hit[0] is tokenizer:
                 return hit[1]
+            # lazy: the grammar library loads only for structured output
             import llguidance.hf
 
             lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
@@ -44,6 +45,7 @@ class GrammarTokenizers:
 
 def grammar_for(response_format: dict) -> Optional[str]:
     """The llguidance grammar for an OpenAI ``response_format`` (None for plain text); raises SchemaError."""
+    # lazy: the grammar library loads only for structured output
     import llguidance
 
     kind = response_format.get("type", "text")
@@ -73,6 +75,7 @@ def grammar_for(response_format: dict) -> Optional[str]:
 
 
 def _validate(grammar: str) -> tuple[bool, str, list]:
+    # lazy: the grammar library loads only for structured output
     import llguidance
 
     validate = getattr(llguidance.LLMatcher, "validate_grammar_with_warnings", None)
@@ -87,7 +90,10 @@ class GrammarProcessor:
     """Masks each step's logits to what ``grammar`` allows; one instance per generation (it holds its state)."""
 
     def __init__(self, lltok, grammar: str):
+        # lazy: the grammar library loads only for structured output
         import llguidance
+
+        # lazy: the grammar library loads only for structured output
         import llguidance.torch
 
         self.matcher = llguidance.LLMatcher(lltok, grammar)
@@ -103,6 +109,7 @@ class GrammarProcessor:
         return self.matcher.get_error() if self.matcher.is_error() else ""
 
     def __call__(self, input_ids, scores):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         length = int(input_ids.shape[-1])
@@ -137,6 +144,7 @@ class Penalties:
         self._bias = None
 
     def __call__(self, input_ids, scores):
+        # lazy: torch loads on the engine's thread, never at import
         import torch
 
         if self.prompt is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from redline.inference.generation.request import GenerationRequest, Prepared, prepare
+from ..generation.request import GenerationRequest, Prepared, prepare
 
 
 class ServerTokenizers:
@@ -21,6 +21,7 @@ class ServerTokenizers:
     def get(self, target):
         with self._lock:
             if self._for is not target:
+                # lazy: transformers loads on the engine's thread, never at import
                 from transformers import AutoTokenizer
 
                 self._tok = AutoTokenizer.from_pretrained(str(target.folder))

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterator, Optional
 
-from redline.inference.events import FINAL, Completed, Failed, FinishedEvent, GenerationResult
+from ..events import FINAL, Completed, Failed, FinishedEvent, GenerationResult
 
 _ids = itertools.count(1)
 

@@ -11,8 +11,10 @@ behind it are told what they wait for (``Queued``).
 A load asked with ``interrupt=True`` (the window's model switch) stops the running generations at their next
 step instead of waiting for them; each ends as "cancelled" with a note saying why.
 
-Admission: at most ``max_queued`` requests wait; one more is refused at once with ``Busy``. A request that can
-never fit (more new tokens than the model's context or the KV budget allows) is refused with ``Refused``.
+Whether a request can run now, and how, is the admission object's call (``admission.py``): at most
+``max_queued`` requests wait (one more is refused at once with ``Busy``); one that can never fit (more new tokens
+than the model's context or the KV budget allows) is refused with ``Refused``. The scheduler's step is then "an
+exclusive job, or one step of the replies running together on the target" (``Backend.step``).
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from redline.inference.errors import Busy, Cancelled, RedlineError, Refused
-from redline.inference.events import Queued, Started
-from redline.inference.generation.request import GenerationRequest, prepare
-from redline.inference.service.requests import RequestHandle
-from redline.inference.service.threads import ReplyThreads
+from ..backends.local import BatchLimits
+from ..engine import Engine, LoadRequest
+from ..errors import Busy, Cancelled, RedlineError, Refused
+from ..events import GenerationResult, Queued, Started
+from ..generation.request import GenerationRequest
+from .admission import MAX_ACTIVE, MAX_QUEUED, Admission
+from .requests import RequestHandle
 
-MAX_ACTIVE = 4  # sequences decoded together
-MAX_QUEUED = 32  # requests waiting beyond those
 CLIENT_LABELS = {"chat": "a chat reply", "api": "an API request", "cli": "a reply", "lab": "the speed lab"}
 
 
@@ -56,15 +58,13 @@ class EngineService:
         kv_budget_tokens: Optional[int] = None,
     ):
         self._engine_factory = engine_factory
-        self.max_active, self.max_queued = max_active, max_queued
-        self.kv_budget_tokens = kv_budget_tokens  # None: from the estimator and the memory free (generation/batch.py)
+        self.admission = Admission(max_active, max_queued, kv_budget_tokens=kv_budget_tokens)
         self._on_thread_start = on_thread_start
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._running: Optional[_Job] = None  # the exclusive job now running
-        self._batcher = None  # the target's batcher while it decodes (generation/batch.py)
-        self._threads = ReplyThreads(self._wake)  # replies a server runs (several in flight)
+        self._together = None  # the target whose replies run together now (Backend.add/step), while it has any
         self.engine = None  # created on the scheduler thread (torch imports there)
         self.engine_error: Optional[BaseException] = None
         self._ready = threading.Event()
@@ -75,7 +75,7 @@ class EngineService:
     # -- submitting ---------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Queue a generation; its handle streams TokenEvents, StatsEvents and a FinishedEvent."""
-        self._check_fits(request)
+        self.admission.check_request(request, self.target)
         label = CLIENT_LABELS.get(request.client, "another request")  # what others wait for, if it runs alone
         job = _Job(RequestHandle("generate", request), time.perf_counter(), request=request, label=label)
         return self._enqueue(job)
@@ -101,12 +101,13 @@ class EngineService:
         interrupt: bool = True,
         api_key: Optional[str] = None,
         draft_required: bool = False,
+        context: Optional[int] = None,
     ) -> RequestHandle:
         """Load ``model`` (and a draft), with Progress events; the handle's value is the ``engine.LoadReport``.
-        The one load job of the window, the wizard, the CLI and the server (``Engine.load_all``)."""
-        from redline.inference.engine import LoadRequest
+        The one load job of the window, the wizard, the CLI and the server (``Engine.load_all``). ``context``: the
+        chat's, which a load that runs out of memory names."""
 
-        request = LoadRequest(model, precision, draft, draft_precision, api_key, opt_in, draft_required)
+        request = LoadRequest(model, precision, draft, draft_precision, api_key, opt_in, draft_required, context)
 
         def job(engine, report):
             return engine.load_all(request, report, should_cancel=report.cancelled)
@@ -120,11 +121,7 @@ class EngineService:
         with self._cond:
             if self._stopping:
                 raise RedlineError("The engine is shutting down.", "Start Redline again.")
-            if len(self._queue) >= self.max_queued:
-                raise Busy(
-                    f"The engine is busy: {len(self._queue)} requests are waiting already.",
-                    "Try again in a moment.",
-                )
+            self.admission.check_queue(len(self._queue))
             ahead_jobs = list(self._queue)
             self._queue.append(job)
             running = self._running
@@ -132,20 +129,26 @@ class EngineService:
         job.handle.on_cancel(lambda: self._cancel_queued(job))
         if ahead_jobs or running is not None:
             job.handle.emit(Queued(len(ahead_jobs) + (1 if running else 0), self._wait_reason(ahead_jobs)))
+        elif self._batch_busy() and self._how(job) == "exclusive":  # it needs the engine alone: they end first
+            replies = self._together.running()
+            job.handle.emit(
+                Queued(replies, f"waiting for {replies} {'reply' if replies == 1 else 'replies'} being written to end")
+            )
         return job.handle
 
-    def _check_fits(self, request: GenerationRequest) -> None:
-        """Refuse at once what can never run: no new tokens, or prompt ids that fill the model's context (a chat's
-        messages are made ready on the engine's thread, where the tokenizer is)."""
-        if request.sampling.max_new_tokens < 1:
-            raise Refused("The request asks for no new tokens.", "Ask for at least one.")
-        target = getattr(self.engine, "target", None) if self.engine is not None else None
-        if target is None or request.input_ids is None or request.prepared is not None:
-            return
-        try:
-            prepare(None, target.context_limit, request)
-        except RedlineError as exc:
-            raise Refused(exc.message, exc.hint) from None
+    @property
+    def target(self):
+        """The engine's target (a backend), or None before the engine exists or with no model loaded (an engine made
+        by a factory for jobs alone may have no target at all)."""
+        return getattr(self.engine, "target", None)
+
+    @property
+    def max_active(self) -> int:
+        return self.admission.max_active
+
+    @property
+    def max_queued(self) -> int:
+        return self.admission.max_queued
 
     def _cancel_queued(self, job: _Job) -> None:
         """A request cancelled while it waits ends now, whatever runs (a speed-lab run holds the engine's thread)."""
@@ -162,18 +165,11 @@ class EngineService:
         with self._cond:
             return {
                 "queued": len(self._queue),
-                "active": (len(self._batcher) if self._batcher is not None else 0) + len(self._threads),
+                "active": self._together.running() if self._together is not None else 0,
                 "running": self._running.label if self._running else None,
-                "model": getattr(getattr(self.engine, "target", None), "name", None),
-                "compile": self._compile_status(),
+                "model": self.target.name if self.target is not None else None,
+                "compile": self.target.compile_status() if self.target is not None else None,
             }
-
-    def _compile_status(self) -> Optional[dict]:
-        """The fast path's compiled step: compiling in the background, ready, or failed (with why)."""
-        target = getattr(self.engine, "target", None)
-        dec = getattr(target, "fast_decoder", None) if target is not None else None
-        compiled = getattr(dec, "compiled", None)
-        return compiled.status() if compiled is not None else None
 
     def _wait_reason(self, ahead: list) -> str:
         """Why a request with ``ahead`` before it waits: the job that has the engine (or will have it first),
@@ -181,11 +177,12 @@ class EngineService:
         running = self._running
         if running is not None:
             return f"waiting for {running.label}" if running.label else "waiting for the engine"
-        exclusive = next((j for j in ahead if self._admission(j) == "exclusive"), None)
+        exclusive = next((j for j in ahead if self._how(j) == "exclusive"), None)
         if exclusive is not None:
             return f"waiting for {exclusive.label}" if exclusive.label else "waiting for another request to finish"
-        if self._batcher is not None and not self._batcher.has_room():
-            return f"waiting: {self.max_active} replies are being written (the most at once)"
+        together = self._together
+        if together is not None and not self.admission.has_room(together):
+            return self.admission.full_reason(together)
         return "waiting in line"
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
@@ -207,9 +204,8 @@ class EngineService:
             self._cond.notify_all()
         for job in jobs:
             job.handle.cancel()
-        if self._batcher is not None:
-            self._batcher.cancel_all("Stopped: Redline is closing.")
-        self._threads.cancel_all()
+        if self._together is not None:
+            self._together.cancel_running("Stopped: Redline is closing.")
         if not self._thread.is_alive():
             return True
         self._thread.join(timeout)
@@ -222,15 +218,12 @@ class EngineService:
             return
         try:
             if self._engine_factory is None:
-                from redline.inference.engine import Engine
-
                 self.engine = Engine()
             else:
                 self.engine = self._engine_factory()
-            from redline.inference.loading.loader import BatchLimits
 
-            # The service's limits are the batcher's: how many replies at once, the KV positions they may hold.
-            self.engine.limits = BatchLimits(self.max_active, self.kv_budget_tokens)
+            # The admission's limits are the batch's: how many replies at once, the KV positions they may hold.
+            self.engine.limits = BatchLimits(self.admission.max_active, self.admission.kv_budget_tokens)
         except Exception as exc:  # pragma: no cover - only if torch itself is broken
             self.engine_error = exc
         finally:
@@ -254,17 +247,16 @@ class EngineService:
         for job in leftover:
             self._end_unstarted(job, "Redline is closing.")
         # Quitting with a model loaded: its conversations stay warm for the next start (pages on disk).
-        persist = getattr(self.engine, "persist_prefix_cache", None)
-        if persist is not None:
+        if self.target is not None:
             try:
-                persist()
+                self.target.persist_prefix_cache()
             except Exception:  # a disk that fails costs the next start's warm cache, never the quit
                 pass
 
     def _fail_batch(self, exc: BaseException) -> None:
-        batcher, self._batcher = self._batcher, None
-        if batcher is not None:
-            batcher.fail_all(
+        together, self._together = self._together, None
+        if together is not None:
+            together.fail_running(
                 RedlineError(
                     f"The engine failed while serving this request ({type(exc).__name__}: {exc}).",
                     "Try again; if it happens again, report it.",
@@ -272,55 +264,43 @@ class EngineService:
             )
 
     def _batch_busy(self) -> bool:
-        return self._batcher is not None and len(self._batcher) > 0
+        return self._together is not None and self._together.running() > 0
 
     def _step(self) -> None:
         self._ensure_engine()
         self._drop_cancelled()
         head = self._queue[0] if self._queue else None
-        how = self._admission(head)
-        if how == "threads":  # a reply a server runs: on a thread of its own, room permitting
-            if self._threads.has_room():
-                self._pop(head)
-                self._threads.start(head.handle, head.request, head.submitted, self.engine)
-            else:
-                self._wait(0.05)
-            return
-        if head is not None and how != "batch" and len(self._threads):
-            if head.interrupt:  # the engine alone, now: the server's replies stop
-                self._threads.cancel_all()
-            self._wait(0.05)  # before a job that needs the engine alone, the threads' replies end
-            return
+        how = self._how(head)
         if head is not None and head.interrupt and self._batch_busy():
-            self._batcher.cancel_all(f"Stopped so that {head.label or 'another task'} could start.")
+            self._together.cancel_running(f"Stopped so that {head.label or 'another task'} could start.")
         while head is not None and how == "batch":
-            self._batcher = self.engine.target.batcher()
-            if not self._batcher.has_room():
+            target = self._together = self.target
+            if not self.admission.has_room(target):
                 break
             try:
                 if head.prepared is None:
-                    head.prepared = self._batcher.prepare(head.request)
+                    head.prepared = self.admission.admit(head.request, target)
             except Exception as exc:  # it can never run (too long for the KV memory, the context …): said now
                 self._pop(head)
                 head.handle.fail(exc)
                 head = self._queue[0] if self._queue else None
-                how = self._admission(head)
+                how = self._how(head)
                 continue
-            if not self._batcher.fits(head.prepared):
-                why = "waiting for memory for the KV cache" if self._batcher.has_room() else self._wait_reason([])
+            why = self.admission.wait_reason(head.prepared, target)
+            if why is not None:
                 said = [e for e in head.handle.history() if isinstance(e, Queued)]
                 if not said or said[-1].reason != why:
-                    head.handle.emit(Queued(len(self._batcher), why))
+                    head.handle.emit(Queued(target.running(), why))
                 break  # the running requests' KV memory comes back as they end
             self._pop(head)
             try:
-                self._batcher.add(head.handle, head.request, head.submitted, head.prepared)
+                target.add(head.handle, head.request, head.submitted, head.prepared)
             except Exception as exc:
                 head.handle.fail(exc)
             head = self._queue[0] if self._queue else None
-            how = self._admission(head)
-        if self._batch_busy():
-            self._batcher.step()
+            how = self._how(head)
+        if self._batch_busy():  # an exclusive job at the head waits for the running replies to end
+            self._together.step()
             return
         if head is not None and how != "batch":
             with self._cond:
@@ -328,26 +308,23 @@ class EngineService:
             self._pop(head)
             self._run_exclusive(head)
 
-    def _admission(self, job: Optional[_Job]) -> Optional[str]:
-        """How ``job`` runs: "batch", "threads" or "exclusive" (a generation, as the engine says); "exclusive" for
-        every other job; None for no job."""
+    def _how(self, job: Optional[_Job]) -> Optional[str]:
+        """How ``job`` runs (admission.py): "batch" or "exclusive"; None for no job. A generation's strategy is
+        resolved here, before admission, and kept on the job."""
         if job is None:
             return None
-        if job.request is None or self.engine is None or getattr(self.engine, "target", None) is None:
+        target = self.target
+        if job.request is None or target is None:
             return "exclusive"
         try:
-            return self.engine.admission(job.request)
+            job.request = target.resolved(job.request)
+            return self.admission.how(job.request, target)
         except Exception:  # e.g. a strategy the target cannot run: its exclusive run says why
             return "exclusive"
 
     def _wait(self, seconds: float) -> None:
         with self._cond:
             self._cond.wait(seconds)
-
-    # -- replies a server runs: on threads of their own (threads.py); the scheduler is woken when one ends ------
-    def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
 
     def _pop(self, job: _Job) -> None:
         with self._cond:
@@ -371,8 +348,6 @@ class EngineService:
         if job.request is None:
             job.handle.fail(Cancelled(why))
             return
-        from redline.inference.events import GenerationResult
-
         job.handle.finish(
             GenerationResult(
                 text="",
@@ -403,9 +378,8 @@ class EngineService:
         finally:
             with self._cond:
                 self._running = None
-            target = getattr(self.engine, "target", None)
-            if self._batcher is not None and self._batcher.target is not target:
-                self._batcher = None  # the model changed: the old batcher's decoder goes with it
+            if self._together is not None and self._together is not self.target:
+                self._together = None  # the model changed: the old one's batch goes with it
 
 
 class Reporter:

@@ -32,10 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from redline.inference.errors import Cancelled, ModelLoadError, OutOfMemory, RedlineError
-from redline.inference.paths import models_dir
-from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress
-from redline.inference.units import MB, format_bytes
+from ..errors import Cancelled, ModelLoadError, OutOfMemory, RedlineError
+from ..memory.oom import is_oom
+from ..memory.policy import returning_freed_memory, weights_in_own_mappings
+from ..paths import models_dir
+from ..progress import CancelFn, ProgressFn, check_cancel, noop_progress
+from ..units import MB, format_bytes
+from .manifest import write_manifest
 
 COMPLETE_MARKER = ".redline-complete"
 CONVERSION_VERSION = 2  # 1: whole-model fp32 through transformers; 2: streamed, bf16, quantised kept
@@ -111,6 +114,7 @@ def _read_error(path: Path, exc: BaseException) -> ModelLoadError:
 
 
 def open_reader(path: Path):
+    # lazy: the GGUF reader loads only for GGUF files
     from gguf import GGUFReader
 
     try:
@@ -127,6 +131,7 @@ def reusing_reader(path: Path, reader):
     """Within this block transformers' GGUF helpers (config, tokenizer, tensor names) use ``reader`` instead of
     parsing the file again (each parse of a 49k-token vocabulary takes seconds), and gguf's tensor-name map
     is built once instead of once per module. Both helpers import these names from ``gguf`` when called."""
+    # lazy: the GGUF reader loads only for GGUF files
     import gguf
 
     target = str(Path(path).resolve())
@@ -152,6 +157,7 @@ def _choose_float_dtype(reader, requested: Optional[str]) -> str:
                 f"Unknown dtype {requested!r} for a GGUF conversion.", "Use bfloat16, float16 or float32."
             )
         return requested
+    # lazy: the GGUF reader loads only for GGUF files
     from gguf import GGMLQuantizationType as T
 
     matrix_types = {t.tensor_type for t in reader.tensors if len(t.shape) >= 2}
@@ -160,8 +166,13 @@ def _choose_float_dtype(reader, requested: Optional[str]) -> str:
 
 def plan_gguf(path: Path, keep_quantised: bool = True, dtype: Optional[str] = None, reader=None) -> GGUFPlan:
     """What each tensor of ``path`` becomes, from the metadata alone (no weights are read)."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    # lazy: transformers loads on the engine's thread, never at import
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         LlamaTensorProcessor,
@@ -170,7 +181,8 @@ def plan_gguf(path: Path, keep_quantised: bool = True, dtype: Optional[str] = No
         load_gguf_checkpoint,
     )
 
-    from redline.inference.sources import gguf_tensors as gt
+    # lazy: gguf_tensors imports numpy (numpy loads with the engine, not at import)
+    from . import gguf_tensors as gt
 
     path = Path(path)
     reader = reader if reader is not None else open_reader(path)
@@ -230,6 +242,7 @@ def plan_gguf(path: Path, keep_quantised: bool = True, dtype: Optional[str] = No
             tp.mins = tp.bits == 4 and gt.asymmetric(t.tensor_type)
             tp.out_bytes = gt.block_weights_bytes(t.tensor_type, *shape)
         else:
+            # lazy: the GGUF reader loads only for GGUF files
             from gguf import GGMLQuantizationType as T
 
             tp.out_dtype = "float32" if (len(shape) == 1 and t.tensor_type == T.F32) else float_dtype
@@ -296,6 +309,7 @@ class ShardWriter:
         self.total += size
 
     def flush(self) -> None:
+        # lazy: safetensors loads only when this runs
         from safetensors.torch import save_file
 
         if not self.pending:
@@ -360,10 +374,14 @@ ROW_CHUNK_VALUES = 1 << 19  # values de-quantised at a time (2 MB of float32: fa
 def _float_rows(data, tp: TensorPlan):
     """A tensor de-quantised a few rows at a time straight into its output dtype, rows put where transformers'
     processor would put them (Q/K), so only the output and one chunk's float32 exist at once."""
+    # lazy: numpy loads with the engine, not at import
     import numpy as np
+
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
-    from redline.inference.sources import gguf_tensors as gt
+    # lazy: gguf_tensors imports numpy (numpy loads with the engine, not at import)
+    from . import gguf_tensors as gt
 
     out = torch.empty(tp.shape, dtype=getattr(torch, tp.out_dtype))
     if len(tp.shape) != 2:
@@ -388,10 +406,14 @@ def _float_rows(data, tp: TensorPlan):
 
 
 def _write_tensors(plan: GGUFPlan, reader, writer: ShardWriter, report: _Progress, should_cancel) -> dict:
+    # lazy: numpy loads with the engine, not at import
     import numpy as np
+
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
-    from redline.inference.sources import gguf_tensors as gt
+    # lazy: gguf_tensors imports numpy (numpy loads with the engine, not at import)
+    from . import gguf_tensors as gt
 
     by_name = {t.name: t for t in reader.tensors}
     manifest: dict[str, dict] = {}
@@ -477,6 +499,7 @@ def convert_gguf(
         plan = plan_gguf(gguf_path, keep_quantised, dtype, reader=reader)
         check_cancel(should_cancel)
         progress(0.03, "Reading GGUF tokenizer")
+        # lazy: transformers loads on the engine's thread, never at import
         from transformers import AutoTokenizer, GenerationConfig
 
         try:
@@ -490,8 +513,6 @@ def convert_gguf(
         report = _Progress(progress, plan.file_bytes, 0.08, 0.97)
         report.step(0)
         try:
-            from redline.inference.memory.policy import returning_freed_memory, weights_in_own_mappings
-
             # Each tensor's buffers in mappings of their own, handed back whole when freed, so the process
             # does not keep the pages of every tensor it has converted.
             with weights_in_own_mappings(), returning_freed_memory():
@@ -500,8 +521,6 @@ def convert_gguf(
         except (RedlineError, Cancelled):
             raise
         except Exception as exc:
-            from redline.inference.loading.loader import is_oom
-
             if is_oom(exc):
                 raise OutOfMemory(
                     f"Ran out of memory while converting {gguf_path.name}.",
@@ -520,8 +539,6 @@ def convert_gguf(
         GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         if manifest:
-            from redline.inference.loading.packed import write_manifest
-
             write_manifest(tmp, manifest, gguf_path.name)
         kept = f", {len(manifest)} layers kept quantised" if manifest else ""
         (tmp / COMPLETE_MARKER).write_text(

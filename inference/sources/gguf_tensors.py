@@ -1,7 +1,7 @@
 """One GGUF tensor at a time: what it becomes in a converted folder, and the conversion itself.
 
 A quantised GGUF tensor that feeds a linear layer keeps its quantisation where Redline has a kernel
-(``inference/loading/block_quant.py``: blocks of 32, fp16 scales, optional fp16 mins):
+(``inference/kernels/block_quant.py``: blocks of 32, fp16 scales, optional fp16 mins):
 
 - ``Q8_0`` → 8-bit blocks, bytes copied (exact);
 - ``Q4_0`` / ``Q4_1`` → 4-bit blocks, bytes copied (exact);
@@ -22,7 +22,8 @@ from typing import Optional
 
 import numpy as np
 
-from redline.inference.loading.block_quant import BLOCK, BlockWeights, pack_nibbles, quantize_q8
+from ..cost import packed_layer_bytes
+from ..kernels.block_quant import BLOCK, BlockWeights, pack_nibbles, quantize_q8
 
 QK_K = 256  # a K-quant super-block
 
@@ -33,6 +34,7 @@ REQUANTISED = "re-quantised to 8 bits from gguf's de-quantisation"
 
 
 def _types():
+    # lazy: the GGUF reader loads only for GGUF files
     from gguf import GGMLQuantizationType as T
 
     return T
@@ -69,14 +71,12 @@ def asymmetric(qtype) -> bool:
 def block_weights_bytes(qtype, rows: int, cols: int) -> int:
     """Bytes of the BlockWeights a quantised tensor of ``rows`` × ``cols`` becomes (qweight, scales, mins)."""
     bits, _ = kept_as(qtype)
-    blocks = rows * (cols // BLOCK)
-    if bits == 8:
-        return rows * cols + blocks * 2
-    return rows * cols // 2 + blocks * 2 * (2 if asymmetric(qtype) else 1)
+    return packed_layer_bytes(bits, cols, rows, "bfloat16", blocks=True, mins=asymmetric(qtype))  # the estimator's
 
 
 def can_keep(qtype, rows: int, cols: int) -> bool:
     """A quantised 2-D tensor whose rows split into blocks of 32 (K-quants: 256)."""
+    # lazy: the GGUF reader loads only for GGUF files
     from gguf import GGML_QUANT_SIZES
 
     if not is_quantised(qtype) or cols % BLOCK:
@@ -96,6 +96,7 @@ def _fields(raw: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
 
 def to_blocks(data: np.ndarray, qtype, rows: int, cols: int) -> BlockWeights:
     """The GGUF tensor ``data`` (its raw bytes, [rows, bytes per row]) as Redline's blocks."""
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     T = _types()
@@ -120,6 +121,7 @@ def to_blocks(data: np.ndarray, qtype, rows: int, cols: int) -> BlockWeights:
             torch.from_numpy(m.view(np.float16)[..., 0]),
         )
     if qtype == T.Q4_K:
+        # lazy: the GGUF reader loads only for GGUF files
         from gguf.quants import Q4_K
 
         nsb = cols // QK_K
@@ -141,6 +143,7 @@ def to_blocks(data: np.ndarray, qtype, rows: int, cols: int) -> BlockWeights:
 
 def dequantize(data: np.ndarray, qtype) -> np.ndarray:
     """float32 values of a GGUF tensor (the ``gguf`` package's de-quantisers)."""
+    # lazy: the GGUF reader loads only for GGUF files
     from gguf.quants import dequantize as gguf_dequantize
 
     return gguf_dequantize(np.asarray(data), qtype)
@@ -157,6 +160,7 @@ def llama_row_permutation(rows: int, n_head: int) -> np.ndarray:
 def permute_rows(bw: BlockWeights, order: Optional[np.ndarray]) -> BlockWeights:
     if order is None:
         return bw
+    # lazy: torch loads on the engine's thread, never at import
     import torch
 
     idx = torch.from_numpy(order)

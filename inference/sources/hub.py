@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.errors import Cancelled, ModelSourceError
-from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress
-from redline.inference.units import MB, format_bytes
+from tqdm.auto import tqdm as base_tqdm
+
+from ..errors import Cancelled, ModelSourceError
+from ..progress import CancelFn, ProgressFn, check_cancel, noop_progress
+from ..units import MB, format_bytes
 
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"]
 DISK_MARGIN_BYTES = 50 * MB  # kept free beyond the files themselves
@@ -48,6 +50,7 @@ class HubFile:
 
 def _explain(repo_id: str, exc: BaseException) -> ModelSourceError:
     """A hub error as one sentence a user can act on."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -88,7 +91,10 @@ def _explain(repo_id: str, exc: BaseException) -> ModelSourceError:
 
 def list_files(repo_id: str, patterns: list[str] = MODEL_FILES) -> tuple[str, list[HubFile]]:
     """The commit and the files (with sizes) a download of ``repo_id`` would fetch."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import HfApi
+
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub.hf_api import RepoFile
 
     api = HfApi()
@@ -110,6 +116,7 @@ def list_files(repo_id: str, patterns: list[str] = MODEL_FILES) -> tuple[str, li
 
 
 def _storage(repo_id: str) -> Path:
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
@@ -128,6 +135,7 @@ def bytes_still_needed(repo_id: str, files: list[HubFile]) -> int:
 
 
 def check_disk_space(repo_id: str, needed: int) -> None:
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import constants
 
     where = Path(constants.HF_HUB_CACHE)
@@ -177,7 +185,6 @@ class _Totals:
 
 
 def _tqdm_class(totals: _Totals):
-    from tqdm.auto import tqdm as base_tqdm
 
     class Reporting(base_tqdm):
         """huggingface_hub's byte bar for one file, reported into ``totals`` instead of the terminal."""
@@ -198,8 +205,13 @@ def _tqdm_class(totals: _Totals):
 
 def _fetch(repo_id: str, f: HubFile, commit: str, cls) -> Path:
     """One file into the cache, continuing a partial download left by an earlier attempt."""
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub.file_download import http_get
+
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub.utils import build_hf_headers
 
     try:

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.errors import ModelSourceError
-from redline.inference.progress import CancelFn, ProgressFn, noop_progress
-from redline.inference.sources.gguf import cache_folder_for, convert_gguf, is_complete
-from redline.inference.sources.starter import STARTER_NAME, ensure_starter, starter_folder
+from ..errors import ModelSourceError
+from ..progress import CancelFn, ProgressFn, noop_progress
+from .gguf import cache_folder_for, convert_gguf, is_complete
+from .hub import download
+from .starter import STARTER_NAME, ensure_starter, starter_folder
 
 ACCEPTED_FORMS = (
     "'starter' (the built-in SmolLM2-135M-Instruct), "
@@ -91,6 +92,7 @@ def resolve(spec: str) -> ModelSource:
 
 
 def _hub_cached_folder(repo_id: str) -> Optional[Path]:
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import snapshot_download
 
     try:
@@ -101,6 +103,5 @@ def _hub_cached_folder(repo_id: str) -> Optional[Path]:
 
 
 def _hub_download(repo_id: str, progress: ProgressFn, should_cancel: Optional[CancelFn] = None) -> Path:
-    from redline.inference.sources.hub import download
 
     return download(repo_id, progress, should_cancel)

@@ -22,10 +22,10 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from redline.inference.errors import Cancelled, StarterUnavailable
-from redline.inference.paths import models_dir
-from redline.inference.progress import CancelFn, ProgressFn, check_cancel, noop_progress
-from redline.inference.sources.gguf import COMPLETE_MARKER, convert_gguf, is_complete
+from ..errors import Cancelled, StarterUnavailable
+from ..paths import models_dir
+from ..progress import CancelFn, ProgressFn, check_cancel, noop_progress
+from .gguf import COMPLETE_MARKER, convert_gguf, is_complete
 
 STARTER_NAME = "SmolLM2-135M-Instruct"
 # The folder it is kept in. Redline before conversion v2 kept an fp32 conversion under STARTER_NAME itself
@@ -88,6 +88,7 @@ def _hub_reachable() -> bool:
 
 
 def _from_hub(dest: Path, progress: ProgressFn, should_cancel: Optional[CancelFn]) -> Path:
+    # lazy: the hub client loads only when the hub is used
     from huggingface_hub import snapshot_download
 
     progress(0.0, "Downloading the starter model from the Hugging Face hub")

@@ -16,13 +16,13 @@ model's speed. The strategies differ in how many tokens a step processes and how
 - ``speculative``: ``k`` draft steps and one verification step of ``k + 1`` tokens yield
   ``(1 − α^(k+1)) ÷ (1 − α)`` tokens on average, α being the per-token acceptance (Leviathan et al., 2023).
 
-Time to first token is the prefill (the prompt in one step) plus the call's set-up. A turn whose prompt
-starts with pages the prefix cache holds (a conversation's next turn) reads only the rest: a prefill of
-``prompt − cached`` tokens with ``cached`` positions already in the cache (attention reads them).
+Time to first token is the prefill (the prompt in one step) plus the call's set-up. A turn whose prompt starts with
+pages the prefix cache holds (a conversation's next turn) reads only the rest: a prefill of ``prompt − cached`` tokens
+with ``cached`` positions already in the cache (attention reads them). The KV cache is read in its form (``--kv``).
 
 The efficiencies and overheads below are defaults, reasoned from the kernels and the measurements in
-docs/performance.md; every machine differs, so the prediction is multiplied by a factor learned from this
-machine's own measurements (``speed/calibration.py``).
+docs/performance.md; every machine differs, so the prediction is multiplied by a factor learned from this machine's
+own measurements (``speed/calibration.py``).
 
 Weights are counted with the sizes the loader really uses: fp32 4 bytes, bf16/fp16 2, ``q8`` GGUF Q8_0 blocks
 (1 + 2/32 bytes per weight) and ``q4`` Q4_1 blocks (0.5 + 4/32) on a CPU, torch's packed layouts on CUDA,
@@ -35,10 +35,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from redline.inference.cost import (
+from ..cost import (
+    BLOCK,
     DTYPE_BYTES,
-    Q4_GROUP,
-    WEIGHT_ONLY,
     code_path,
     compute_dtype,
     kernels_run,
@@ -47,8 +46,12 @@ from redline.inference.cost import (
     step_flops,
     weights_read_bytes,
 )
-from redline.inference.loading.precision import PrecisionSpec
-from redline.inference.memory.estimator import ModelShape
+from ..estimate.calibration import device_key, loaded_shape
+from ..estimate.estimator import ModelShape
+from ..hardware.bandwidth import bandwidth
+from ..hardware.compute import cached, flops
+from ..precision import WEIGHT_ONLY, PrecisionSpec
+from ..units import format_bytes
 
 # The fast path on torch's operators (no kernels for this CPU, none shipped and no compiler, or turned off):
 # torch's bf16 matrix-vector product is a scalar loop on AVX2 (about 9 of 23 GB/s here, as transformers' path),
@@ -64,7 +67,7 @@ FAST_TORCH_STEP_S = 2e-3
 MEMORY_EFFICIENCY = {
     ("cpu", "hf"): {"fp32": 0.8, "bf16": 0.35, "fp16": 0.15, "q8": 0.5, "q4": 0.4, "int8": 0.2, "nf4": 0.25},
     # Redline's kernels at batch 1: the share of the measured bandwidth a product's weights stream at once a
-    # row's fixed cost is apart (ROW_S below), fitted to a step's stage profile (tools/step_profile.py,
+    # row's fixed cost is apart (ROW_S below), fitted to a step's stage profile (tools/experiments/step_profile.py,
     # 2026-12-04, Zen 4, 25.3 GB/s and 123 GFLOP/s measured in the same minutes): bf16 11.4 G weights/s, Q8_0
     # 20.7. 4-bit blocks are bound by their arithmetic (DECODE_ARITHMETIC) instead.
     ("cpu", "fast"): {"fp32": 0.9, "bf16": 0.9, "fp16": 0.15, "q8": 0.87, "q4": 0.9},
@@ -95,8 +98,8 @@ ROW_S = {"dense": 2.3e-8, "q8": 2.6e-8, "q4": 2.5e-9}
 # A prompt's products on the kernels cost the same per output beside their arithmetic: every (token, output) is a
 # horizontal sum, a scale and a store, and the norms, rotary and activations between products grow with the
 # outputs too. In FLOPs of the products' own rate: the starter (576 wide) and a 1B-shaped model (2,048 wide) read
-# their 300-token prompts at 0.93 and 5.7 ms a token in bf16 (tools/ttft_accuracy.py, Zen 5, 512-bit tiles), which
-# one FLOP rate cannot both give (the starter-calibrated 1B TTFT was 20-42 % slow); per token, FLOPs ÷ 415 GFLOP/s
+# their 300-token prompts at 0.93 and 5.7 ms a token in bf16 (tools/accuracy/ttft_accuracy.py, Zen 5, 512-bit tiles),
+# which one FLOP rate cannot both give (the starter-calibrated 1B TTFT was 20-42 % slow); per token, FLOPs ÷ 415 GFLOP/s
 # plus 2.65 ns an output fits both, 1,100 FLOPs an output.
 PROMPT_OUTPUT_FLOPS = 1100.0
 # And each product a start-up (handing it to the threads): a few µs, from the same fit.
@@ -106,8 +109,8 @@ FAST_PRODUCTS_PER_LAYER = 4
 # per module; the fast path runs fused operators; a CUDA graph (``static`` compiled on CUDA) replays them.
 LAYER_OVERHEAD_S = {
     ("cpu", "hf"): 4.5e-4,
-    # The whole step (one native call; tools/step_profile.py): norms, rotary, the cache write and the activations'
-    # quantising took 0.1-0.2 ms over 16-30 layers, the rest of a layer is its products (counted above).
+    # The whole step (one native call; tools/experiments/step_profile.py): norms, rotary, the cache write and the
+    # activations' quantising took 0.1-0.2 ms over 16-30 layers, the rest of a layer is its products (counted above).
     ("cpu", "fast"): 1e-5,
     ("cpu", "fast-torch"): FAST_TORCH_LAYER_S,
     ("cuda", "hf"): 2.5e-4,
@@ -176,7 +179,7 @@ def product_classes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu")
     for name, fan_in, fan_out, _bias in shape.linears:
         if name in packed:
             continue
-        if spec.name in WEIGHT_ONLY and (spec.name == "q8" or fan_in % Q4_GROUP == 0):
+        if spec.name in WEIGHT_ONLY and (spec.name == "q8" or fan_in % BLOCK == 0):
             bits = 8 if spec.name == "q8" else 4
             add(f"q{bits}", fan_in, fan_out, packed_layer_bytes(bits, fan_in, fan_out, dtype, True))
         else:
@@ -241,16 +244,12 @@ class Machine:
 
 def this_machine(device: str = "cpu") -> Machine:
     """This machine's measured bandwidth and FLOP/s (each measured once, then cached). Imports torch."""
-    from redline.inference.hardware.bandwidth import bandwidth
-    from redline.inference.hardware.compute import flops
-    from redline.inference.memory.calibration import device_key
 
     return Machine(_kind(device), bandwidth(device), flops(device), _label(device), device_key(device))
 
 
 def cached_machine(device: str = "cpu", key: Optional[str] = None) -> Optional[Machine]:
     """This machine's figures from the caches alone, without torch; None until they were measured once."""
-    from redline.inference.hardware.compute import cached
 
     bw = cached("bandwidth", device)
     if bw is None:
@@ -303,18 +302,19 @@ def step_cost(
     context_before: int = 0,
     cache: bool = True,
     kernels: bool = True,
+    kv: str = "bf16",
 ) -> StepCost:
     """One forward pass over ``tokens`` tokens with ``context_before`` positions in the cache (``cache=False``:
     none kept, as naive decoding). ``kernels``: whether Redline's CPU kernels run the fast path's step (False:
-    torch's operators run it)."""
+    torch's operators run it). ``kv``: the KV cache's form (``cost.KV_FORMS``, "q8" where the fast path keeps it)."""
     kind = machine.kind
     if kind == "cpu" and path == "fast" and not kernels:
         path = "fast-torch"
     rates = MEMORY_EFFICIENCY.get((kind, path)) or MEMORY_EFFICIENCY[(kind, "hf")]
     key = _rate_key(spec, shape)
     e_mem = rates.get(key) or MEMORY_EFFICIENCY[(kind, "hf")].get(key, 0.25)
-    kv = kv_read_bytes(shape, spec, machine.device, path, context_before) if cache else 0
-    read = weights_read_bytes(shape, spec, machine.device) + kv
+    read = weights_read_bytes(shape, spec, machine.device)
+    read += kv_read_bytes(shape, spec, machine.device, path, context_before, kv) if cache else 0
     fl = step_flops(shape, tokens, context_before)
     # Redline's kernels run the fast path's step ("fast-torch" where they do not): one token, class by class.
     kernel_step = kind == "cpu" and path == "fast" and tokens == 1 and bool(machine.flops)
@@ -420,6 +420,19 @@ class SpeedPrediction:
     ttft_compute_ms: float = 0.0
     ttft_fixed_ms: float = 0.0
     ttft_fit: Optional[tuple[float, float]] = None  # learned (per-FLOP, fixed) factors; None: ttft_factor
+    # A reasoning model (``speed/thinking.py``): whether the reply thinks first (None: the model's default), and the
+    # typical thinking length learned for this model from its replies here (None: not learned yet), from how many.
+    thinking: Optional[bool] = None
+    thinking_tokens: Optional[float] = None
+    thinking_samples: int = 0
+
+    @property
+    def ttfat_ms(self) -> Optional[float]:
+        """Time to the first answer token: the TTFT, plus the learned thinking at the decode rate where the reply
+        thinks (thinking off: the TTFT). None where it would think but no thinking length is learned yet."""
+        if self.thinking is False:
+            return self.ttft_ms
+        return None if self.thinking_tokens is None else self.ttft_ms + 1000 * self.thinking_tokens / self.tokens_per_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -435,22 +448,41 @@ class SpeedPrediction:
         d = asdict(self)
         d["tokens_per_s"] = round(self.tokens_per_s, 2)
         d["ttft_ms"] = round(self.ttft_ms, 1)
+        d["ttfat_ms"] = None if self.ttfat_ms is None else round(self.ttfat_ms, 1)
         return d
 
-    def text(self) -> str:
-        """ "≈ 41 tok/s · measured here 40.6" as the wizard and the lab show it."""
-        out = f"≈ {fmt_rate(self.tokens_per_s)} tok/s"
+    def text(self, strategy: bool = False) -> str:
+        """ "≈ 41 tok/s (fast) · measured here 40" (the strategy when asked), as the wizard's table shows it: a
+        decimal below 10 tok/s only, so the column stays narrow."""
+        out = f"≈ {fmt_rate(self.tokens_per_s)} tok/s" + (f" ({self.strategy})" if strategy else "")
         if self.measured_tokens_per_s is not None:
-            out += f" · measured here {self.measured_tokens_per_s:.1f}"
+            out += f" · measured here {fmt_rate(self.measured_tokens_per_s)}"
         return out
+
+    def tip(self) -> str:
+        """What the figure is made of, for a tooltip beside it (the wizard's speed column, the speed lab's
+        predicted column): the reply it is for, the bytes a token reads at the bandwidth, the bound, the TTFT, what
+        this machine's measurements corrected, and the notes."""
+        learned = {
+            "class": f"corrected by {self.calibration_samples} measurement(s) of {self.class_key} on this machine",
+            "device": f"corrected by what {self.calibration_samples} measurement(s) of other configurations showed "
+            "here",
+            "none": "not yet corrected by a measurement here (every reply and speed-lab row teaches it)",
+        }[self.calibration]
+        return (
+            f"Decode speed predicted for a {self.new_tokens}-token reply to a {self.prompt_tokens}-token prompt "
+            f"with the {self.strategy} strategy: ≈ {fmt_rate(self.tokens_per_s)} tok/s, "
+            f"{format_bytes(self.bytes_per_token)} read per token at {self.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+            f"(bound: {self.roofline_tokens_per_s:.0f} tok/s), time to first token ≈ {self.ttft_ms:.0f} ms; "
+            + learned
+            + "".join(f"; {n}" for n in self.notes)
+            + "."
+        )
 
 
 def fmt_rate(value: float) -> str:
-    if value >= 100:
-        return f"{value:.0f}"
-    if value >= 10:
-        return f"{value:.0f}"
-    return f"{value:.1f}"
+    """A rate as the tables show it: whole numbers from 10 up, one decimal below."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
 def class_key(strategy: str, spec: PrecisionSpec, shape: Optional[ModelShape] = None) -> str:
@@ -479,15 +511,16 @@ def predict(
     config: str = "",
     kernels: Optional[bool] = None,
     cached_tokens: int = 0,
+    kv: str = "bf16",
 ) -> SpeedPrediction:
     """The uncorrected prediction for one configuration (``SpeedModel.predict`` applies the learned factors).
 
     ``cached_tokens``: the prompt's first positions the prefix cache already holds (the fast path only; at
-    least the last prompt token is always read).
+    least the last prompt token is always read). ``kv`` "q8" (``--kv q8``, the fast path): 8-bit rows of head size + 2.
 
     ``acceptance`` (speculative): the measured acceptance rate, accepted ÷ proposed draft tokens; None
     assumes ``ASSUMED_ACCEPTANCE`` per token and says so. ``kernels`` (a CPU's fast path): whether Redline's CPU
-    kernels run it; None: whether they will here (``kernels.native.will_run``, which builds nothing), so the
+    kernels run it; None: whether they will here (``kernels.cpu.library.will_run``, which builds nothing), so the
     prediction is of the path that will really run."""
     prompt_tokens, new_tokens = max(1, int(prompt_tokens)), max(1, int(new_tokens))
     base_strategy = "kv" if strategy in ("speculative", "prompt-lookup") else strategy
@@ -500,9 +533,9 @@ def predict(
             notes.append("Redline's CPU kernels do not run here: predicted on torch's operators")
     kernels = True if kernels is None else kernels
     average = prompt_tokens + new_tokens // 2  # the cache a decode step reads, on average
-    decode = step_cost(shape, spec, machine, path, 1, average, kernels=kernels)
+    decode = step_cost(shape, spec, machine, path, 1, average, kernels=kernels, kv=kv)
     cached = max(0, min(int(cached_tokens), prompt_tokens - 1)) if strategy == "fast" else 0
-    prefill = step_cost(shape, spec, machine, path, prompt_tokens - cached, cached, kernels=kernels)
+    prefill = step_cost(shape, spec, machine, path, prompt_tokens - cached, cached, kernels=kernels, kv=kv)
     ttft_s = prefill.seconds + CALL_OVERHEAD_S[path]
     pred_acceptance = draft_ratio = None
     measured_acc = False
@@ -522,7 +555,7 @@ def predict(
         dspec = draft_spec or spec
         dpath, _ = code_path("kv", dspec, dshape, machine.device)
         draft_step = step_cost(dshape, dspec, machine, dpath, 1, average)
-        verify = step_cost(shape, spec, machine, path, k + 1, average, kernels=kernels)
+        verify = step_cost(shape, spec, machine, path, k + 1, average, kernels=kernels, kv=kv)
         if acceptance is None:
             alpha = ASSUMED_ACCEPTANCE
             notes.append(f"acceptance not measured for this pair yet: {ASSUMED_ACCEPTANCE:.0%} per token assumed")
@@ -540,7 +573,7 @@ def predict(
         bound = decode.bound
         if strategy == "prompt-lookup":
             notes.append("prompt lookup's gain depends on how much of the reply the context holds; predicted as kv")
-    kv = kv_read_bytes(shape, spec, machine.device, path, average)
+    kv_bytes = kv_read_bytes(shape, spec, machine.device, path, average, kv)
     weights = weights_read_bytes(shape, spec, machine.device)
     return SpeedPrediction(
         config=config or f"{strategy}:{spec.label()}",
@@ -551,11 +584,11 @@ def predict(
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
         weights_read_bytes=weights,
-        kv_read_bytes=kv,
-        bytes_per_token=weights + kv,
+        kv_read_bytes=kv_bytes,
+        bytes_per_token=weights + kv_bytes,
         bandwidth_bytes_per_s=machine.bandwidth_bytes_per_s,
         flops=machine.flops,
-        roofline_tokens_per_s=machine.bandwidth_bytes_per_s / (weights + kv),
+        roofline_tokens_per_s=machine.bandwidth_bytes_per_s / (weights + kv_bytes),
         uncorrected_tokens_per_s=tps,
         uncorrected_ttft_ms=1000.0 * ttft_s,
         ttft_compute_ms=1000.0 * prefill.compute_s,
@@ -576,3 +609,42 @@ def predict(
 
 def finite(x: Optional[float]) -> bool:
     return x is not None and math.isfinite(x) and x > 0
+
+
+def weight_bytes_read(model) -> int:
+    """Weight bytes one decode step of a loaded model reads, counted from its tensors: every weight except
+    embedding tables (one row each), quantised layers at their packed bytes (blocks included). What the cost
+    module predicts from the shape alone (``cost.weights_read_bytes``; a test checks both agree); the KV cache a
+    step reads is the cost module's too (``cost.kv_read_bytes``, at the cache's dtype and window)."""
+    # lazy: torch loads on the engine's thread, never at import
+    import torch
+
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    head = getattr(model, "lm_head", None)
+    head_weight = getattr(head, "weight", None)
+    total = 0
+    seen = set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if id(t) in embeddings and (head_weight is None or t is not head_weight):
+            total += t.shape[-1] * t.element_size() if t.dim() == 2 else 0
+            continue
+        total += t.numel() * t.element_size()
+    # Block-quantised layers (q8/q4 on the CPU's native kernels) keep their weights in a BlockWeights,
+    # which is neither a parameter nor a buffer.
+    for m in model.modules():
+        blocks = getattr(m, "blocks", None)
+        if blocks is not None and hasattr(blocks, "nbytes"):
+            total += int(blocks.nbytes)
+    return int(total)
+
+
+def bytes_read_per_token(loaded, strategy: str, context_tokens: int) -> int:
+    """Bytes one decode step of ``loaded`` (a LoadedModel) reads with ``context_tokens`` positions cached: its
+    weights as held, and the KV cache at the dtype, form (``--kv``) and window the strategy's code path keeps it."""
+    shape, kv = loaded_shape(loaded), getattr(getattr(loaded, "limits", None), "kv", "bf16")
+    path, _ = code_path(strategy, loaded.precision, shape, loaded.device)
+    kv_bytes = kv_read_bytes(shape, loaded.precision, loaded.device, path, context_tokens, kv)
+    return weight_bytes_read(loaded.model) + kv_bytes

@@ -19,16 +19,27 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from redline.inference.cost import code_path
-from redline.inference.memory.estimator import ModelShape
-from redline.inference.speed.arithmetic import (
+from ..backends.local import load_model
+from ..cost import code_path
+from ..decoding.hf import check_draft
+from ..decoding.options import DecodeOptions, SamplingSettings
+from ..decoding.prompt import build_prompt
+from ..errors import RedlineError
+from ..estimate.estimator import ModelShape
+from ..generation.run import generate
+from ..memory.oom import free_memory
+from ..precision import resolve_precision
+from ..progress import noop_progress
+from ..sources.resolve import resolve
+from .arithmetic import (
     break_even_acceptance,
     speculative_speedup,
     step_cost,
     token_acceptance,
     tokens_per_step,
 )
-from redline.inference.speed.model import SpeedModel
+from .calibration import SpeedCalibration
+from .model import SpeedModel
 
 CALIBRATION_TOKENS = 48  # tokens the acceptance run generates: a few dozen, a few seconds for a small pair
 CALIBRATION_PROMPT = (
@@ -175,15 +186,6 @@ def measure_acceptance(
     """Run ``tokens`` greedy tokens of a fixed prompt through the real speculative strategy and measure how
     many draft tokens the target accepts. Models the engine already holds are reused; others are loaded for
     the run and released after it, so the chat's model stays loaded. Records the rate for the pair."""
-    from redline.inference.decoding.hf import check_draft
-    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
-    from redline.inference.decoding.prompt import build_prompt
-    from redline.inference.generation.run import generate
-    from redline.inference.loading.loader import free_memory, load_model
-    from redline.inference.loading.precision import resolve_precision
-    from redline.inference.progress import noop_progress
-    from redline.inference.sources.resolve import resolve
-    from redline.inference.speed.calibration import SpeedCalibration
 
     progress = progress or noop_progress
     cancelled = should_cancel or (lambda: False)  # this job's own cancel (there is no engine-wide one)
@@ -223,8 +225,6 @@ def measure_acceptance(
         if temporary:
             free_memory(device)
     if result.finish_reason == "error":
-        from redline.inference.errors import RedlineError
-
         raise RedlineError(f"The acceptance run failed: {result.error}")
     out = AcceptanceMeasurement(
         t.name,

@@ -1,6 +1,6 @@
 """Load a model (e.g. a .gguf, converted once into the cache) in this fresh process and print its memory as JSON.
 
-    python tools/gguf_load_memory.py FILE.gguf auto|bf16|gguf|q8|q4
+    python tools/accuracy/gguf_load_memory.py FILE.gguf auto|bf16|gguf|q8|q4
 
 model_tensor_bytes: its parameters plus each PackedLinear.weight_bytes; load_rss_growth and load_peak_rss:
 LoadedModel.memory_bytes and .peak_memory_bytes (RSS on CPU); predicted_*: the estimator at 512 tokens.
@@ -11,11 +11,11 @@ import sys
 import time
 
 from redline.inference.engine import Engine
-from redline.inference.loading.precision import resolve_precision
+from redline.inference.estimate.estimator import estimate
+from redline.inference.estimate.model_shapes import read_shape
 from redline.inference.loading.weight_only import PackedLinear
-from redline.inference.memory.estimator import estimate
 from redline.inference.memory.measured import process_rss
-from redline.inference.memory.model_shapes import read_shape
+from redline.inference.precision import resolve_precision
 
 spec, prec = sys.argv[1], sys.argv[2]
 eng = Engine(device="cpu")

@@ -1,6 +1,6 @@
 """Measure how far Redline's kept-quantised GGUF layers are from the ``gguf`` package's own de-quantisation.
 
-    python tools/gguf_mapping_error.py FILE.gguf [FILE.gguf ...]
+    python tools/accuracy/gguf_mapping_error.py FILE.gguf [FILE.gguf ...]
 
 For every quantised 2-D tensor of each file: the tensor as Redline keeps it (``gguf_tensors.to_blocks``, then
 ``block_quant.dequantize``) against ``gguf.quants.dequantize`` of the same bytes: max |error| and RMS error,
@@ -96,7 +96,7 @@ def main(paths: list[str]) -> None:
     import gguf
     import torch
 
-    from redline.inference.loading.block_quant import dequantize as blocks_to_float
+    from redline.inference.kernels.block_quant import dequantize as blocks_to_float
     from redline.inference.sources.gguf_tensors import dequantize, kept_as, to_blocks
 
     T = gguf.GGMLQuantizationType

@@ -3,7 +3,7 @@ folder and its GGUF files (F16 written with the ``gguf`` package the way llama.c
 then Q8_0 and Q4_0 requantised by llama.cpp itself where llama-cpp-python is given). For same-run comparisons
 with llama.cpp, and for the estimator's and the speed model's accuracy on models of the size users have.
 
-    python tools/make_shaped_model.py OUT_DIR [--shape llama-1b] [--llama-python PATH/TO/venv/bin/python]
+    python tools/accuracy/make_shaped_model.py OUT_DIR [--shape llama-1b] [--llama-python PATH/TO/venv/bin/python]
 
 Shapes: ``llama-1b`` (Llama-3.2-1B's: 16 layers, hidden 2048, MLP 8192, 32 heads, 8 KV heads, head 64; the
 starter's 49,152-token vocabulary, a tied head), ``starter`` (the starter's own shape, random weights).
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
 
     from redline.inference import starter_folder
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from gguf_helpers import write_llama_gguf
 
     starter = starter_folder()

@@ -12,7 +12,7 @@ The error is (predicted − measured) ÷ measured; the table quotes per row the 
 load average at each round's start and end (a shared machine drifts). The last column is the noise floor:
 the error of "the same as last round", what the machine's own run-to-run variation allows. Usage:
 
-    python tools/speed_accuracy.py [--model starter] [--rounds 3] [--new-tokens 64] [--json out.json]
+    python tools/accuracy/speed_accuracy.py [--model starter] [--rounds 3] [--new-tokens 64] [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -39,14 +43,13 @@ def main(argv=None) -> int:
     if not args.keep_calibration:
         os.environ["REDLINE_DATA_DIR"] = tempfile.mkdtemp(prefix="redline-speed-accuracy-")
 
-    from redline.inference import BenchSpec, Engine, load_prompt_set, parse_configs, run_bench
+    from redline.inference import BenchSpec, load_prompt_set, parse_configs, run_bench
     from redline.inference.bench.sets import configs_text, ladder
-    from redline.inference.loading.precision import resolve_precision
-    from redline.inference.memory.model_shapes import read_shape
+    from redline.inference.estimate.model_shapes import read_shape
+    from redline.inference.precision import resolve_precision
     from redline.inference.speed.arithmetic import predict, this_machine
 
-    engine = Engine()
-    engine.record_memory = False
+    engine = harness.new_engine()
     text = args.configs or configs_text(ladder(engine.device, args.model))
     configs = parse_configs(text)
     prompts = load_prompt_set("short")

@@ -3,7 +3,7 @@ whose prefix is cached.
 
 With a fresh speed calibration (a temporary ``REDLINE_DATA_DIR``), the starter answers prompts of several
 lengths at each precision on the fast path (its replies teach the calibration, as a user's chats would). Then
-another model (e.g. the 1B-shaped folder of ``tools/make_shaped_model.py``) answers:
+another model (e.g. the 1B-shaped folder of ``tools/accuracy/make_shaped_model.py``) answers:
 
 - fresh prompts of the same lengths (no page of them cached);
 - a conversation's next turn: the prompt of the longest length, answered once, then sent again with ~130 new
@@ -13,7 +13,7 @@ Before each of those replies the calibrated prediction is taken (with the cached
 that turn), and compared with the TTFT the reply measured. Every reply's measurement also feeds the
 calibration, as in the app, but the prediction is always taken before the reply runs. Usage:
 
-    python tools/ttft_accuracy.py --model /tmp/models/llama-1b [--precisions bf16,q8,q4] [--lengths 44,300,900]
+    python tools/accuracy/ttft_accuracy.py --model /tmp/models/llama-1b [--precisions bf16,q8,q4] [--lengths 44,300,900]
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ import os
 import statistics
 import sys
 import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -42,15 +46,14 @@ def main(argv=None) -> int:
     pages = tempfile.mkdtemp(prefix="redline-ttft-accuracy-pages-")
     os.environ["REDLINE_KV_PAGES_DIR"] = pages
 
-    from redline.inference import Engine, resolve_precision
-    from redline.inference.decoding.options import DecodeOptions, SamplingSettings
+    from redline.inference.decoding.options import DecodeOptions
+    from redline.inference.generation.run import generate
     from redline.inference.speed.calibration import predict_generation
 
     lengths = [int(x) for x in args.lengths.split(",")]
     precisions = args.precisions.split(",")
-    sampling = SamplingSettings(max_new_tokens=16, temperature=0, min_new_tokens=16)
-    engine = Engine()
-    engine.record_memory = False
+    sampling = harness.greedy(16)
+    engine = harness.new_engine()
     text_ids: list[int] = []
     salt = [0]
 
@@ -66,19 +69,19 @@ def main(argv=None) -> int:
 
     def reply(ids: list[int], options: DecodeOptions, cached: int = 0):
         pred, _key, _cal = predict_generation(engine.target, "fast", len(ids), 16, cached_tokens=cached)
-        result = engine.generate_ids(ids, sampling, options)
+        result = generate(engine.target, ids, sampling, options)
         return pred, result
 
     rows = []
     load_start = os.getloadavg()[0]
     for model in (args.calibrate_on, args.model):
         for precision in precisions:
-            engine.load(model, resolve_precision(precision, engine.device))
+            harness.load(model, precision, engine=engine)
             if not text_ids:
                 passage = " ".join(["The lighthouse keeper wrote in his log every evening about the sea."] * 80)
                 text_ids.extend(engine.target.tokenizer(passage)["input_ids"])
             options = DecodeOptions(strategy="fast")
-            engine.generate_ids(prompt(32), sampling, options)  # warm-up: first-call costs are nobody's TTFT
+            generate(engine.target, prompt(32), sampling, options)  # warm-up: first-call costs are nobody's TTFT
             for n in lengths:
                 for _ in range(args.samples):
                     pred, result = reply(prompt(n), options)
@@ -88,7 +91,7 @@ def main(argv=None) -> int:
             # The next turn of a conversation: the same prompt again with new tokens after it.
             for _ in range(args.samples):
                 first = prompt(max(lengths))
-                engine.generate_ids(first, sampling, options)
+                generate(engine.target, first, sampling, options)
                 turn = first + text_ids[: args.turn_tokens]
                 # What the cache will hold of it: the full pages of the first turn's prompt (the engine reports
                 # the figure afterwards; the prediction must be made before).

@@ -22,7 +22,7 @@ engine thread, the SQLite store, Qt's offscreen platform (or a real display if D
              + search; open a 500-message conversation; scroll it to the top (longest step); stream a reply
              (tiny model) into it and count re-renders of earlier messages.
 
-Usage: python tools/bench_app.py [--phases startup,unload,soak,history] [--soak-replies N] [--switches N]
+Usage: python tools/benchmarks/bench_app.py [--phases startup,unload,soak,history] [--soak-replies N] [--switches N]
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for gui_session (not a package)
 
-from gui_session import use_profile  # noqa: E402 - tools/ is not a package; this script's folder is on the path
+from gui_session import use_profile  # noqa: E402
 
 MB = 1024**2
 PROMPTS = [
@@ -325,7 +326,7 @@ def child_reference(max_new_tokens: int) -> None:
 
     from redline.inference.decoding.options import DecodeOptions, SamplingSettings
     from redline.inference.engine import Engine
-    from redline.inference.loading.precision import resolve_precision
+    from redline.inference.precision import resolve_precision
 
     def work():
         engine = Engine()

@@ -8,9 +8,9 @@ sends one streamed chat completion (greedy, the same prompt set for both) and re
 Per level: TTFT p50/p95 over every request of every round, total tokens/s (all clients' tokens over the
 level's wall time) as the median over rounds, and the median of the per-round ratios Redline ÷ transformers.
 
-    python tools/bench_server.py                      # the starter, bf16, 1/4/8 clients, 3 rounds
-    python tools/bench_server.py --clients 1,4 --rounds 2 --max-tokens 32 --markdown
-    python tools/bench_server.py --versus /tmp/before   # this checkout against another checkout's Redline
+    python tools/benchmarks/bench_server.py                      # the starter, bf16, 1/4/8 clients, 3 rounds
+    python tools/benchmarks/bench_server.py --clients 1,4 --rounds 2 --max-tokens 32 --markdown
+    python tools/benchmarks/bench_server.py --versus /tmp/before   # this checkout against another checkout's Redline
 
 With ``--versus DIR`` the second server is Redline from the checkout in DIR (an earlier commit, e.g. a
 ``git worktree``), run by this venv's Python with ``redline`` imported from DIR: a same-run before/after.
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [
     "Explain in a few sentences why the sky is blue.",
     "Write a short poem about a lighthouse.",
@@ -51,13 +51,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def percentile(values, q):
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    k = (len(data) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
+def pct(values, q) -> float:
+    """``redline.inference.percentile`` (the definition every figure of Redline's uses), NaN where nothing was
+    measured (every request failed), so the table still prints."""
+    from redline.inference import percentile
+
+    value = percentile(values, q)
+    return float("nan") if value is None else value
 
 
 def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float, name: str) -> str:
@@ -224,7 +224,7 @@ def main() -> int:
                     figures[name][c].append(out)
                     print(
                         f"round {r + 1} {name:12s} {c} clients: {out['tokens_per_s']:.1f} tok/s, "
-                        f"TTFT p50 {percentile(out['ttft_ms'], 0.5):.0f} ms, errors {len(out['errors'])}, "
+                        f"TTFT p50 {pct(out['ttft_ms'], 0.5):.0f} ms, errors {len(out['errors'])}, "
                         f"load {os.getloadavg()[0]:.2f}",
                         file=sys.stderr,
                     )
@@ -245,8 +245,8 @@ def main() -> int:
             runs = figures[name][c]
             ttfts = [t for run in runs for t in run["ttft_ms"]]
             row[name] = {
-                "ttft_p50_ms": percentile(ttfts, 0.5),
-                "ttft_p95_ms": percentile(ttfts, 0.95),
+                "ttft_p50_ms": pct(ttfts, 0.5),
+                "ttft_p95_ms": pct(ttfts, 0.95),
                 "tokens_per_s": statistics.median(run["tokens_per_s"] for run in runs),
                 "errors": sum(len(run["errors"]) for run in runs),
             }
@@ -257,7 +257,7 @@ def main() -> int:
         ]
         row["ratio"] = statistics.median(ratios) if ratios else float("nan")
         rows.append(row)
-    command = "python tools/bench_server.py " + " ".join(sys.argv[1:])
+    command = "python tools/benchmarks/bench_server.py " + " ".join(sys.argv[1:])
     other = baseline_label(args)
     lines = [
         "| clients | Redline TTFT p50 / p95 (ms) | Redline tok/s "

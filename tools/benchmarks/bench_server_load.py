@@ -2,15 +2,15 @@
 memory come back?
 
 The real window (offscreen unless a display is set, on a throwaway profile) loads the model and turns its
-Server switch on (127.0.0.1, a free port). A child process then runs ``tools/server_load.py``'s load — by
+Server switch on (127.0.0.1, a free port). A child process then runs ``tests/server_load.py``'s load — by
 default 8 clients × 25 requests, streamed and whole completions mixed with random disconnects and malformed
 bodies — while the window sends chat replies of its own and a 5 ms QTimer measures the UI thread's longest
-stall (as tools/bench_app.py does). Reported: every outcome, the rule breaks (a well-formed request without a
+stall (as tools/benchmarks/bench_app.py does). Reported: every outcome, the rule breaks (a well-formed request without a
 complete answer or a clear error, a malformed one without a 4xx error object, anything that hung), the longest
 stall, and the process's RSS before the load and after it (once the server is idle again).
 
-    python tools/bench_server_load.py                         # the starter, 8 × 25
-    python tools/bench_server_load.py --model PATH --clients 4 --requests 5
+    python tools/benchmarks/bench_server_load.py                         # the starter, 8 × 25
+    python tools/benchmarks/bench_server_load.py --model PATH --clients 4 --requests 5
 
 Only loopback traffic; every request has a timeout and the load a deadline. Prints a RESULT line (JSON).
 """
@@ -27,13 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOLS = Path(__file__).resolve().parent
 BUDGET_STALL_MS = 50.0
 BUDGET_MEMORY_PCT = 10.0
 
 
-LOAD_TOOL = str(TOOLS / "server_load.py")
+LOAD_TOOL = str(ROOT / "tests" / "server_load.py")  # the test suite's load, run larger here
 
 
 def rss_mb() -> float:
@@ -129,7 +129,7 @@ def main() -> int:
         "engine_after": status,
         "warm_up_ok": warm.returncode == 0,
         "load_average": [round(load_before[0], 2), round(load_after[0], 2)],
-        "command": "python tools/bench_server_load.py " + " ".join(sys.argv[1:]),
+        "command": "python tools/benchmarks/bench_server_load.py " + " ".join(sys.argv[1:]),
     }
     print("RESULT " + json.dumps(result), flush=True)
     ok = (

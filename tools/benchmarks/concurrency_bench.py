@@ -1,8 +1,8 @@
 """Continuous batching against one request at a time (and transformers' own continuous batching), measured in
 the same run on the starter: the concurrency targets of the engine service.
 
-    python tools/concurrency_bench.py [--precision bf16] [--rounds 3] [--levels 1,4] [--tokens 128] [--gap 0.5]
-                                      [--kv-level 8 --kv-tokens 256] [--modes continuous,one-at-a-time,transformers]
+    python tools/benchmarks/concurrency_bench.py [--precision bf16] [--rounds 3] [--levels 1,4] [--tokens 128]
+        [--gap 0.5] [--kv-level 8 --kv-tokens 256] [--modes continuous,one-at-a-time,transformers]
 
 Each round runs every mode at every level, in an order that alternates between rounds; the table gives medians
 over rounds and the median per-round ratio continuous ÷ one-at-a-time, with the load average.
@@ -11,9 +11,12 @@ over rounds and the median per-round ratio continuous ÷ one-at-a-time, with the
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -29,36 +32,28 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="continuous,one-at-a-time,transformers")
     args = ap.parse_args(argv)
 
-    from redline.inference import Engine, load_prompt_set, resolve_precision
+    from redline.inference import load_prompt_set
     from redline.inference.bench.concurrency import run_concurrency, schedule_ceiling
-    from redline.inference.decoding.prompt import build_prompt
 
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    engine = Engine()
-    engine.record_memory = False
-    engine.load(args.model, resolve_precision(args.precision, engine.device))
-    target = engine.target
-    prompts = [
-        build_prompt(target.tokenizer, p.messages, 4096, args.tokens).input_ids
-        for p in load_prompt_set("short").prompts
-    ]
+    load = harness.LoadAverage()
+    target = harness.load(args.model, args.precision).target
+    count = len(load_prompt_set("short").prompts)
+    prompts = [harness.prompt_ids(target.tokenizer, "short", i, new_tokens=args.tokens) for i in range(count)]
     modes = args.modes.split(",")
     levels = [int(x) for x in args.levels.split(",")]
     rows: dict = {}
     for r in range(args.rounds):
-        order = modes if r % 2 == 0 else list(reversed(modes))
-        for mode in order:
+        for mode in harness.order(modes, r):
             for row in run_concurrency(target, prompts, levels, args.tokens, args.gap, [mode]):
                 rows.setdefault((row.concurrency, mode, args.tokens), []).append(row)
         if args.kv_level:
             for row in run_concurrency(target, prompts, [args.kv_level], args.kv_tokens, args.gap, ["continuous"]):
                 rows.setdefault((row.concurrency, "continuous", args.kv_tokens), []).append(row)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     med = statistics.median
     print(
         f"model {args.model}, {args.precision}, fast path; arrivals {args.gap} s apart; {args.rounds} rounds; "
-        f"load average before {load_before}, after {load_after}"
+        f"load average {load}"
     )
     print(
         "| requests | tokens each | mode | total tok/s | TTFT p50 ms | TTFT p95 ms | latency p95 ms "
@@ -80,7 +75,9 @@ def main(argv=None) -> int:
         cont, solo = rows.get((n, "continuous", args.tokens), []), rows.get((n, "one-at-a-time", args.tokens), [])
         pairs = [(a, b) for a, b in zip(cont, solo) if a.status == b.status == "ok"]
         if pairs:
-            ratios = [a.throughput_tokens_per_s / b.throughput_tokens_per_s for a, b in pairs]
+            ratios = harness.ratios(
+                [a.throughput_tokens_per_s for a, _ in pairs], [b.throughput_tokens_per_s for _, b in pairs]
+            )
             print(
                 f"{n} requests: continuous ÷ one-at-a-time total tok/s, median of rounds {med(ratios):.2f}× "
                 f"({', '.join(f'{x:.2f}' for x in ratios)})"

@@ -9,7 +9,7 @@ table gives, per turn, the median TTFT over rounds, and the median of the per-ro
 Redline: > 1 is Redline first). Redline's ``usage.prompt_tokens_details.cached_tokens`` (when it says) is
 shown beside its TTFT.
 
-    python tools/conversation_bench.py --model FILE_OR_FOLDER [--gguf FILE.gguf] \\
+    python tools/benchmarks/conversation_bench.py --model FILE_OR_FOLDER [--gguf FILE.gguf] \\
         [--llama-python PATH/TO/venv/bin/python] [--precision q8] [--turns 8] [--rounds 3]
 
 llama.cpp's server is llama-cpp-python's (`python -m llama_cpp.server`), in its own interpreter: a measuring
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_server import free_port, wait_ready  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PARAGRAPH = (
     "Local language models run on the graphics card a person already owns, and the questions people bring are "
     "about speed and memory: how many tokens a second, how long before the first one, whether a model fits in "
@@ -40,59 +40,66 @@ PARAGRAPH = (
 )
 
 
-def turn_text(i: int, tokens: int) -> str:
+def turn_text(i: int, tokens: int, opening: str = "") -> str:
+    """Turn ``i``'s message; ``opening`` starts the first one (a conversation of its own: see ``conversation``)."""
     words = max(1, int(tokens * 0.75))
     body = (PARAGRAPH * (1 + words // 60)).split()[:words]
-    return f"Turn {i + 1}. " + " ".join(body) + " What should I try next?"
+    return (opening if i == 0 else "") + f"Turn {i + 1}. " + " ".join(body) + " What should I try next?"
 
 
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def conversation(base: str, model: str, turns: int, turn_tokens: int, max_tokens: int, timeout_s: float) -> list[dict]:
+def turn(client, base: str, model: str, messages: list, max_tokens: int) -> dict:
+    """One streamed turn of the conversation ``messages`` (the reply is appended to it): its TTFT from sending to the
+    first content chunk (NaN without one), and the prompt and cached tokens the server reported."""
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent, first, text, usage = time.perf_counter(), None, [], {}
+    with client.stream("POST", base + "/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            raise RuntimeError(f"{base}: {response.status_code} {response.text[:300]}")
+        for line in response.iter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            obj = json.loads(line[5:])
+            usage = obj.get("usage") or usage
+            for choice in obj.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    first = first or time.perf_counter()
+                    text.append(piece)
+    messages.append({"role": "assistant", "content": "".join(text)})
+    details = usage.get("prompt_tokens_details") or {}
+    return {
+        "ttft_ms": (first - sent) * 1000 if first else float("nan"),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "cached_tokens": details.get("cached_tokens"),
+    }
+
+
+def conversation(
+    base: str, model: str, turns: int, turn_tokens: int, max_tokens: int, timeout_s: float, opening: str = ""
+) -> list[dict]:
+    """The conversation, turn by turn. Each round opens with words of its own (``opening``): the same greedy
+    conversation again was served from the previous round's cached pages (78-516 ms a turn against 1.4-4.3 s
+    cold), so only the first round measured the turns."""
     import httpx
 
-    messages, rows = [], []
+    messages: list = []
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        rows = []
         for i in range(turns):
-            messages.append({"role": "user", "content": turn_text(i, turn_tokens)})
-            body = {
-                "model": model,
-                "messages": messages,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            sent = time.perf_counter()
-            first, text, usage = None, [], {}
-            with client.stream("POST", base + "/chat/completions", json=body) as response:
-                if response.status_code != 200:
-                    response.read()
-                    raise RuntimeError(f"{base}: {response.status_code} {response.text[:300]}")
-                for line in response.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    obj = json.loads(data)
-                    usage = obj.get("usage") or usage
-                    for choice in obj.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content")
-                        if piece:
-                            first = first or time.perf_counter()
-                            text.append(piece)
-            messages.append({"role": "assistant", "content": "".join(text)})
-            details = usage.get("prompt_tokens_details") or {}
-            rows.append(
-                {
-                    "ttft_ms": (first - sent) * 1000 if first else None,
-                    "prompt_tokens": usage.get("prompt_tokens"),
-                    "cached_tokens": details.get("cached_tokens"),
-                }
-            )
+            messages.append({"role": "user", "content": turn_text(i, turn_tokens, opening)})
+            rows.append(turn(client, base, model, messages, max_tokens))
     return rows
 
 
@@ -112,6 +119,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+    # Disk pages of this run alone: an earlier run's pages of the same conversation would make round 1 warm.
+    pages = tempfile.TemporaryDirectory(prefix="conversation-bench-pages-")
+    env["REDLINE_KV_PAGES_DIR"] = pages.name
     servers = {}
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "redline"), "serve", "--model", args.model, "--precision",
@@ -134,10 +144,14 @@ def main(argv=None) -> int:
             name: wait_ready(f"http://127.0.0.1:{port}/v1", proc, 600, name) for name, (proc, port) in servers.items()
         }
         order = list(servers)
+        run_id = os.urandom(3).hex()
         for r in range(args.rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 base = f"http://127.0.0.1:{servers[name][1]}/v1"
-                rows = conversation(base, models[name], args.turns, args.turn_tokens, args.max_tokens, args.timeout)
+                opening = f"Conversation {r + 1} of run {run_id}. "  # both servers, one round: the same words
+                rows = conversation(
+                    base, models[name], args.turns, args.turn_tokens, args.max_tokens, args.timeout, opening
+                )
                 results[name].append(rows)
                 print(f"round {r + 1} {name}: " + ", ".join(f"{row['ttft_ms']:.0f}" for row in rows), file=sys.stderr)
     finally:

@@ -12,7 +12,7 @@ It prints the median time to the first token of each (one new token, greedy), th
 alone (``PagedKV.attach``: read, check, copy into the pool), what writing a page costs the engine's thread (the
 copy handed to the writer) and the writer (the file), the bytes per page, and the load average.
 
-    python tools/disk_pages_bench.py [--model starter] [--precision bf16] [--tokens 512,2048] [--rounds 5]
+    python tools/benchmarks/disk_pages_bench.py [--model starter] [--precision bf16] [--tokens 512,2048] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
 
 
 def drop_from_page_cache(folder: Path) -> bool:
@@ -64,14 +63,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from redline.inference import Engine, resolve_precision
     from redline.inference.decoding.disk_pages import DiskPages
 
     folder = Path(tempfile.mkdtemp(prefix="redline-kv-pages-bench-"))
-    load_before = load_average()
-    engine = Engine()
-    engine.record_memory = False
-    engine.load(args.model, resolve_precision(args.precision, engine.device))
+    load = harness.LoadAverage()
+    engine = harness.load(args.model, args.precision)
     target = engine.target
     batcher = target.batcher()
     kv = batcher.dec.kv
@@ -126,7 +122,7 @@ def main(argv=None) -> int:
     print(
         f"model {args.model}, {args.precision} ({kv.dtype}), device {engine.device}; "
         f"{kv.page_bytes / 1e6:.2f} MB a page of {kv.page} tokens; {args.rounds} interleaved rounds; "
-        f"load average {load_before} -> {load_average()}"
+        f"load average {load}"
     )
     print(
         f"writing a page: {med(copy_ms):.2f} ms on the engine's thread (the copy), "

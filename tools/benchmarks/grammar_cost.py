@@ -8,16 +8,19 @@ none; tools + ``auto`` (the lazy grammar); tools + ``required`` (the grammar fro
 the processor, so the table gives both the per-token step (the engine's own ``per_token_ms``) and the processor's
 own share of it. Prints medians over rounds, as ms per token and as % of the plain step, and the load average.
 
-    .venv/bin/python tools/grammar_cost.py --precision q8,bf16 --rounds 5
+    .venv/bin/python tools/benchmarks/grammar_cost.py --precision q8,bf16 --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
 
 TOOLS = [
     {
@@ -38,10 +41,6 @@ SCHEMA = {
     "json_schema": {"name": "answer", "schema": TOOLS[0]["function"]["parameters"]},
 }
 QUESTION = "Write a short paragraph about the history of the bicycle."
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 class Timed:
@@ -92,12 +91,9 @@ def reply(batcher, ids: list[int], processor, tokens: int):
 
 
 def measure(precision: str, args) -> None:
-    from redline.inference import Engine, resolve_precision
     from redline.inference.decoding.tool_calls import fallback_system, family_of
 
-    engine = Engine()
-    engine.record_memory = False
-    engine.load(args.model, resolve_precision(precision, engine.device))
+    engine = harness.load(args.model, precision)
     target = engine.target
     tok = target.tokenizer
     vocab = getattr(target.model.config, "vocab_size", None)
@@ -115,12 +111,10 @@ def measure(precision: str, args) -> None:
     own: dict[str, list[float]] = {n: [] for n in names}
     ratio: dict[str, list[float]] = {n: [] for n in names}
     count: dict[str, int] = {}
-    before = load_average()
+    load = harness.LoadAverage()
     for r in range(args.rounds):
-        order = names if r % 2 == 0 else names[::-1]  # A B ... then ... B A: no case always runs first
-        plain = None
         got = {}
-        for name in order:
+        for name in harness.order(names, r):
             inner = makers[name]()
             timed = Timed(inner) if inner is not None else None
             result = reply(batcher, ids, timed, args.tokens)
@@ -133,12 +127,11 @@ def measure(precision: str, args) -> None:
             step[name].append(got[name])
             ratio[name].append(got[name] / plain)
         print(f"{precision}: round {r + 1}/{args.rounds} done", file=sys.stderr)
-    after = load_average()
     med = statistics.median
     base = med(step["no tools"])
     print(
         f"\nmodel {args.model}, {precision}, device {engine.device}, vocabulary {vocab}; {args.rounds} interleaved "
-        f"rounds, greedy replies of up to {args.tokens} tokens; load average {before} -> {after}"
+        f"rounds, greedy replies of up to {args.tokens} tokens; load average {load}"
     )
     print(f"{'case':<20} {'tokens':>6} {'step ms':>8} {'vs plain':>9} {'processor ms':>13} {'% of step':>10}")
     for name in names:
@@ -147,7 +140,7 @@ def measure(precision: str, args) -> None:
             f"{name:<20} {count[name]:>6} {med(step[name]):>8.2f} {extra:>+8.1f}% {med(own[name]):>13.3f} "
             f"{med(own[name]) / base * 100:>9.1f}%"
         )
-    engine.unload() if hasattr(engine, "unload") else None
+    engine.unload()
 
 
 def main(argv=None) -> int:

@@ -1,9 +1,9 @@
 """Redline's fast path against llama.cpp on the starter, measured in the same run.
 
-    python tools/llama_cpp_compare.py --llama-python PATH/TO/venv/bin/python --gguf F16=a.gguf --gguf Q8_0=b.gguf \\
-        --gguf Q4_0=c.gguf [--rounds 5] [--new-tokens 64] [--prompts short,long]
+    python tools/benchmarks/llama_cpp_compare.py --llama-python PATH/TO/venv/bin/python --gguf F16=a.gguf \\
+        --gguf Q8_0=b.gguf --gguf Q4_0=c.gguf [--rounds 5] [--new-tokens 64] [--prompts short,long]
 
-llama.cpp runs through llama-cpp-python in another interpreter (``tools/llama_cpp_worker.py``): a measuring
+llama.cpp runs through llama-cpp-python in another interpreter (``tools/benchmarks/llama_cpp_worker.py``): a measuring
 tool, never a dependency. Each Redline configuration is paired with the llama.cpp file of the same class
 (bf16 ↔ F16, q8 ↔ Q8_0, q4 ↔ Q4_0); each round runs every pair, alternating which side goes first, so the
 machine's drift falls on both. The table gives medians over rounds and the median of the per-round ratios
@@ -17,20 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
+
 PAIRS = {"bf16": "F16", "q8": "Q8_0", "q4": "Q4_0", "fp32": "F16"}
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
 
 
 class LlamaCpp:
@@ -63,56 +58,44 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="also write every measurement here")
     args = ap.parse_args(argv)
 
-    from redline.inference import Engine, SamplingSettings, load_prompt_set, resolve_precision
-    from redline.inference.decoding.options import DecodeOptions
-    from redline.inference.decoding.prompt import build_prompt
-    from redline.inference.generation.run import generate
-    from redline.inference.kernels import native
+    from redline.inference.kernels.cpu import library as native
 
     ggufs = dict(item.split("=", 1) for item in args.gguf)
     precisions = [p for p in args.precisions.split(",") if p]
-    load_before = load_average()
-    engines = {}
-    for p in precisions:
-        engine = Engine()
-        engine.record_memory = False
-        engine.load(args.model, resolve_precision(p, engine.device))
-        engines[p] = engine
+    load = harness.LoadAverage()
+    engines = {p: harness.load(args.model, p) for p in precisions}
     kernels = native.status()
     tokenizer = next(iter(engines.values())).target.tokenizer
-    prompts = {}
-    for name in args.prompts.split(","):
-        ps = load_prompt_set(name)
-        prompts[name] = build_prompt(tokenizer, ps.prompts[0].messages, 8192, args.new_tokens).input_ids
+    prompts = {
+        name: harness.prompt_ids(tokenizer, name, context=8192, new_tokens=args.new_tokens)
+        for name in args.prompts.split(",")
+    }
     llama = LlamaCpp(args.llama_python)
-    sampling = SamplingSettings(max_new_tokens=args.new_tokens, temperature=0, min_new_tokens=args.new_tokens)
     rows: dict = {}
     try:
         for rnd in range(args.rounds):
             for p in precisions:
                 gguf = ggufs.get(PAIRS[p])
                 for prompt_name, ids in prompts.items():
-                    sides = ["redline", "llama"] if rnd % 2 == 0 else ["llama", "redline"]
-                    for side in sides:
+                    for side in harness.order(("redline", "llama"), rnd):
                         key = (p, prompt_name, side)
                         if side == "redline":
-                            r = generate(engines[p].target, ids, sampling, DecodeOptions(strategy="fast"))
+                            r = harness.reply(engines[p].target, ids, args.new_tokens)
                             rec = {"ttft_ms": r.ttft_ms, "decode_tokens_per_s": r.tokens_per_s, "tokens": r.new_tokens}
                         elif gguf:
                             rec = llama.run(str(Path(gguf).resolve()), ids, args.new_tokens)
                         else:
                             continue
                         rows.setdefault(key, []).append(rec)
-            print(f"round {rnd + 1}/{args.rounds} done (load {load_average()})", file=sys.stderr)
+            print(f"round {rnd + 1}/{args.rounds} done (load {load})", file=sys.stderr)
     finally:
         llama.close()
-    load_after = load_average()
 
     print(
         f"Redline fast path vs llama.cpp, model {args.model}, {args.new_tokens} new tokens, {args.rounds} rounds "
         f"(alternating order); native kernels: {'on' if kernels['loaded'] else 'off (' + str(kernels['reason']) + ')'}"
     )
-    print(f"load average before: {load_before}; after: {load_after}")
+    print(f"load average {load}")
     print()
     print(
         "| Redline | llama.cpp | prompt (tokens) | Redline decode tok/s | llama.cpp decode tok/s | ratio (median "

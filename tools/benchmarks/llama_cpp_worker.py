@@ -1,4 +1,4 @@
-"""Runs llama.cpp (through llama-cpp-python) for tools/llama_cpp_compare.py, in the interpreter that has it.
+"""Runs llama.cpp (through llama-cpp-python) for tools/benchmarks/llama_cpp_compare.py, in the interpreter that has it.
 
 A measuring tool, never a dependency of Redline: started as a subprocess with another Python, it reads one
 JSON request per line on stdin and answers one JSON line on stdout:

@@ -3,7 +3,8 @@ tokens, a ~2,000-token prompt arrives beside it in the same batch. The streaming
 tokens while that prompt is read, against its normal step (the median gap before the prompt arrived), for the
 batcher's fixed 256-token chunks and for its paced chunks, in interleaved rounds on the same loaded model.
 
-    python tools/prefill_stall_bench.py [--model starter] [--precision q8] [--prompt-tokens 2000] [--rounds 3]
+    python tools/benchmarks/prefill_stall_bench.py [--model starter] [--precision q8] [--prompt-tokens 2000]
+        [--rounds 3] [--kv bf16|q8]
 
 Prints, per mode, the median over rounds of: the normal step, the longest gap, their ratio (target: ≤ 3), the 99th
 and 95th percentile gaps' ratios (what a single late wake-up of a shared machine does not move), the share of gaps
@@ -34,7 +35,7 @@ class Round(NamedTuple):
 
 def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int, alone_steps: int = 0):
     """``long_ids`` None: the streaming reply alone for ``alone_steps`` steps (its own jitter, the baseline)."""
-    from redline.inference import DecodeOptions, GenerationRequest, SamplingSettings
+    from redline.inference import DecodeOptions, GenerationRequest, SamplingSettings, percentile
     from redline.inference.events import TokenEvent
     from redline.inference.generation.lifecycle import DirectSink
 
@@ -87,13 +88,12 @@ def one_round(target, batcher_cls, fixed, prompt_ids, long_ids, warm_tokens: int
     b.cancel_all("benchmark over")
     while len(b):
         b.step()
-    gaps.sort()
     return Round(
         step=normal,
-        longest=gaps[-1],
+        longest=max(gaps),
         ttft=long_first[0] - arrived,
-        p99=gaps[int(0.99 * (len(gaps) - 1))],
-        p95=gaps[int(0.95 * (len(gaps) - 1))],
+        p99=percentile(gaps, 0.99),
+        p95=percentile(gaps, 0.95),
         over_3=sum(g > 3 * normal for g in gaps) / len(gaps),
     )
 
@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warm-tokens", type=int, default=40)
+    ap.add_argument("--kv", default="bf16", choices=("bf16", "q8"), help="the fast path's KV cache (default bf16)")
     args = ap.parse_args(argv)
 
     import torch
@@ -115,6 +116,7 @@ def main(argv=None) -> int:
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     engine = Engine()
     engine.record_memory = False
+    engine.limits.kv = args.kv  # what `--kv` sets for a load (jobs.kv_form_job)
     engine.load(args.model, resolve_precision(args.precision, engine.device))
     target = engine.target
     vocab = target.tokenizer.vocab_size
@@ -136,7 +138,8 @@ def main(argv=None) -> int:
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     med = statistics.median
     print(
-        f"model {args.model}, {args.precision}; a {args.prompt_tokens}-token prompt arrives beside a streaming reply; "
+        f"model {args.model}, {args.precision}, {args.kv} KV; "
+        f"a {args.prompt_tokens}-token prompt arrives beside a streaming reply; "
         f"{args.rounds} interleaved rounds; load average {load_before} → {load_after}"
     )
     print(

@@ -1,10 +1,10 @@
 """One conversation of several turns in the real window: each turn's time to first token and how many of its
 prompt tokens came from the prefix cache, as the reply's footer shows them (issue 27's target: turn 8 within 1.3x
 turn 1). The window runs offscreen (or on DISPLAY) with a throwaway profile; the turns are
-``tools/conversation_bench.py``'s (about 130 new tokens each), greedy, 32 new tokens.
+``tools/benchmarks/conversation_bench.py``'s (about 130 new tokens each), greedy, 32 new tokens.
 
-    python tools/window_conversation.py --model starter --precision q8 [--turns 8]
-    python tools/window_conversation.py --model /path/to/llama-1b-random --precision q8
+    python tools/benchmarks/window_conversation.py --model starter --precision q8 [--turns 8]
+    python tools/benchmarks/window_conversation.py --model /path/to/llama-1b-random --precision q8
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for gui_session
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 

@@ -2,19 +2,21 @@
 before/after for a change that must keep behaviour and speed.
 
     git worktree add /tmp/before <commit>
-    python tools/before_after.py --before /tmp/before --rounds 3                 # redline bench, fast configs
-    python tools/before_after.py --before /tmp/before --rounds 2 --concurrency   # + tools/concurrency_bench.py
-    python tools/before_after.py --before . --before-env REDLINE_KERNELS_VARIANT=avx2   # two kernel builds
-    python tools/before_after.py --before /tmp/before --model my.Q4_0.gguf --configs fast:gguf  # another model
-    python tools/before_after.py --before . --before-env X=0 --prompts long --prompt-tokens 300 --new-tokens 4
-                                                                      # a prompt's read (TTFT) A/B
+    python tools/experiments/before_after.py --before /tmp/before --rounds 3       # redline bench, fast configs
+    python tools/experiments/before_after.py --before /tmp/before --rounds 2 --concurrency
+                                                   # + tools/benchmarks/concurrency_bench.py, 4 requests
+    python tools/experiments/before_after.py --before . --before-env REDLINE_KERNELS_VARIANT=avx2  # two builds
+    python tools/experiments/before_after.py --before /tmp/before --model my.Q4_0.gguf --configs fast:gguf
+                                                   # another model
+    python tools/experiments/before_after.py --before . --before-env X=0 --prompts long --prompt-tokens 300 \\
+        --new-tokens 4                             # a prompt's read (TTFT) A/B
 
 Each round runs ``redline bench`` (the starter, one short prompt, greedy) from one side and then the other,
 alternating which goes first (A B, B A, …); the table gives each side's median tokens/s and TTFT and the median
 of the per-round ratios (after ÷ before). Both sides run with this venv's Python; the other side's ``redline``
 is imported from its folder (a link named ``redline`` first on ``sys.path``). With ``--concurrency`` each round
-also runs each side's own ``tools/concurrency_bench.py`` once (its table printed as it comes) and compares the
-continuous-batching tokens/s. For the server, ``tools/bench_server.py --versus DIR`` does the same.
+also runs each side's own ``tools/benchmarks/concurrency_bench.py`` once (its table printed as it comes) and compares
+the continuous-batching tokens/s. For the server, ``tools/benchmarks/bench_server.py --versus DIR`` does the same.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = "fast:bf16,fast:q8,fast:q4,kv:bf16"
 
 
@@ -60,7 +62,9 @@ def bench(env: dict, args) -> dict:
 
 
 def concurrency(env: dict, root: Path, args) -> float | None:
-    cmd = [sys.executable, str(root / "tools" / "concurrency_bench.py"), "--rounds", "1", "--levels", "1,4"]
+    # That side's own copy: tools/benchmarks/ since the tools were grouped by kind, tools/ in older checkouts.
+    script = next(p for p in (root / "tools" / "benchmarks", root / "tools") if (p / "concurrency_bench.py").exists())
+    cmd = [sys.executable, str(script / "concurrency_bench.py"), "--rounds", "1", "--levels", "1,4"]
     cmd += ["--modes", "continuous,one-at-a-time", "--kv-level", "0", "--tokens", str(args.new_tokens)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
@@ -86,7 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=CONFIGS)
     ap.add_argument("--prompts", default="short", help="redline bench's prompt set (its first prompt)")
     ap.add_argument("--prompt-tokens", type=int, help="cap the prompt at this many tokens (a prompt-read A/B)")
-    ap.add_argument("--concurrency", action="store_true", help="also tools/concurrency_bench.py, 4 requests")
+    ap.add_argument("--concurrency", action="store_true", help="also tools/benchmarks/concurrency_bench.py, 4 requests")
     ap.add_argument(
         "--before-env",
         action="append",

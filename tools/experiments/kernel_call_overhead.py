@@ -10,7 +10,7 @@ load side by side, e.g.::
     g++ -O3 -mavx2 -mfma -mf16c -fopenmp -std=c++20 -ffp-contract=off -fPIC -shared -I$TORCH/include \\
         -I$TORCH/include/torch/csrc/api/include /tmp/oldk/inference/kernels/*.cpp -L$TORCH/lib -ltorch -ltorch_cpu \\
         -lc10 -Wl,-rpath,$TORCH/lib -o /tmp/oldk/redline_old.so
-    python tools/kernel_call_overhead.py --old /tmp/oldk/redline_old.so --rounds 7
+    python tools/experiments/kernel_call_overhead.py --old /tmp/oldk/redline_old.so --rounds 7
 
 Tiny shapes (a product of 1×64 by 64×64, an RMSNorm of 576), so the time is the call, not the arithmetic: each
 figure is the median over rounds of the mean of ``--calls`` calls, in µs; the ratios are medians of per-round
@@ -39,8 +39,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
 
-    from redline.inference.kernels import native
-    from redline.inference.loading import block_quant
+    from redline.inference.kernels import block_quant
+    from redline.inference.kernels.cpu import library as native
 
     torch.ops.load_library(args.old)
     k = native.native()

@@ -3,7 +3,7 @@ product shapes (gate/up [3072, 576], down [576, 1536], the attention's [960, 576
 1, 4 and 44 activation rows (one decode row, a batch, a short chat prompt). Checks that both builds give the same
 bits first; prints each build's median ms, the median of the per-round ratios, and torch's fp32 product for bf16.
 
-    python tools/kernel_variants_ab.py --variants avx2,avx512-vnni [--rounds 7]
+    python tools/experiments/kernel_variants_ab.py --variants avx2,avx512-vnni [--rounds 7]
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from redline.inference.kernels import native
-    from redline.inference.loading import block_quant
+    from redline.inference.kernels import block_quant
+    from redline.inference.kernels.cpu import library as native
 
     torch.manual_seed(0)
     variants = args.variants.split(",")

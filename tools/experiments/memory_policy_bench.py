@@ -10,7 +10,7 @@
 
 Each ratio compares figures measured in the same run. Linux (glibc) only: it reads mallinfo2.
 
-Usage: python tools/memory_policy_bench.py [--part heap,caches] [--rounds N]
+Usage: python tools/experiments/memory_policy_bench.py [--part heap,caches] [--rounds N]
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
+
 PROMPT = [{"role": "user", "content": "Explain in two sentences why the sky is blue."}]
 
 
@@ -44,13 +47,7 @@ def heap_in_use_mb() -> float:
 
 
 def _engine():
-    from redline.inference.engine import Engine
-    from redline.inference.loading.precision import parse_precision
-
-    engine = Engine()
-    engine.record_memory = False  # a benchmark must not teach the estimator
-    engine.load("starter", parse_precision("bf16"))
-    return engine
+    return harness.load("starter", "bf16")
 
 
 def _decode_rate(engine, strategy: str, tokens: int = 64) -> float:

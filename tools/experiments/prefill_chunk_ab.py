@@ -3,21 +3,23 @@ prompt alone in chunks of PREFILL_CHUNK tokens; this times a fresh prompt's firs
 each size given, in interleaved rounds (A B C, C B A, ...) on the same loaded model, and prints the median
 TTFT per size and the median of the per-round ratios against the first size, with the load average.
 
-    python tools/prefill_chunk_ab.py [--model starter] [--precisions bf16,q8,q4] [--prompt-tokens 300]
+    python tools/experiments/prefill_chunk_ab.py [--model starter] [--precisions bf16,q8,q4] [--prompt-tokens 300]
         [--chunks 256,128,64] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
 
 
 def ttft(target, batcher_cls, chunk: int, ids: list[int]) -> float:
-    from redline.inference import DecodeOptions, GenerationRequest, SamplingSettings
     from redline.inference.events import TokenEvent
     from redline.inference.generation.lifecycle import DirectSink
 
@@ -28,14 +30,8 @@ def ttft(target, batcher_cls, chunk: int, ids: list[int]) -> float:
         if isinstance(event, TokenEvent) and not first:
             first.append(time.perf_counter())
 
-    req = GenerationRequest(
-        input_ids=ids,
-        sampling=SamplingSettings(max_new_tokens=2, temperature=0, min_new_tokens=2),
-        options=DecodeOptions(strategy="fast", reuse_prefix=False),
-        record=False,
-    )
     t0 = time.perf_counter()
-    b.add(DirectSink(on_event), req, t0)
+    b.add(DirectSink(on_event), harness.request(ids, 2), t0)
     while len(b):
         b.step()
     return first[0] - t0
@@ -52,39 +48,32 @@ def main(argv=None) -> int:
 
     import torch
 
-    from redline.inference import Engine, resolve_precision
     from redline.inference.generation.batch import Batcher
 
     chunks = [int(c) for c in args.chunks.split(",")]
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = harness.LoadAverage()
     out = []
     for precision in args.precisions.split(","):
-        engine = Engine()
-        engine.record_memory = False
-        engine.load(args.model, resolve_precision(precision, engine.device))
+        engine = harness.load(args.model, precision)
         target = engine.target
-        vocab = target.tokenizer.vocab_size
         g = torch.Generator().manual_seed(0)
         times: dict[int, list[float]] = {c: [] for c in chunks}
         with torch.inference_mode():
             for c in chunks:  # warm-up: each size's buffers and code paths once
-                ids = torch.randint(100, vocab, (args.prompt_tokens,), generator=g).tolist()
-                ttft(target, Batcher, c, ids)
+                ttft(target, Batcher, c, harness.random_ids(target.tokenizer, args.prompt_tokens, g))
             for r in range(args.rounds):
-                order = chunks if r % 2 == 0 else list(reversed(chunks))
-                for c in order:
-                    ids = torch.randint(100, vocab, (args.prompt_tokens,), generator=g).tolist()
+                for c in harness.order(chunks, r):
+                    ids = harness.random_ids(target.tokenizer, args.prompt_tokens, g)
                     times[c].append(ttft(target, Batcher, c, ids))
                 print(f"{precision}: round {r + 1}/{args.rounds} done", file=sys.stderr)
         base = chunks[0]
         for c in chunks:
-            ratio = statistics.median(b / t for b, t in zip(times[base], times[c]))
+            ratio = harness.median_ratio(times[base], times[c])
             out.append((precision, c, statistics.median(times[c]), ratio))
         engine.unload()
-    load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"model {args.model}; a fresh {args.prompt_tokens}-token prompt read alone; {args.rounds} interleaved rounds; "
-        f"load average {load_before} → {load_after}"
+        f"load average {load}"
     )
     print(f"{'precision':<10} {'chunk':>6} {'TTFT ms':>9} {'speed-up vs ' + str(chunks[0]):>16}")
     for precision, c, t, ratio in out:

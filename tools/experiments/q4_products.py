@@ -5,7 +5,7 @@ the L3; GB/s of weights and scales read), where a decode step is bound. Each sid
 the kernels its checkout builds.
 
     git worktree add /tmp/before <commit>
-    python tools/q4_products.py --before /tmp/before [--rounds 3]
+    python tools/experiments/q4_products.py --before /tmp/before [--rounds 3]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IN_CACHE = ((3072, 576), (576, 1536), (49152, 576), (16384, 2048), (2048, 8192))
 FROM_MEMORY = ((3072, 2048, 12), (2048, 8192, 8), (16384, 2048, 4), (1536, 576, 40))
 
@@ -29,8 +29,8 @@ def measure() -> dict:
     """One side's figures (run inside that side's process)."""
     import torch
 
-    from redline.inference.kernels.native import native
-    from redline.inference.loading import block_quant
+    from redline.inference.kernels import block_quant
+    from redline.inference.kernels.cpu.library import native
 
     torch.manual_seed(0)
     k, out = native(), {}
@@ -67,7 +67,11 @@ def side(root: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(shim)}
     code = "import json, sys; sys.path.insert(0, sys.argv[1]); import q4_products as m; print(json.dumps(m.measure()))"
     done = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT / "tools")], env=env, cwd=shim, capture_output=True, text=True
+        [sys.executable, "-c", code, str(Path(__file__).resolve().parent)],
+        env=env,
+        cwd=shim,
+        capture_output=True,
+        text=True,
     )
     if done.returncode:
         raise SystemExit(f"{root}: {done.stderr[-2000:]}")

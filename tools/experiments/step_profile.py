@@ -2,13 +2,17 @@
 wall time between its barriers on thread 0), per precision, for a real reply on the starter, and the time
 per token outside the step (sampling, streaming, Python):
 
-    python tools/step_profile.py [--precisions bf16,q8,q4] [--new-tokens 64] [--prompt short|long]
+    python tools/experiments/step_profile.py [--precisions bf16,q8,q4] [--new-tokens 64] [--prompt short|long]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
+import harness  # noqa: E402
 
 STAGES = ["norm", "qkv", "rotary+cache", "attention", "quantise", "o", "norm", "gate_up", "silu·up", "down", "head"]
 
@@ -23,24 +27,17 @@ def main(argv=None) -> int:
 
     import torch
 
-    from redline.inference import Engine, SamplingSettings, load_prompt_set, resolve_precision
     from redline.inference.decoding.fastpath import get_decoder
-    from redline.inference.decoding.options import DecodeOptions
-    from redline.inference.decoding.prompt import build_prompt
-    from redline.inference.generation.run import generate
 
-    before = os.getloadavg()
+    load = harness.LoadAverage()
     print("| precision | step ms | " + " | ".join(STAGES) + " | outside the step ms |")
     print("|---" * (len(STAGES) + 3) + "|")
     for precision in args.precisions.split(","):
-        engine = Engine()
-        engine.record_memory = False
-        engine.load(args.model, resolve_precision(precision, engine.device))
+        engine = harness.load(args.model, precision)
         target = engine.target
-        ids = build_prompt(target.tokenizer, load_prompt_set(args.prompt).prompts[0].messages, 4096, 64).input_ids
+        ids = harness.prompt_ids(target.tokenizer, args.prompt)
         n = args.new_tokens
-        fast = DecodeOptions(strategy="fast")
-        generate(target, ids, SamplingSettings(max_new_tokens=n, temperature=0, min_new_tokens=n), fast)  # warm-up
+        harness.reply(target, ids, n)  # warm-up
         dec = get_decoder(target, len(ids) + n)
         if not dec.whole_step:
             print(f"| {precision} | no whole step here: {dec.whole_step_reason} |")
@@ -49,9 +46,7 @@ def main(argv=None) -> int:
         profiles, result = [], None
         for tokens in (n, 1):
             torch.ops.redline.step_profile(True)
-            run = generate(
-                target, ids, SamplingSettings(max_new_tokens=tokens, temperature=0, min_new_tokens=tokens), fast
-            )
+            run = harness.reply(target, ids, tokens)
             profiles.append(torch.ops.redline.step_profile(False).tolist())
             result = run if tokens == n else result
         seconds = [a - b for a, b in zip(*profiles)]
@@ -67,8 +62,7 @@ def main(argv=None) -> int:
         engine.unload()
     print(
         f"\nprompt {args.prompt} ({len(ids)} tokens), {args.new_tokens} new tokens; ms per decode step, averaged over "
-        f"the reply's steps; outside the step: 1000 / decode tokens/s less the step; load average "
-        f"{before[0]:.2f} -> {os.getloadavg()[0]:.2f}"
+        f"the reply's steps; outside the step: 1000 / decode tokens/s less the step; load average {load}"
     )
     return 0
 

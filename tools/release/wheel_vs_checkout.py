@@ -4,7 +4,7 @@
 
     python -m build --wheel --outdir /tmp/whl . && python -m venv /tmp/wheelvenv
     /tmp/wheelvenv/bin/pip install --no-deps /tmp/whl/redline-*.whl   # its dependencies: this venv's, via a .pth
-    python tools/wheel_vs_checkout.py --wheel-python /tmp/wheelvenv/bin/python --rounds 3
+    python tools/release/wheel_vs_checkout.py --wheel-python /tmp/wheelvenv/bin/python --rounds 3
 
 Each side runs in its own process with a PATH that has no compiler for the wheel (so it can only use what it
 ships) and says which kernels it ran (the machine line's ``cpu_kernels``).
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = "fast:bf16,fast:q8,fast:q4"
 
 

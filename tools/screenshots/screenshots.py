@@ -1,5 +1,6 @@
-"""Save PNGs of the main window with the starter model: mid-reply, finished, draft tokens tinted, and the speed
-lab driven by its configuration table (mid-run with the gauges following, and finished).
+"""Save PNGs of the main window with the starter model, each in the light theme and (NAME-dark.png) the dark one:
+the empty chat, mid-reply, finished, draft tokens tinted with the settings open, and the speed lab driven by its
+configuration table (mid-run with the gauges following, and finished).
 
 Run with `make screenshots`. Uses a throwaway profile (conversations and settings go to a
 temporary folder) and the Qt offscreen platform unless DISPLAY is set (e.g. under xvfb-run).
@@ -8,8 +9,11 @@ temporary folder) and the Qt offscreen platform unless DISPLAY is set (e.g. unde
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for gui_session (not a package)
 from gui_session import OUT, ROOT, qt_app, settle, throwaway_profile, wait_until  # noqa: E402
+from PySide6.QtGui import QPainter  # noqa: E402
 
 
 def main() -> int:
@@ -19,13 +23,25 @@ def main() -> int:
 
     app = qt_app()  # noqa: F841 - the application must stay alive
 
-    def shot(window, name):
+    def grab(window, name, dialog=None):
         OUT.mkdir(parents=True, exist_ok=True)
         window.chat_view.render_dirty()
-        settle(0.2)
+        settle(0.3)
+        image = window.grab()
+        if dialog is not None:  # a dialog is a window of its own: drawn where it floats, over the window's right
+            painter = QPainter(image)
+            painter.drawPixmap(image.width() - dialog.width() - 24, 56, dialog.grab())
+            painter.end()
         path = OUT / name
-        window.grab().save(str(path))
+        image.save(str(path))
         print(f"saved {path.relative_to(ROOT)}")
+
+    def shot(window, name, dialog=None):
+        """The same moment in both themes: NAME.png (light) and NAME-dark.png."""
+        for theme in ("light", "dark"):
+            window.look.set_theme(theme)
+            grab(window, name if theme == "light" else name.replace(".png", "-dark.png"), dialog)
+        window.look.set_theme("light")
 
     save_settings(Settings(model="starter", temperature=0, max_new_tokens=200))
     window = build_window()
@@ -40,6 +56,8 @@ def main() -> int:
     if not loaded:
         print(f"the starter did not load: {window.banner.label.text()}", file=sys.stderr)
         return 1
+    settle(0.5)
+    shot(window, "chat-empty.png")
 
     window.input.setPlainText("What is the capital of France?")
     window.send()
@@ -63,11 +81,10 @@ def main() -> int:
     )
     window.send()
     wait_until(lambda: len(finished) == 3)
-    window.resize(1500, 800)
     window.show_settings()
     settle(1.0)
-    shot(window, "chat-prompt-lookup-settings.png")
-    window.settings_dock.hide()
+    shot(window, "chat-prompt-lookup-settings.png", window.settings_dialog)
+    window.settings_dialog.close()
 
     # The speed lab, filled by clicking: a ready-made set trimmed to four rows, predicted then measured.
     tabs = window.tabs
@@ -95,6 +112,10 @@ def main() -> int:
     settle(1.0)
     lab.grab().save(str(OUT / "speedlab-configs.png"))
     print(f"saved {(OUT / 'speedlab-configs.png').relative_to(ROOT)}")
+    window.look.set_theme("dark")
+    settle(0.5)
+    window.grab().save(str(OUT / "speedlab-dark.png"))
+    print(f"saved {(OUT / 'speedlab-dark.png').relative_to(ROOT)}")
     window.shutdown()
     return 0
 

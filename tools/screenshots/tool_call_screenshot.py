@@ -5,7 +5,7 @@ answers the first message with text and a Hermes ``<tool_call>`` block in its co
 model writes) and the second with streamed ``tool_calls`` and no text (what an OpenAI-compatible server sends).
 No model runs. A throwaway profile; offscreen unless DISPLAY is set.
 
-Run: .venv/bin/python tools/tool_call_screenshot.py
+Run: .venv/bin/python tools/screenshots/tool_call_screenshot.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for gui_session (not a package)
 from gui_session import OUT, ROOT, qt_app, settle, throwaway_profile, wait_until  # noqa: E402
 
 FIRST = (

@@ -1,6 +1,6 @@
 """Save PNGs of each page of the configuration wizard, run for real on the starter model.
 
-Run with `make screenshots` (or `python tools/wizard_screenshots.py`). A throwaway profile, the Qt
+Run with `make screenshots` (or `python tools/screenshots/wizard_screenshots.py`). A throwaway profile, the Qt
 offscreen platform unless DISPLAY is set. Before the wizard opens, the speed lab runs four
 configurations of the starter once, so the speed column shows what this machine measured beside what it
 predicts. The speculative page pairs the starter with a one-layer random draft built here from the
@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for gui_session (not a package)
 from gui_session import OUT, ROOT, qt_app, settle, throwaway_profile, wait_until  # noqa: E402
 
 LLAMA3_8B_CONFIG = ROOT / "tests" / "data" / "llama-3-8b-config.json"

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QObject, Qt, Signal
 
-from redline.ui.signals import emit
+from ..signals import emit
 
 
 class BackgroundWork(QObject):

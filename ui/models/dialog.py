@@ -9,9 +9,9 @@ from typing import Callable, Optional
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTabWidget, QVBoxLayout
 
-from redline.ui.models.find_page import FindModelPage
-from redline.ui.models.library_page import LibraryPage
-from redline.ui.signals import emit
+from ..signals import emit
+from .find_page import FindModelPage
+from .library_page import LibraryPage
 
 
 class ModelsDialog(QDialog):
@@ -24,6 +24,7 @@ class ModelsDialog(QDialog):
         recent: Optional[list[str]] = None,
         machine: Optional[Callable] = None,
         confirm: Optional[Callable[[str], bool]] = None,
+        loaded: tuple[str, ...] = (),
     ):
         super().__init__(parent)
         self.setWindowTitle("Find a model")
@@ -31,7 +32,7 @@ class ModelsDialog(QDialog):
         v = QVBoxLayout(self)
         self.tabs = QTabWidget()
         self.find = FindModelPage(priority, machine)
-        self.library = LibraryPage(recent or [], confirm)
+        self.library = LibraryPage(recent or [], confirm, loaded=loaded)
         self.tabs.addTab(self.find, "Find a model")
         self.tabs.addTab(self.library, "On this machine")
         v.addWidget(self.tabs)
@@ -60,7 +61,9 @@ def open_model_browser(window) -> ModelsDialog:
     configuration that was predicted for it."""
     settings = window.models.settings
     recent = window.presets.recent_models() if getattr(window, "presets", None) else []
-    dialog = ModelsDialog(window, getattr(settings, "priority", "balanced"), recent)
+    report = window.models.loaded  # the model loaded here (not one on a server) reads "loaded now" in the library
+    loaded = (settings.model, report.name) if report is not None and report.measured_here else ()
+    dialog = ModelsDialog(window, getattr(settings, "priority", "balanced"), recent, loaded=loaded)
 
     def load(model: str, precision: str, strategy: str) -> None:
         window.models.configure({"model": model, "precision": precision, "strategy": strategy})

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -30,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.inference import (
+from ...inference import (
     FITS,
     NO_FIT,
     TIGHT,
@@ -45,8 +46,8 @@ from redline.inference import (
     search_hub,
     warm_up_browser,
 )
-from redline.ui.models.background import BackgroundWork
-from redline.ui.signals import emit
+from ..signals import emit
+from .background import BackgroundWork
 
 RESULT_COLUMNS = ("Model", "Kind", "Parameters", "Downloads", "Licence", "Gated")
 VARIANT_COLUMNS = ("Variant", "Download", "Memory here", "Fit", "Decode tok/s", "TTFT", "")
@@ -341,6 +342,5 @@ class FindModelPage(QWidget):
 
 
 def _colour(name: str):
-    from PySide6.QtGui import QColor
 
     return QColor(name)

@@ -10,21 +10,30 @@ from typing import Callable, Optional
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMessageBox, QPushButton, QVBoxLayout, QWidget
 
-from redline.inference import age_text, delete_local_model, delete_text, format_bytes, local_library, reclaimable_bytes
-from redline.ui.models.background import BackgroundWork
-from redline.ui.models.find_page import _item, _table, sentence
-from redline.ui.signals import emit
+from ...inference import age_text, delete_local_model, delete_text, format_bytes, local_library, reclaimable_bytes
+from ..signals import emit
+from .background import BackgroundWork
+from .find_page import _item, _table, sentence
 
 COLUMNS = ("Model", "Kind", "Size", "Last used", "Note")
+LOADED_NOW = "loaded now"  # the model in use: its files' access time is when it was loaded, not when last used
 
 
 class LibraryPage(QWidget):
     chosen = Signal(str)  # a model to use (what to pass as --model)
     changed = Signal()
 
-    def __init__(self, recent: list[str], confirm: Optional[Callable[[str], bool]] = None, parent=None):
+    def __init__(
+        self,
+        recent: list[str],
+        confirm: Optional[Callable[[str], bool]] = None,
+        parent=None,
+        loaded: tuple[str, ...] = (),
+    ):
+        """``loaded``: what names the model loaded now (its spec, its name), to show it as in use."""
         super().__init__(parent)
         self.recent = list(recent)
+        self.loaded = {name for name in loaded if name}
         self.confirm = confirm or self._ask
         self.work = BackgroundWork(self)
         self.rows: list = []
@@ -65,7 +74,8 @@ class LibraryPage(QWidget):
         self.table.setRowCount(len(rows))
         for i, r in enumerate(rows):
             kind = "reclaimable" if r.reclaimable else r.kind
-            cells = (r.name, kind, format_bytes(r.size_bytes), age_text(r.last_used), r.note)
+            used = LOADED_NOW if not r.reclaimable and {r.model, r.name} & self.loaded else age_text(r.last_used)
+            cells = (r.name, kind, format_bytes(r.size_bytes), used, r.note)
             for j, text in enumerate(cells):
                 self.table.setItem(i, j, _item(text, i if j == 0 else None))
         total = sum(r.size_bytes for r in rows if not r.reclaimable)

@@ -1,6 +1,6 @@
 """The speed lab's panel (``panel.SpeedLabPanel``), its configuration table (``configs``), its outputs side by side
 (``outputs``) and the window's gauges following a run (``link.follow_speed_lab``)."""
 
-from redline.ui.speedlab.panel import SpeedLabPanel
+from .panel import SpeedLabPanel
 
 __all__ = ["SpeedLabPanel"]

@@ -1,8 +1,8 @@
 """The speed lab's configuration editor: one table row per configuration (strategy, precision, draft and its
-precision, draft tokens, compile), added, duplicated and removed by clicking; ready-made sets (the ladder,
-every precision, my presets); and the text form (``kv:bf16,fast:q4,…``) kept as an advanced field, in step
-with the table both ways. Each row shows the tokens/s the speed model predicts on this machine beside the
-tokens/s the last run measured.
+precision, draft tokens, compile, a reasoning model's thinking, the fast path's KV cache), added, duplicated and
+removed by clicking; ready-made sets (the ladder, every precision, my presets); and the text form
+(``kv:bf16,fast:q4,…``) kept as an advanced field, in step with the table both ways. Each row shows the tokens/s the
+speed model predicts on this machine beside the tokens/s the last run measured.
 
 The editor holds ``BenchConfig`` rows: a row typed in the text form keeps its text as its label until a cell of
 it is edited; a row made in the table is labelled the way the text form writes it (``format_config``)."""
@@ -28,20 +28,22 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from redline.inference import (
+from ...inference import (
     PRECISIONS,
     STRATEGIES,
     BenchConfig,
     RedlineError,
     SpeedPrediction,
     every_precision,
+    for_model,
     format_config,
     from_presets,
+    kv_forms,
     ladder,
     parse_config,
     parse_configs,
 )
-from redline.ui.signals import emit
+from ..signals import emit
 
 COLUMNS = (
     "strategy",
@@ -50,18 +52,23 @@ COLUMNS = (
     "draft precision",
     "draft tokens",
     "compile",
+    "thinking",
+    "KV",
     "predicted",
     "measured",
 )
-(STRATEGY, PRECISION, DRAFT, DRAFT_PRECISION, K, COMPILE, PREDICTED, MEASURED) = range(len(COLUMNS))
+(STRATEGY, PRECISION, DRAFT, DRAFT_PRECISION, K, COMPILE, THINKING, KV, PREDICTED, MEASURED) = range(len(COLUMNS))
 PRECISION_CHOICES = ("auto", *PRECISIONS)
 REMOTE = "remote"  # a model on another OpenAI-compatible server: its address in the draft / server column
 STRATEGY_CHOICES = (*STRATEGIES, REMOTE)
 SERVER_HINT = "http://HOST:PORT/v1#MODEL"
 COMPILE_CHOICES = (("default", None), ("on", True), ("off", False))
+THINKING_CHOICES = (("default", None), ("on", True), ("off", False))  # the model's default, or on, or off
+KV_CHOICES = (("default", None), ("bf16", "bf16"), ("q8", "q8"))  # the run's (the Settings), or bf16, or 8 bits
 SETS = {
     "ladder": "The ladder: naive → kv → quantised → speculative → static",
     "every precision": "Every precision (kv)",
+    "kv forms": "KV cache: 16-bit against 8-bit (fast)",
     "my presets": "My presets",
 }
 TIPS = {
@@ -75,6 +82,10 @@ TIPS = {
     DRAFT_PRECISION: "speculative only: the draft's precision",
     K: "speculative only: tokens the draft proposes per step",
     COMPILE: "static only: compile the forward pass (default: on for CUDA, off for a CPU, where it takes minutes)",
+    THINKING: "A reasoning model's thinking: the model's default, on or off. Two rows that differ only here compare "
+    "the time to the first answer with thinking against without (a model that does not reason ignores it)",
+    KV: "fast only: the KV cache in bf16 or in 8 bits (default: the Settings' KV cache). A q8 row beside the same "
+    "row in bf16 shows what the 8 bits cost: its output's agreement with that row's and the perplexity difference",
     PREDICTED: "Decode tokens/s the speed model predicts on this machine, corrected by what it measured before",
     MEASURED: "Decode tokens/s the last run measured (median over its samples)",
 }
@@ -102,6 +113,9 @@ class ConfigEditor(QWidget):
         top = QHBoxLayout()
         self.set_combo = QComboBox()
         self.set_combo.setObjectName("readySets")
+        # The rows below are not a set until one is used: the combo must not show the ladder's name over other rows
+        # (a user then read "the ladder has no naive row", issue 49).
+        self.set_combo.addItem("Choose a set…", None)
         for key, label in SETS.items():
             self.set_combo.addItem(label, key)
         self.set_combo.setToolTip("Ready-made sets of configurations; Use replaces the rows below")
@@ -110,6 +124,10 @@ class ConfigEditor(QWidget):
         self.use_set_button = QPushButton("Use set")
         self.use_set_button.setToolTip("Replace the rows with the chosen set")
         self.use_set_button.clicked.connect(lambda: self.use_set(self.set_combo.currentData()))
+        self.use_set_button.setEnabled(False)
+        self.set_combo.currentIndexChanged.connect(
+            lambda _: self.use_set_button.setEnabled(self.set_combo.currentData() is not None)
+        )
         self.add_button = QPushButton("Add")
         self.add_button.setToolTip("Add a configuration (a copy of the last row's precision, strategy kv)")
         self.add_button.clicked.connect(lambda: self.add_row())
@@ -181,8 +199,14 @@ class ConfigEditor(QWidget):
         self._meas = [None] * len(self._rows)
 
     def set_configs(self, configs: list[BenchConfig]) -> None:
+        """Replace the rows (a ready-made set, the rows the model can run): shown from the first, none selected.
+        The table kept its scroll position and selection, so after Add (which scrolls to the new row) the ladder
+        showed from its fourth row, without its naive row in view."""
         self._reset(configs)
         self._fill()
+        self.table.clearSelection()
+        self.table.setCurrentCell(-1, -1)
+        self.table.scrollToTop()
         self._rows_changed()
 
     def add_row(self, config: Optional[BenchConfig] = None) -> None:
@@ -228,6 +252,8 @@ class ConfigEditor(QWidget):
             configs = ladder(self.device(), self.model() or "starter")
         elif key == "every precision":
             configs = every_precision("kv")
+        elif key == "kv forms":
+            configs = kv_forms(self.device())
         elif key == "my presets":
             configs = from_presets(self._presets() if self._presets else [])
             if not configs:
@@ -235,7 +261,16 @@ class ConfigEditor(QWidget):
                 return
         else:
             raise ValueError(f"unknown set {key!r}")
-        self.set_configs(configs)
+        model = self.model() or "starter"
+        runnable = for_model(configs, model)  # as the model's backend says (a server runs its own row only)
+        left_out = [c.label for c in configs if c not in runnable]
+        self.set_configs(runnable)
+        if left_out:
+            emit(
+                self.message,
+                f"{model} cannot run {len(left_out)} of the set's rows ({', '.join(left_out[:3])}"
+                f"{', …' if len(left_out) > 3 else ''}): they were left out.",
+            )
 
     # -- the table's widgets ---------------------------------------------------------
     def _fill(self) -> None:
@@ -258,6 +293,16 @@ class ConfigEditor(QWidget):
             for label, value in COMPILE_CHOICES:
                 comp.addItem(label, value)
             comp.setCurrentIndex([v for _l, v in COMPILE_CHOICES].index(c.compile))
+            think = QComboBox()
+            for label, value in THINKING_CHOICES:
+                think.addItem(label, value)
+            think.setCurrentIndex([v for _l, v in THINKING_CHOICES].index(c.thinking))
+            think.setEnabled(not remote)
+            kv = QComboBox()
+            for label, value in KV_CHOICES:
+                kv.addItem(label, value)
+            kv.setCurrentIndex([v for _l, v in KV_CHOICES].index(c.kv))
+            kv.setEnabled(c.strategy == "fast")
             speculative = c.strategy == "speculative"
             for w in (dprec, k):
                 w.setEnabled(speculative)
@@ -270,6 +315,8 @@ class ConfigEditor(QWidget):
                 (DRAFT_PRECISION, dprec),
                 (K, k),
                 (COMPILE, comp),
+                (THINKING, think),
+                (KV, kv),
             ):
                 w.setToolTip(TIPS[col])
                 self.table.setCellWidget(r, col, w)
@@ -279,6 +326,8 @@ class ConfigEditor(QWidget):
             dprec.currentTextChanged.connect(lambda _t, row=r: self._cell_changed(row))
             k.valueChanged.connect(lambda _v, row=r: self._cell_changed(row))
             comp.currentIndexChanged.connect(lambda _i, row=r: self._cell_changed(row))
+            think.currentIndexChanged.connect(lambda _i, row=r: self._cell_changed(row))
+            kv.currentIndexChanged.connect(lambda _i, row=r: self._cell_changed(row))
             for col in (PREDICTED, MEASURED):
                 item = QTableWidgetItem("")
                 item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
@@ -307,6 +356,8 @@ class ConfigEditor(QWidget):
             schedule=self._rows[r].schedule,
             lookup=self._rows[r].lookup,
             compile=w(r, COMPILE).currentData() if strategy == "static" else None,
+            thinking=w(r, THINKING).currentData(),
+            kv=w(r, KV).currentData() if strategy == "fast" else None,
         )
 
     def _cell_changed(self, r: int, refill: bool = False) -> None:
@@ -386,16 +437,7 @@ class ConfigEditor(QWidget):
             return
         tip = TIPS[PREDICTED]
         if isinstance(pred, SpeedPrediction):
-            how = {
-                "class": "corrected by this configuration's measurements here",
-                "device": "corrected by other configurations' measurements here",
-                "none": "not corrected yet: run it once",
-            }[pred.calibration]
-            tip = (
-                f"≈ {pred.tokens_per_s:.1f} tok/s: {pred.bytes_per_token / 1e6:.0f} MB read per token; bound "
-                f"{pred.roofline_tokens_per_s:.0f} tok/s; TTFT ≈ {pred.ttft_ms:.0f} ms; {how}"
-                + "".join(f"; {n}" for n in pred.notes)
-            )
+            tip = pred.tip() + _answer_tip(pred)  # the wizard's words for the same figures
         elif pred:
             tip = str(pred)
         if ran is not None and getattr(ran, "predicted_tokens_per_s", None):
@@ -433,6 +475,21 @@ class ConfigEditor(QWidget):
                 else ""
             )
         )
+
+
+def _answer_tip(pred: SpeedPrediction) -> str:
+    """A reasoning model's time to first answer, for the predicted cell's tooltip: what it is made of, or that the
+    model's thinking length is not learned yet (nothing for a model never seen thinking, unless the row asks)."""
+    if pred.thinking is False:
+        return f" Thinking off: the first answer token is the first token (≈ {pred.ttfat_ms:.0f} ms)."
+    if pred.ttfat_ms is not None:
+        return (
+            f" Time to first answer ≈ {pred.ttfat_ms:.0f} ms: the TTFT plus ≈ {pred.thinking_tokens:.0f} thinking "
+            f"tokens, this model's median over its last {pred.thinking_samples} replies that thought here."
+        )
+    if pred.thinking:
+        return " Time to first answer: not learned yet (every reply of this model that thinks teaches it)."
+    return ""
 
 
 def _combo(items, current: str) -> QComboBox:

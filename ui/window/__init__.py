@@ -1,5 +1,5 @@
 """The main window (``MainWindow``) and the parts it is built from."""
 
-from redline.ui.window.main_window import MainWindow
+from .main_window import MainWindow
 
 __all__ = ["MainWindow"]

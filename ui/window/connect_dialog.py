@@ -20,10 +20,10 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from redline.inference import RedlineError, is_server_url, list_server_models, parse_server_spec
-from redline.ui.window.server_controller import off_ui_thread
+from ...inference import DEFAULT_PORT, RedlineError, is_server_url, list_server_models, parse_server_spec
+from .server_controller import off_ui_thread
 
-DEFAULT_URL = "http://127.0.0.1:8080/v1"
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}/v1"  # another Redline's server (`redline serve`) on this machine
 
 
 class ConnectDialog(QDialog):

@@ -12,10 +12,10 @@ from typing import Optional
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QLineEdit, QWidget
 
-from redline.ui.chat_view import PAGE, ChatView
-from redline.ui.conversation_list import ConversationList
-from redline.ui.protocols import ConversationStore
-from redline.ui.signals import emit
+from ..chat_view import PAGE, ChatView
+from ..conversation_list import ConversationList
+from ..protocols import ConversationStore
+from ..signals import emit
 
 TITLE_CHARS = 48  # a new conversation is titled with the first line of its first message, this long at most
 
@@ -47,9 +47,14 @@ class ConversationController(QObject):
         return self.conversation_id == conversation_id
 
     def open_latest(self) -> None:
-        convs = self.store.conversations()
-        if convs:
-            self.open(convs[0].id)
+        """The conversation at the top of the list as shown (the store's newest may be one whose reply is being
+        written, not moved up yet), else a new chat."""
+        first = self.listing.first_id()
+        if first is None:
+            convs = self.store.conversations()
+            first = convs[0].id if convs else None
+        if first is not None:
+            self.open(first)
         else:
             self.new_chat()
 

@@ -1,5 +1,8 @@
 """Help → Keyboard shortcuts and Help → About (the About dialog opens at once; its GPU rows fill in when a
-worker thread has read them, its CPU-kernels row when the engine's thread has answered ``kernels_job``)."""
+worker thread has read them, its CPU-kernels row when the engine's thread has answered ``kernels_job``).
+
+The shortcuts are read from the window's actions (every key the window answers is one, ``menus.py``) and the
+message box's own keys (``MessageInput.KEYS``), so the list cannot drift from what the keys do."""
 
 from __future__ import annotations
 
@@ -8,18 +11,68 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QHeaderView, QTableWidget, QTableWidgetItem, QVBoxLayout
 from qasync import asyncSlot
 
-from redline.inference import kernels_job
-from redline.ui.about import AboutDialog, probe_hardware
-from redline.ui.bridge import TaskFailed
+from ...inference import kernels_job
+from ..about import AboutDialog, probe_hardware
+from ..bridge import TaskFailed
+from ..widgets import MessageInput
 
-SHORTCUTS = (
-    "Enter — send\nShift+Enter — new line\nEsc — stop the reply\n"
-    "Ctrl+N — new chat\nCtrl+, — settings\nCtrl+Shift+M — configure model\n"
-    "Ctrl+Q — quit"
-)
+
+def shortcut_rows(window) -> list[tuple[str, str, str]]:
+    """(keys, what they do, where) for every action of the window that has a key, menu by menu, then the message
+    box's own keys."""
+    rows: list[tuple[str, str, str]] = []
+    seen = set()
+
+    def walk(menu, where: str) -> None:
+        for action in menu.actions():
+            if action.menu() is not None:
+                walk(action.menu(), f"{where} → {action.menu().title().replace('&', '')}")
+            elif action.shortcuts() and id(action) not in seen:
+                seen.add(id(action))
+                keys = ", ".join(k.toString(QKeySequence.NativeText) for k in action.shortcuts())
+                rows.append((keys, action.text().replace("&", "").rstrip("…"), where))
+
+    for top in window.menuBar().actions():
+        if top.menu() is not None:
+            walk(top.menu(), top.menu().title().replace("&", ""))
+    for action in window.actions():  # any key not in a menu
+        if action.shortcuts() and id(action) not in seen:
+            seen.add(id(action))
+            keys = ", ".join(k.toString(QKeySequence.NativeText) for k in action.shortcuts())
+            rows.append((keys, action.text().replace("&", ""), "window"))
+    rows += [(key, does, "message box") for key, does in MessageInput.KEYS]
+    return rows
+
+
+class ShortcutsDialog(QDialog):
+    def __init__(self, rows: list[tuple[str, str, str]], parent=None):
+        super().__init__(parent)
+        self.setObjectName("shortcutsDialog")
+        self.setWindowTitle("Keyboard shortcuts")
+        layout = QVBoxLayout(self)
+        self.table = QTableWidget(len(rows), 3)
+        self.table.setHorizontalHeaderLabels(("Key", "Does", "Where"))
+        self.table.verticalHeader().hide()
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.setSelectionMode(QTableWidget.NoSelection)
+        self.table.setShowGrid(False)
+        for i, row in enumerate(rows):
+            for j, text in enumerate(row):
+                self.table.setItem(i, j, QTableWidgetItem(text))
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.Stretch)
+        header.setSectionResizeMode(2, QHeaderView.ResizeToContents)
+        layout.addWidget(self.table)
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.resize(640, min(720, 80 + 30 * len(rows)))
+
 
 _ABOUT_EXECUTOR: Optional[ThreadPoolExecutor] = None
 
@@ -39,9 +92,16 @@ class HelpActions(QObject):
         super().__init__(parent)
         self.dialog_parent, self.about_info, self.bridge, self._kernels = parent, about_info, bridge, kernels
         self.about_dialog: Optional[AboutDialog] = None
+        self.shortcuts_dialog: Optional[ShortcutsDialog] = None
 
-    def shortcuts(self) -> None:
-        QMessageBox.information(self.dialog_parent, "Keyboard shortcuts", SHORTCUTS)
+    def shortcuts(self) -> ShortcutsDialog:
+        """Help → Keyboard shortcuts: the list, made from the window's actions when it opens."""
+        if self.shortcuts_dialog is not None:
+            self.shortcuts_dialog.close()
+            self.shortcuts_dialog.deleteLater()
+        self.shortcuts_dialog = ShortcutsDialog(shortcut_rows(self.dialog_parent), self.dialog_parent)
+        self.shortcuts_dialog.show()
+        return self.shortcuts_dialog
 
     @asyncSlot()
     async def show_about(self) -> None:

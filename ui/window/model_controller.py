@@ -20,7 +20,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QMessageBox
 from qasync import asyncSlot
 
-from redline.inference import (
+from ...inference import (
     Cancelled,
     LoadReport,
     NeedsOptIn,
@@ -28,12 +28,15 @@ from redline.inference import (
     auto_job,
     is_server_url,
     kernels_job,
+    kv_form_job,
     prefix_cache_job,
 )
-from redline.ui.bridge import TaskFailed
-from redline.ui.chat_session import LOAD_NOTE, UNLOAD_NOTE
-from redline.ui.signals import emit
-from redline.ui.window.parts import SettingsHolder, StatusLine
+from ..bridge import TaskFailed
+from ..chat_session import LOAD_NOTE, UNLOAD_NOTE
+from ..signals import emit
+from .connect_dialog import ConnectDialog
+from .parts import SettingsHolder, StatusLine
+from .reply_controller import STILL_LOADING
 
 AUTO = "auto"
 
@@ -124,7 +127,14 @@ class ModelController(QObject):
         """Resolve auto on the engine thread; a failure falls back to the device's default with kv, said so."""
         try:
             choice = await self.bridge.run(
-                auto_job(s.model, precision or s.precision, s.strategy, s.priority, s.context_length)
+                auto_job(
+                    s.model,
+                    precision or s.precision,
+                    s.strategy,
+                    s.priority,
+                    s.context_length,
+                    getattr(s, "kv_cache", "bf16"),
+                )
             )
         except TaskFailed as exc:
             self.auto_choice = None
@@ -139,20 +149,29 @@ class ModelController(QObject):
         label = self.status.model_label
         if self.loaded is None:
             label.setText("Loading…" if self.loading else "No model loaded")
-            if self.auto_note and self.status.message() == self.auto_note:
-                self.status.clear()  # about a model no longer loaded
+            self.status.set_note("")  # about a model no longer loaded
             return
-        if self.loaded.kind == "remote":
+        if not self.loaded.measured_here:  # a model on a server
             label.setText(f"{self.loaded.name} · on the server (its memory, its decoding)")
-            if self.auto_note and self.status.message() == self.auto_note:
-                self.status.clear()
+            self.status.set_note("")
             return
         draft = f" · draft {self.loaded.draft_name}" if self.loaded.draft_name else ""
         label.setText(f"{self.loaded.name} · {self.loaded.precision} · {self.loaded.device} · {self.strategy()}{draft}")
-        if self.auto_note and AUTO in (self.settings.precision, self.settings.strategy):
-            self.status.say(self.auto_note)
-        elif self.auto_note and self.status.message() == self.auto_note:
-            self.status.clear()
+        self.status.set_note(self.auto_line() or "")
+
+    def auto_line(self) -> Optional[str]:
+        """The status bar's line about ``auto`` for the settings in use now, or None where nothing is auto. After
+        Settings → Strategy → Apply pins a strategy other than the one auto chose (no reload: the precision stays),
+        the line auto wrote at the load no longer holds: it says what runs now and why."""
+        s, choice = self.settings, self.auto_choice
+        if not self.auto_note or AUTO not in (s.precision, s.strategy):
+            return None
+        if choice is not None and s.strategy != AUTO and choice.strategy != s.strategy and choice.precision:
+            return (
+                f"{s.strategy} · {choice.precision} — strategy {s.strategy} as set in Settings; precision "
+                f"{choice.precision} as auto chose it at the load"
+            )
+        return self.auto_note
 
     def _refresh(self) -> None:
         self.show_status()
@@ -221,7 +240,6 @@ class ModelController(QObject):
     # -- loading and unloading --------------------------------------------------------
     def _end_held_back(self) -> None:
         """The load ended: a banner that held a message back until it did is stale now."""
-        from redline.ui.window.reply_controller import STILL_LOADING
 
         if self.banner.label.text() == STILL_LOADING:
             self.banner.hide()
@@ -259,8 +277,13 @@ class ModelController(QObject):
         draft = s.draft_model if s.strategy == "speculative" else None
         ask_opt_in = None
         self.apply_prefix_cache()  # before the load, in order: the model it loads gets this size
+        # and this KV cache's form (Settings → KV cache; 8 bits where auto found only that makes the context fit)
+        kv = self.auto_choice.kv if self.auto_choice is not None else getattr(s, "kv_cache", "bf16")
+        self.bridge.run(kv_form_job(kv), label="the KV cache's form")
         try:
-            self._load = self.bridge.load(s.model, precision, draft, s.draft_precision, opt_in, api_key)
+            self._load = self.bridge.load(
+                s.model, precision, draft, s.draft_precision, opt_in, api_key, context=s.context_length
+            )
             self._load.events.connect(self._on_load_progress)
             info = await self._load
         except TaskFailed as exc:
@@ -303,7 +326,7 @@ class ModelController(QObject):
             return None
         self.loaded = info
         self.gauges.set_kv_cache(None)  # a new model: nothing of the last one's cache is kept
-        if info.kind == "remote":
+        if not info.measured_here:  # a model on a server
             self.sampler.set_device("cpu")  # this app's own memory, beside the note that the model's is the server's
             self.gauges.set_remote(info.name)
             self.gauges.set_device(f"on the server · {info.name}, connected in {info.load_seconds:.1f} s")
@@ -331,7 +354,7 @@ class ModelController(QObject):
         if self.presets is not None and not remote:
             self.presets.remember_model(s.model)
         emit(self.model_loaded, info)
-        if info.kind != "remote" and not info.device.startswith("cuda"):
+        if info.measured_here and not info.device.startswith("cuda"):
             self._check_kernels(s.model, info.precision)
         return info
 
@@ -376,7 +399,6 @@ class ModelController(QObject):
 
     def connect_dialog(self):
         """Model → Connect to a server…"""
-        from redline.ui.window.connect_dialog import ConnectDialog
 
         current = self.settings.model if is_server_url(self.settings.model) else None
         dialog = ConnectDialog(current, self.server_keys, self.connect_to, self.dialog_parent)

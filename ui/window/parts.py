@@ -9,8 +9,8 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QLabel, QPushButton, QStatusBar
 
-from redline.ui.signals import emit
-from redline.ui.widgets import MessageInput
+from ..signals import emit
+from ..widgets import ElidedLabel, MessageInput
 
 
 class SettingsHolder(QObject):
@@ -39,12 +39,18 @@ class Composer:
     stop_button: QPushButton
 
 
-@dataclass
 class StatusLine:
-    """The status bar: its transient message and the model's permanent label."""
+    """The status bar: its passing messages, the standing note about the model (what auto chose) and the model's
+    permanent label. The note is a label of the bar, not a message: a menu's status tips replace the bar's message
+    and clear it when the pointer leaves, which erased a note kept as a message; a passing message covers the
+    label while it shows, and the note is back after it."""
 
-    bar: QStatusBar
-    model_label: QLabel
+    def __init__(self, bar: QStatusBar, model_label: QLabel):
+        self.bar = bar
+        self.model_label = model_label
+        self.note_label = ElidedLabel("")  # elided, so a long note never widens the window
+        self.note_label.setObjectName("statusNote")
+        bar.addWidget(self.note_label, 1)
 
     def say(self, text: str, timeout_ms: int = 0) -> None:
         self.bar.showMessage(text, timeout_ms)
@@ -54,3 +60,9 @@ class StatusLine:
 
     def message(self) -> str:
         return self.bar.currentMessage()
+
+    def set_note(self, text: str) -> None:
+        self.note_label.setText(text)
+
+    def note(self) -> str:
+        return self.note_label.text()

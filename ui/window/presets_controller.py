@@ -8,6 +8,8 @@ from typing import Callable, Optional
 
 from PySide6.QtCore import QObject
 
+from ..presets_dialog import PresetsDialog
+
 
 class PresetsController(QObject):
     """``presets``: the preset store (or None); ``settings``: the SettingsHolder; ``apply_settings(new,
@@ -68,7 +70,6 @@ class PresetsController(QObject):
         manage.triggered.connect(lambda _c=False: self.manage())
 
     def manage(self):
-        from redline.ui.presets_dialog import PresetsDialog
 
         dialog = PresetsDialog(self.presets, self.dialog_parent)
         dialog.changed.connect(self.refresh)

@@ -15,13 +15,13 @@ from typing import Callable, Optional
 from PySide6.QtCore import QObject, QTimer, Signal
 from qasync import asyncSlot
 
-from redline.inference import DecodeOptions, SamplingSettings, kv_cache_held
-from redline.ui.chat_session import LOAD_NOTE, ChatSession, Reply, ReplyConfig
-from redline.ui.chat_view import ChatView, MessageWidget
-from redline.ui.gauges import GaugesPanel
-from redline.ui.signals import emit
-from redline.ui.widgets import Banner
-from redline.ui.window.parts import Composer, SettingsHolder
+from ...inference import DecodeOptions, SamplingSettings, kv_cache_held
+from ..chat_session import CLOSED_NOTE, LOAD_NOTE, ChatSession, Reply, ReplyConfig
+from ..chat_view import ChatView, MessageWidget
+from ..gauges import GaugesPanel
+from ..signals import emit
+from ..widgets import Banner
+from .parts import Composer, SettingsHolder
 
 STILL_LOADING = "The model is still loading; your message stays in the box. Send it once loading ends."
 NOT_LOADED = "No model is loaded. Load one first; your message stays in the box."
@@ -204,7 +204,14 @@ class ReplyController(QObject):
         options = DecodeOptions(strategy=self.models.strategy(), num_draft_tokens=s.num_draft_tokens)
         refusal = NO_DRAFT if options.strategy == "speculative" and not loaded.draft_name else None
         return ReplyConfig(
-            loaded.name, sampling, options, s.context_length, loaded.precision, loaded.device, refusal=refusal
+            loaded.name,
+            sampling,
+            options,
+            s.context_length,
+            loaded.precision,
+            loaded.device,
+            refusal=refusal,
+            thinking=s.thinking_setting() if hasattr(s, "thinking_setting") else None,
         )
 
     def _refused(self) -> bool:
@@ -287,6 +294,7 @@ class ReplyController(QObject):
         if widget is not None:
             widget.text = reply.text
             widget.draft_spans = reply.draft_spans
+            widget.thinking.set_text(reply.reasoning)
             widget.mark_dirty()
 
     def _live(self, reply: Reply) -> None:
@@ -319,6 +327,7 @@ class ReplyController(QObject):
             )
         if shown is not None:
             shown.streaming = False
+            shown.thinking.set_text(reply.reasoning)
             shown.set_content(reply.text, reply.stats, reply.partial)
             shown.render()
         if on_screen and self.banner.label.text() in HELD_BACK:
@@ -342,6 +351,7 @@ class ReplyController(QObject):
         widget.waiting = reply.waiting
         widget.text = reply.text
         widget.draft_spans = reply.draft_spans
+        widget.thinking.set_text(reply.reasoning)
         widget.render()
         self._widgets[reply.message_id] = widget
 
@@ -390,7 +400,6 @@ class ReplyController(QObject):
 
     def shutdown(self) -> None:
         """The window closes: every reply still running is stopped (the engine is stopped next)."""
-        from redline.ui.chat_session import CLOSED_NOTE
 
         for s in self.sessions.values():
             s.after_reply(None)

@@ -9,11 +9,13 @@ The server runs on a thread of its own (uvicorn's loop); starting and stopping i
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from PySide6.QtCore import QObject, QTimer
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -26,8 +28,8 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from redline.inference import ApiServer, RedlineError, ServerConfig, is_loopback
-from redline.ui.bridge import yield_to_the_ui
+from ...inference import ApiServer, RedlineError, ServerConfig, is_loopback
+from ..bridge import yield_to_the_ui
 
 STATUS_MS = 1000
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="redline-server-control")
@@ -36,7 +38,6 @@ _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="redline-server-con
 def off_ui_thread(fn, *args):
     """Await ``fn(*args)`` run on a plain thread (qasync's default executor runs QThreads, which must not
     outlive the app)."""
-    import asyncio
 
     return asyncio.get_running_loop().run_in_executor(_POOL, fn, *args)
 
@@ -139,7 +140,6 @@ class ServerController(QObject):
         self.button.setProperty("exposed", bool(st["exposed"]))
 
     def copy_address(self) -> None:
-        from PySide6.QtGui import QGuiApplication
 
         if self.running:
             QGuiApplication.clipboard().setText(self.server.address)

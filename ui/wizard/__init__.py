@@ -10,6 +10,6 @@ awaited in an ``asyncSlot``; a page is "complete" only once its answer is in. Th
 themselves are arithmetic on the model's shape, so the table recomputes live on the UI thread.
 """
 
-from redline.ui.wizard.wizard import ConfigWizard
+from .wizard import ConfigWizard
 
 __all__ = ["ConfigWizard"]

@@ -23,38 +23,39 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
-from redline.inference import (
+from ...inference import (
+    AS_FILE,
+    DEFAULT_CONTEXT_CAP,
+    NEXT_TURN_TOKENS,
     PRECISIONS,
     PRIORITIES,
     PRIORITY_LABELS,
     Planner,
     SpeedModel,
     choose,
+    fastest_that_fits,
     format_bytes,
     parse_precision,
+    rank_strategies,
     suggest,
 )
-from redline.ui.signals import emit
-from redline.ui.wizard.labels import BAD, CLOSE, OK, PALE, colored, wrap_label
-from redline.ui.wizard.tips import TIPS, with_tip
+from ..signals import emit
+from .labels import BAD, CLOSE, OK, PALE, colored, wrap_label
+from .tips import TIPS, with_tip
 
-AS_FILE = "gguf"  # a converted GGUF's quantised layers as stored: only offered for such a folder
-# Any model: every precision but "as the file is"; a GGUF whose layers stay quantised: that first, then what it
-# can be converted to (bitsandbytes needs a float checkpoint).
+# Any model: every precision but "as the file is" (AS_FILE: only offered for a GGUF whose layers stay quantised);
+# such a GGUF: that first, then what it can be converted to (bitsandbytes needs a float checkpoint).
 SHOWN = tuple(p for p in PRECISIONS if p != AS_FILE)
 PACKED_SHOWN = (AS_FILE, "bf16", "fp16", "fp32", "q8", "q4")
 
-DEFAULT_CONTEXT_CAP = 8192  # the default context: the model's own, capped here (as `redline estimate`)
 MIN_CONTEXT = 256
+KV_LABELS = {"16-bit": "bf16", "8-bit": "q8"}  # the KV cache's forms (``--kv``), as the page names them
 
 COLUMNS = (
     "precision", "weights", "KV cache", "activations", "overhead", "loading", "total", "fits", "speed", "first token",
 )  # fmt: skip
 FITS_COLUMN, SPEED_COLUMN = COLUMNS.index("fits"), COLUMNS.index("speed")
 FIRST_TOKEN_COLUMN = COLUMNS.index("first token")
-# The reply a speed figure is for: a 256-token reply to a 64-token prompt (as `redline estimate`).
-PROMPT_TOKENS, NEW_TOKENS = 64, 256
-NEXT_TURN_TOKENS = 130  # a conversation's next message, read while the prefix cache holds the rest
 
 
 class ConfigPage(QWizardPage):
@@ -94,6 +95,15 @@ class ConfigPage(QWizardPage):
         form.addSpacing(12)
         form.addWidget(priority_label)
         form.addWidget(self.priority)
+        kv_label = QLabel("&KV cache:")
+        self.kv = with_tip(QComboBox(), "kv")
+        self.kv.setObjectName("kvBox")
+        for label, form_ in KV_LABELS.items():
+            self.kv.addItem(label, form_)
+        kv_label.setBuddy(self.kv)
+        form.addSpacing(12)
+        form.addWidget(kv_label)
+        form.addWidget(self.kv)
         v.addLayout(form)
         self.table = with_tip(QTableWidget(0, len(COLUMNS)), "table")
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -123,12 +133,14 @@ class ConfigPage(QWizardPage):
         self.speeds: dict = {}  # precision → the fastest strategy's SpeedPrediction
         self.estimates = []
         self.fix_context: Optional[int] = None
+        self.fix_kv = False  # the fix is the 8-bit KV cache (auto found only it makes the context fit)
         self._user_row: Optional[str] = None  # a precision the user picked over the suggestion
         self._filling = False
         self.slider.valueChanged.connect(self._slider_moved)
         self.context.valueChanged.connect(self._context_typed)
         self.batch.valueChanged.connect(lambda _v: self.refresh())
         self.priority.currentIndexChanged.connect(self._priority_changed)
+        self.kv.currentIndexChanged.connect(self._kv_changed)
         self.table.itemSelectionChanged.connect(self._row_changed)
         self.fix_button.clicked.connect(self._apply_fix)
 
@@ -153,6 +165,7 @@ class ConfigPage(QWizardPage):
         self.slider.setRange(max(1, min(MIN_CONTEXT, top) // MIN_CONTEXT), max(1, top // MIN_CONTEXT))
         self.slider.setPageStep(max(1, top // MIN_CONTEXT // 16))
         self.priority.setCurrentIndex(max(0, self.priority.findData(self.wiz.priority)))
+        self.kv.setCurrentIndex(max(0, self.kv.findData(self.wiz.kv)))
         self._filling = False
         self._user_row = None
         found = self.wiz.found_precision  # the model browser's predicted precision
@@ -177,6 +190,12 @@ class ConfigPage(QWizardPage):
         self._user_row = None  # a new priority suggests its own row
         self.refresh()
 
+    def _kv_changed(self, _index: int) -> None:
+        if self._filling:
+            return
+        self.wiz.kv = self.kv.currentData()
+        self.refresh()
+
     def speed_model(self) -> Optional[SpeedModel]:
         """The speed model for where the wizard plans: this machine (measured on the hardware page), or a
         card from the list (its published bandwidth, nothing learned)."""
@@ -184,7 +203,13 @@ class ConfigPage(QWizardPage):
 
     def planner(self, draft=None, draft_spec=None) -> Planner:
         return Planner(
-            self.wiz.model.shape, self.wiz.target, self.batch.value(), draft, draft_spec, self.wiz.correction
+            self.wiz.model.shape,
+            self.wiz.target,
+            self.batch.value(),
+            draft,
+            draft_spec,
+            self.wiz.correction,
+            self.kv.currentData(),
         )
 
     def refresh(self) -> None:
@@ -200,11 +225,12 @@ class ConfigPage(QWizardPage):
         if speed is not None:
             shape = self.wiz.model.shape
             for p in self.shown:
-                self.speeds[p] = fastest(speed, shape, p, ctx)
-                self.turns[p] = next_turn(speed, shape, p, self.speeds[p], ctx)
-            self.choice = choose(
-                shape, planner, speed, ctx, self.priority.currentData(), "auto", "auto", PROMPT_TOKENS, NEW_TOKENS
-            )
+                # Each row's strategy is the one ``auto`` would take for that precision (choose.py's ranking).
+                best = fastest_that_fits(rank_strategies(shape, planner, speed, ctx, p))
+                self.speeds[p] = best.prediction if best is not None else None
+                turn = speed.next_turn(shape, p, best.strategy, ctx, kv=best.kv) if best is not None else None
+                self.turns[p] = turn
+            self.choice = choose(shape, planner, speed, ctx, self.priority.currentData())
         self._filling = True
         self.table.setRowCount(len(self.estimates))
         for row, e in enumerate(self.estimates):
@@ -237,16 +263,29 @@ class ConfigPage(QWizardPage):
         self._filling = False
         s = self.suggestion
         fits_now = s.change is None and s.precision is not None
+        then = "then fits" if not fits_now else "faster at long contexts"  # speed first may take it where all fit
         c = self.choice
-        if fits_now and c is not None and c.fits and c.precision in self.shown:
+        # Only the 8-bit KV cache makes this context fit (``choose``): said, and offered as the fix.
+        self.fix_kv = c is not None and c.fits and c.kv == "q8" and self.kv.currentData() != "q8"
+        # With the 8-bit cache chosen, auto's pick fits even where the memory suggestion's ladder (bf16, int8, q8, nf4)
+        # finds nothing: its row is the one to select.
+        eight = c is not None and c.kv == "q8" and self.kv.currentData() == "q8"
+        if (fits_now or eight) and c is not None and c.fits and c.precision in self.shown:
             self.why.setText(f"{c.reason}. Memory: {s.text}")
             suggested = c.precision
+            fits_now = True
+        elif self.fix_kv:
+            self.why.setText(f"{c.reason}. With a 16-bit cache: {s.text}")
+            suggested = None
         else:
             self.why.setText(s.text)
             suggested = s.precision
         self.why.setStyleSheet("" if fits_now else f"color: {BAD if s.precision is None else CLOSE};")
-        self.fix_context = s.context if (s.change == "context" and s.context) else None
-        if self.fix_context:
+        self.fix_context = s.context if (s.change == "context" and s.context and not self.fix_kv) else None
+        if self.fix_kv:
+            self.fix_button.setText(f"Keep the KV cache in 8 bits ({c.strategy} · {c.precision} {then})")
+            self.fix_button.show()
+        elif self.fix_context:
             self.fix_button.setText(f"Use a context of {self.fix_context} tokens")
             self.fix_button.show()
         else:
@@ -271,7 +310,10 @@ class ConfigPage(QWizardPage):
         self._describe_choice()
 
     def _apply_fix(self) -> None:
-        if self.fix_context:
+        if self.fix_kv:
+            self._user_row = None
+            self.kv.setCurrentIndex(self.kv.findData("q8"))
+        elif self.fix_context:
             self._user_row = None
             self.context.setValue(self.fix_context)
 
@@ -314,6 +356,7 @@ class ConfigPage(QWizardPage):
         self.wiz.context = self.context.value()
         self.wiz.batch = self.batch.value()
         self.wiz.priority = self.priority.currentData()
+        self.wiz.kv = self.kv.currentData()
         pred = self.speeds.get(self.wiz.precision)
         # The fastest strategy for the row chosen (kv where the speed is unknown); the next page may add a draft.
         self.wiz.plain_strategy = pred.strategy if pred is not None else "kv"
@@ -328,30 +371,6 @@ def fit_text(e) -> str:
 
 def fit_color(e) -> str:
     return OK if e.fits else CLOSE if e.total_bytes <= (e.available_bytes or 0) else BAD
-
-
-def fastest(speed: SpeedModel, shape, precision: str, context: int):
-    """The fastest lossless strategy's prediction for a precision (kv, or fast where the fast path runs it)."""
-    spec = parse_precision(precision)
-    best = None
-    for strategy in ("kv", "fast", "static") if speed.machine.kind == "cuda" else ("kv", "fast"):
-        p = speed.predict(shape, spec, strategy, PROMPT_TOKENS, NEW_TOKENS)
-        if strategy != "kv" and p.path == "hf" and strategy == "fast":
-            continue  # the fast path does not run it: kv again
-        if best is None or p.tokens_per_s > best.tokens_per_s:
-            best = p
-    return best
-
-
-def next_turn(speed: SpeedModel, shape, precision: str, pred, context: int):
-    """The TTFT of a late turn: the conversation near ``context`` tokens, the fast path's prefix cache holding all
-    but the new message (kv and static read the whole conversation again)."""
-    if pred is None:
-        return None
-    prompt = max(1, context - NEW_TOKENS)
-    cached = max(0, prompt - NEXT_TURN_TOKENS) if pred.strategy == "fast" else 0
-    spec = parse_precision(precision)
-    return speed.predict(shape, spec, pred.strategy, prompt, NEW_TOKENS, cached_tokens=cached)
 
 
 def fmt_ms(ms: float) -> str:
@@ -371,7 +390,7 @@ def first_token_text(pred, turn) -> str:
 def first_token_tip(pred, turn) -> str:
     if pred is None:
         return "The time to first token is predicted once this machine's bandwidth has been measured."
-    tip = f"Time to first token for a new {PROMPT_TOKENS}-token prompt: ≈ {fmt_ms(pred.ttft_ms)}."
+    tip = f"Time to first token for a new {pred.prompt_tokens}-token prompt: ≈ {fmt_ms(pred.ttft_ms)}."
     if turn is not None and turn.cached_tokens:
         tip += (
             f" Next turn: a {NEXT_TURN_TOKENS}-token message in a conversation of {turn.prompt_tokens} tokens, "
@@ -387,32 +406,12 @@ def first_token_tip(pred, turn) -> str:
 
 
 def speed_text(pred) -> str:
-    """ "≈ 41 tok/s (fast) · measured here 41" (a decimal below 10 tok/s only, so the column fits)."""
-    if pred is None:
-        return "—"
-    text = (
-        f"≈ {pred.tokens_per_s:.1f} tok/s ({pred.strategy})"
-        if pred.tokens_per_s < 10
-        else (f"≈ {pred.tokens_per_s:.0f} tok/s ({pred.strategy})")
-    )
-    if pred.measured_tokens_per_s is not None:
-        m = pred.measured_tokens_per_s
-        text += f" · measured here {m:.1f}" if m < 10 else f" · measured here {m:.0f}"
-    return text
+    """The speed cell: the prediction's own text with its strategy (``SpeedPrediction.text``), or a dash."""
+    return "—" if pred is None else pred.text(strategy=True)
 
 
 def speed_tip(pred, context: int) -> str:
+    """The speed cell's tooltip: the prediction's own (``SpeedPrediction.tip``) and how far the context grows."""
     if pred is None:
         return "The speed is predicted once this machine's bandwidth has been measured (the hardware page)."
-    learned = {
-        "class": f"corrected by {pred.calibration_samples} measurement(s) of {pred.class_key} on this machine",
-        "device": f"corrected by what {pred.calibration_samples} measurement(s) of other configurations showed here",
-        "none": "not yet corrected by a measurement here (every reply and speed-lab row teaches it)",
-    }[pred.calibration]
-    return (
-        f"Decode speed predicted for a {NEW_TOKENS}-token reply to a {PROMPT_TOKENS}-token prompt with the "
-        f"{pred.strategy} strategy: {format_bytes(pred.bytes_per_token)} read per token at "
-        f"{pred.bandwidth_bytes_per_s / 1e9:.1f} GB/s (bound: {pred.roofline_tokens_per_s:.0f} tok/s), "
-        f"time to first token ≈ {pred.ttft_ms:.0f} ms; {learned}. The KV cache read per token grows with the "
-        f"conversation, up to {context} tokens."
-    )
+    return f"{pred.tip()} The KV cache read per token grows with the conversation, up to {context} tokens."

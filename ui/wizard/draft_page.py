@@ -18,13 +18,13 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from redline.inference import Planner, advise, format_bytes, parse_precision
-from redline.ui.bridge import TaskFailed
-from redline.ui.signals import emit
-from redline.ui.wizard.config_page import SHOWN
-from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
-from redline.ui.wizard.model_picker import CheckedPicker, ModelPicker
-from redline.ui.wizard.tips import with_tip
+from ...inference import Planner, advise, format_bytes, parse_precision
+from ..bridge import TaskFailed
+from ..signals import emit
+from .config_page import SHOWN
+from .labels import BAD, CLOSE, OK, colored, wrap_label
+from .model_picker import CheckedPicker, ModelPicker
+from .tips import with_tip
 
 
 class DraftPage(QWizardPage, CheckedPicker):

@@ -8,11 +8,11 @@ from typing import Optional
 from PySide6.QtWidgets import QButtonGroup, QComboBox, QHBoxLayout, QRadioButton, QVBoxLayout, QWizardPage
 from qasync import asyncSlot
 
-from redline.inference import CONSUMER_GPUS, GB, Target, detect_target, format_bytes
-from redline.ui.bridge import TaskFailed
-from redline.ui.signals import emit
-from redline.ui.wizard.labels import BAD, colored, wrap_label
-from redline.ui.wizard.tips import with_tip
+from ...inference import CONSUMER_GPUS, GB, Target, detect_target, format_bytes
+from ..bridge import TaskFailed
+from ..signals import emit
+from .labels import BAD, colored, wrap_label
+from .tips import with_tip
 
 
 class HardwarePage(QWizardPage):

@@ -15,10 +15,10 @@ from PySide6.QtWidgets import (
 )
 from qasync import asyncSlot
 
-from redline.inference import accuracy_margin, format_bytes
-from redline.ui.signals import emit
-from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
-from redline.ui.wizard.tips import with_tip
+from ...inference import accuracy_margin, format_bytes
+from ..signals import emit
+from .labels import BAD, CLOSE, OK, colored, wrap_label
+from .tips import with_tip
 
 
 class LoadPage(QWizardPage):

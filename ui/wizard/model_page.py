@@ -5,10 +5,11 @@ from __future__ import annotations
 from PySide6.QtWidgets import QPushButton, QVBoxLayout, QWizardPage
 from qasync import asyncSlot
 
-from redline.ui.bridge import TaskFailed
-from redline.ui.signals import emit
-from redline.ui.wizard.labels import BAD, CLOSE, OK, colored, wrap_label
-from redline.ui.wizard.model_picker import CheckedPicker, ModelPicker
+from ..bridge import TaskFailed
+from ..models.dialog import ModelsDialog
+from ..signals import emit
+from .labels import BAD, CLOSE, OK, colored, wrap_label
+from .model_picker import CheckedPicker, ModelPicker
 
 
 class ModelPage(QWizardPage, CheckedPicker):
@@ -38,7 +39,6 @@ class ModelPage(QWizardPage, CheckedPicker):
 
     def find_model(self):
         """The model browser; what is fetched (or picked from the library) becomes the choice, checked as typed."""
-        from redline.ui.models.dialog import ModelsDialog
 
         settings = self.wiz.host.settings
         recent = self.wiz.presets.recent_models() if self.wiz.presets else []

@@ -6,9 +6,9 @@ import dataclasses
 
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QLineEdit, QVBoxLayout, QWizardPage
 
-from redline.ui.signals import emit
-from redline.ui.wizard.labels import BAD, CLOSE, colored, wrap_label
-from redline.ui.wizard.tips import with_tip
+from ..signals import emit
+from .labels import BAD, CLOSE, colored, wrap_label
+from .tips import with_tip
 
 
 class PresetPage(QWizardPage):

@@ -33,6 +33,11 @@ TIPS = {
     "q8": "q8: weights in int8, blocks of 32 with a scale each (about 1.06 bytes per weight), fast at batch 1.",
     "q4": "q4: weights in int4, blocks of 32 with a scale and minimum (about 0.63 bytes per weight), the fastest.",
     "fix": "Apply the one change that makes the model fit.",
+    "kv": (
+        "How the KV cache (what the model keeps of the conversation) is stored: 16-bit, or 8-bit at about half "
+        "the memory a token and a faster read at long contexts, for a very small change in the replies (the fast "
+        "path keeps it; other strategies keep 16 bits)."
+    ),
     "priority": (
         "What the suggested row favours. Quality first: the highest precision that fits. Balanced: the fastest "
         "that fits with 8-bit weights or more. Speed first: the fastest that fits, 4-bit included. Speeds are "

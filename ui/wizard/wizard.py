@@ -18,8 +18,9 @@ from typing import Any, Optional
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QWizard
 
-from redline.inference import (
+from ...inference import (
     DEFAULT_PRIORITY,
+    Planner,
     SpeedCalibration,
     SpeedModel,
     acceptance_job,
@@ -30,14 +31,14 @@ from redline.inference import (
     pair_job,
     parse_precision,
 )
-from redline.ui.bridge import EngineBridge
-from redline.ui.protocols import PresetStoreLike
-from redline.ui.wizard.config_page import ConfigPage
-from redline.ui.wizard.draft_page import DraftPage
-from redline.ui.wizard.hardware_page import HardwarePage
-from redline.ui.wizard.load_page import LoadPage
-from redline.ui.wizard.model_page import ModelPage
-from redline.ui.wizard.preset_page import PresetPage
+from ..bridge import EngineBridge
+from ..protocols import PresetStoreLike
+from .config_page import ConfigPage
+from .draft_page import DraftPage
+from .hardware_page import HardwarePage
+from .load_page import LoadPage
+from .model_page import ModelPage
+from .preset_page import PresetPage
 
 MODEL_PAGE, HARDWARE_PAGE, CONFIG_PAGE, DRAFT_PAGE, LOAD_PAGE, PRESET_PAGE = range(6)
 
@@ -67,6 +68,7 @@ class ConfigWizard(QWizard):
         self.precision: Optional[str] = None
         self.context: Optional[int] = None
         self.batch = 1
+        self.kv = getattr(host.settings, "kv_cache", "bf16")  # the KV cache's form (Settings → KV cache)
         self.strategy = host.settings.strategy
         self.draft_model = host.settings.draft_model
         self.draft_precision = host.settings.draft_precision
@@ -125,6 +127,7 @@ class ConfigWizard(QWizard):
             context_length=self.context,
             strategy=self.strategy,
             priority=self.priority,
+            kv_cache=self.kv,
             draft_model=self.draft_model,
             draft_precision=self.draft_precision,
             num_draft_tokens=self.num_draft_tokens,
@@ -135,7 +138,6 @@ class ConfigWizard(QWizard):
         """The configuration page's prediction for what was chosen (with the draft, if any)."""
         if self.model is None or self.target is None or not self.precision:
             return None
-        from redline.inference import Planner
 
         draft = (
             self.draft_page.draft_desc.shape
@@ -149,6 +151,7 @@ class ConfigWizard(QWizard):
             draft,
             parse_precision(self.draft_precision) if draft else None,
             self.correction,
+            self.kv,
         )
         return planner.estimate(parse_precision(self.precision), self.context).total_bytes
 

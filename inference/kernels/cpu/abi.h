@@ -1,4 +1,5 @@
-// The library's C ABI: what native.py calls through ctypes (and registers as the torch operators redline::*).
+// The library's C ABI: what wrappers.py calls through ctypes (abi.py declares it) and torch_ops.py registers as the
+// torch operators redline::*.
 // Plain C types only — data pointers, sizes, a thread count — so the binary depends on no torch, no Python and no
 // C++ standard library of the caller, and keeps working across torch upgrades. Every function returns 0, or
 // nonzero with the reason in redline_last_error() (this thread's last failure).
@@ -16,12 +17,12 @@
 #define REDLINE_API extern "C" __attribute__((visibility("default")))
 #endif
 
-// Bumped whenever a signature below (or in decode_step.cpp) changes: native.py refuses a library of another version.
+// Bumped whenever a signature below (or in decode_step.cpp) changes: abi.py refuses a library of another version.
 #define REDLINE_ABI_VERSION 1
 
 namespace redline_kernels {
 
-// Element types, as native.py numbers them.
+// Element types, as abi.py numbers them.
 enum DType : int64_t { F32 = 0, BF16 = 1, F16 = 2, I8 = 3, U8 = 4, I32 = 5, I64 = 6, OTHER = 7 };
 inline const char* dtype_name(int64_t d) {
   static const char* names[] = {"Float", "BFloat16", "Half", "Char", "Byte", "Int", "Long", "another type"};

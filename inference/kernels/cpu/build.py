@@ -1,9 +1,9 @@
 """How Redline's kernel library is compiled: one recipe for the wheel (``setup.py``), the desktop bundle
-(``packaging/redline.spec``) and the first-use build of a source checkout (``native.py``).
+(``packaging/redline.spec``) and the first-use build of a source checkout (``library.py``).
 
 A plain shared library with a C ABI (``abi.h``): the sources include no torch or Python headers, so any C++17
 compiler builds it in a few seconds per variant, and the binary keeps working across torch upgrades. One build per
-*variant*, each for one family of CPUs; ``native.py`` picks, at run time, the best variant this CPU runs:
+*variant*, each for one family of CPUs; ``library.py`` picks, at run time, the best variant this CPU runs:
 
 ==============  ==========================================  ===================================================
 variant         CPUs                                        compiled with (GCC / Clang)
@@ -27,10 +27,12 @@ quantisers round exactly as ``block_quant.py`` does and every build computes in 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -39,7 +41,7 @@ from typing import Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("cpu_kernels.cpp", "decode_step.cpp")
-HEADERS = ("abi.h", "vec.h", "simd.h", "paged_attention.h")
+HEADERS = ("abi.h", "vec.h", "simd.h", "arch/avx512.h", "paged_attention.h")
 # Bumped with abi.h's REDLINE_ABI_VERSION.
 ABI_VERSION = 1
 
@@ -232,7 +234,6 @@ def glibc_needed(folder: Path) -> Optional[tuple[int, int]]:
     """The newest glibc symbol version (2, N) any library in ``folder`` asks for: what its manylinux tag
     (PEP 600, ``manylinux_2_N``) must say. Read from the version names in the files' dynamic string tables, as
     ``auditwheel show`` reads them (the two agree on this project's wheel); None where no file names one."""
-    import re
 
     newest = None
     for path in sorted(Path(folder).glob("*.so*")):
@@ -243,8 +244,7 @@ def glibc_needed(folder: Path) -> Optional[tuple[int, int]]:
 
 
 def main(argv=None) -> int:
-    """``python inference/kernels/build.py --out DIR [--variants avx2,generic]``: the libraries into DIR."""
-    import argparse
+    """``python inference/kernels/cpu/build.py --out DIR [--variants avx2,generic]``: the libraries into DIR."""
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--out", type=Path, required=True)

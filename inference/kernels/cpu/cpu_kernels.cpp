@@ -1,19 +1,19 @@
-// Redline's CPU kernels, one operator per call, as a plain C ABI (abi.h): native.py calls them through ctypes and
+// Redline's CPU kernels, one operator per call, as a plain C ABI (abi.h): wrappers.py calls them through ctypes and
 // registers them as the torch operators redline::linear_bf16, linear_q8, linear_q4, rms_norm, silu_mul, attend,
 // quantize_q8 and quantize_q4. Built for x86-64 with AVX2, FMA and F16C, for other x86-64 CPUs (portable), and for
-// ARM64 NEON (vec.h); native.py picks the build this CPU runs.
+// ARM64 NEON (vec.h); library.py picks the build this CPU runs.
 //
 // Why: at batch 1 a decode step reads every weight once, so speed is bytes per weight and how well the
 // matrix-vector products stream them. torch's bf16 GEMV on AVX2 is a scalar fallback, and its int8/int4
 // weight-only kernels want other layouts. These kernels read the layouts Redline keeps:
 //   - bf16 weights [N, K] (the model's own tensors, not copied);
-//   - block-quantised weights in GGUF's Q8_0 / Q4_0 / Q4_1 layout (inference/loading/block_quant.py);
+//   - block-quantised weights in GGUF's Q8_0 / Q4_0 / Q4_1 layout (inference/kernels/block_quant.py);
 // and fuse what a decode step does between the products (RMSNorm, SiLU·up, rotary + KV-cache write +
 // attention over a paged cache), so a step is a few operator calls per layer instead of dozens.
 // Activations are fp32. For the quantised layouts the activations are quantised to int8 per block of 32
 // (as llama.cpp does) and the products are integer dot products (maddubs, or SDOT on ARM).
 //
-// Shapes and types are checked by the Python side (native.py) before a call; the caller allocates every output.
+// Shapes and types are checked by the Python side (wrappers.py) before a call; the caller allocates every output.
 #include "abi.h"
 #include "paged_attention.h"
 #include "simd.h"
@@ -108,9 +108,8 @@ void attend_impl(const float* qkv, const float* cos, const float* sin, C* kp, C*
     const float* v = k + Hkv * D;
     for (int64_t h = 0; h < H; ++h) rotate_half(q + h * D, cos + p * D, sin + p * D, D, qr.data() + (b * H + h) * D);
     for (int64_t h = 0; h < Hkv; ++h) {
-      rotate_half(k + h * D, cos + p * D, sin + p * D, D, kv.at(kp, b, h, p));
-      C* vd = kv.at(vp, b, h, p);
-      for (int64_t i = 0; i < D; ++i) vd[i] = static_cast<C>(v[h * D + i]);
+      store_key(k + h * D, cos + p * D, sin + p * D, D, kv.at(kp, b, h, p));
+      store_row(v + h * D, D, kv.at(vp, b, h, p));
     }
   }
   parallel_for(0, B * Hkv, 1, threads, [&](int64_t i0, int64_t i1) {
@@ -259,7 +258,8 @@ REDLINE_API int redline_silu_mul(const float* gate_up, int64_t rows, int64_t I, 
   });
 }
 
-// cache_dtype: F32 or BF16 (abi.h); pools [P, Hkv, page, D] contiguous.
+// cache_dtype: F32 or BF16 (abi.h), pools [P, Hkv, page, D] contiguous; or I8, pools [P, Hkv, page, D + 2]
+// (paged_attention.h's 8-bit rows).
 REDLINE_API int redline_attend(const float* qkv, const float* cos, const float* sin, void* k_pool, void* v_pool,
                                int64_t cache_dtype, const int32_t* pages, int64_t max_pages, const int64_t* pos,
                                int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t page, double scale, float* out,
@@ -273,8 +273,11 @@ REDLINE_API int redline_attend(const float* qkv, const float* cos, const float* 
     else if (cache_dtype == BF16)
       attend_impl<bf16>(qkv, cos, sin, static_cast<bf16*>(k_pool), static_cast<bf16*>(v_pool), pages, max_pages, pos,
                         B, H, Hkv, D, page, static_cast<float>(scale), out, threads);
+    else if (cache_dtype == I8 && D <= 1024)
+      attend_impl<int8_t>(qkv, cos, sin, static_cast<int8_t*>(k_pool), static_cast<int8_t*>(v_pool), pages, max_pages,
+                          pos, B, H, Hkv, D, page, static_cast<float>(scale), out, threads);
     else
-      check(false, "redline::attend: the KV cache must be fp32 or bf16");
+      check(false, "redline::attend: the KV cache must be fp32, bf16 or int8 rows of up to 1,024 (and their scale)");
   });
 }
 

@@ -13,7 +13,7 @@
 // and every row's result is independent of the other rows, so a sequence decodes the same alone or in a batch.
 //
 // A plain C ABI (abi.h), like cpu_kernels.cpp: redline_step_plan resolves a model's weights to pointers once,
-// redline_decode_step runs a step on them; native.py registers both as torch operators (redline::step_plan,
+// redline_decode_step runs a step on them; torch_ops.py registers both as torch operators (redline::step_plan,
 // redline::decode_step, redline::drop_plan, redline::step_profile).
 #include "abi.h"
 #include "paged_attention.h"
@@ -30,8 +30,8 @@
 namespace redline_kernels {
 namespace {
 
-// An opt-in profile of the step's stages (redline::step_profile, tools/step_profile.py): wall time between the
-// barriers, read on thread 0, so a stage's time includes waiting for the slowest thread.
+// An opt-in profile of the step's stages (redline::step_profile, tools/experiments/step_profile.py): wall time between
+// the barriers, read on thread 0, so a stage's time includes waiting for the slowest thread.
 constexpr int STAGES = 11;  // norm, qkv, rotary + cache write, attention, quantise, o, norm, gate_up, silu, down, head
 std::atomic<bool> g_profiling{false};
 double g_stage_seconds[STAGES] = {};
@@ -55,7 +55,7 @@ struct Product {
 }  // namespace
 }  // namespace redline_kernels
 
-// A tensor as native.py describes it to redline_step_plan: its data, element type (abi.h's DType), shape and
+// A tensor as wrappers.py describes it to redline_step_plan: its data, element type (abi.h's DType), shape and
 // strides (up to two dimensions: weights, scales, norms, biases) and whether it is contiguous.
 struct redline_tensor {
   const void* data;
@@ -291,10 +291,8 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
           const int64_t g = j - H;
           const float* src = row + H * D + g * D;
           if (L.k_norm) rms_norm_row(src, L.k_norm, L.k_eps, D, tmp), src = tmp;
-          rotate_half(src, c, s, D, kv.at(kv.k, t, g, p));
-          const float* v = row + (H + Hkv) * D + g * D;
-          C* vd = kv.at(kv.v, t, g, p);
-          for (int64_t e = 0; e < D; ++e) vd[e] = static_cast<C>(v[e]);
+          store_key(src, c, s, D, kv.at(kv.k, t, g, p));
+          store_row(row + (H + Hkv) * D + g * D, D, kv.at(kv.v, t, g, p));
         }
       }
 #pragma omp barrier
@@ -363,7 +361,7 @@ void forward(float* x, int64_t T, int64_t Hd, const std::vector<LayerWeights>& l
 
 // The weights of one model as the step reads them, checked and resolved to pointers once (redline_step_plan),
 // so a step does not convert and check some 600 tensors on every call (measured: 0.9 ms of a 8.6 ms q4 step).
-// The tensors themselves are kept alive by native.py for as long as the plan exists.
+// The tensors themselves are kept alive by wrappers.py for as long as the plan exists.
 struct Plan {
   int64_t users = 0;     // steps running on it (under g_plans_mutex)
   bool dropped = false;  // dropped while a step ran: the last one deletes it
@@ -450,9 +448,9 @@ REDLINE_API int redline_drop_plan(int64_t id) {
 }
 
 // x [T, hidden] fp32 (the embedded tokens; copied, not changed); `plan` from redline_step_plan; k_pool / v_pool
-// [layers, pages, Hkv, page, D] of cache_dtype (F32 or BF16); pages [T, max_pages] int32 (the page table of each
+// [layers, pages, Hkv, page, D] of cache_dtype (F32 or BF16; I8: [.., D + 2], paged_attention.h's 8-bit rows); pages [T, max_pages] int32 (the page table of each
 // row's sequence); pos [T] int64. Writes the logits [logit_rows, vocab] of the last `logit_rows` rows.
-// native.py checks the types and layouts it can see (passing x_cols = -1, pools_ok = 0 or types_ok = 0 when
+// wrappers.py checks the types and layouts it can see (passing x_cols = -1, pools_ok = 0 or types_ok = 0 when
 // they are wrong); the checks against the plan, the positions and the page table are here.
 REDLINE_API int redline_decode_step(const float* x_in, int64_t T, int64_t x_cols, int64_t plan_id, int64_t vocab,
                                     const float* cos, const float* sin, int64_t table_rows, void* k_pool, void* v_pool,
@@ -479,10 +477,11 @@ REDLINE_API int redline_decode_step(const float* x_in, int64_t T, int64_t x_cols
     const int64_t H = plan->H, Hkv = plan->Hkv, Hd = plan->Hd;
     check(plan->head.N == vocab, "redline::decode_step: the plan's head gives ", plan->head.N, " logits, not ", vocab);
     check(x_cols == Hd, "redline::decode_step: x must be fp32 [T, ", Hd, "]");
-    check(pools_ok && static_cast<size_t>(pool_layers) == plan->layers.size() && pool_hkv == Hkv && pool_d == plan->D,
-          "redline::decode_step: KV pools must be contiguous [layers, pages, Hkv, page, D]");
+    const int64_t D = plan->D, row = cache_dtype == I8 ? D + 2 : D;  // 8 bits: D int8 and an fp16 scale a row
+    check(pools_ok && static_cast<size_t>(pool_layers) == plan->layers.size() && pool_hkv == Hkv && pool_d == row,
+          "redline::decode_step: KV pools must be contiguous [layers, pages, Hkv, page, ", row, "]");
+    check(cache_dtype != I8 || D <= 1024, "redline::decode_step: an 8-bit KV cache takes heads of up to 1,024");
     check(types_ok != 0, "redline::decode_step: pages int32, pos int64, cos/sin fp32");
-    const int64_t D = pool_d;
     check(n_pos == T && page_rows == T, "redline::decode_step: one page row per row");
     check(logit_rows >= 1 && logit_rows <= T, "redline::decode_step: logit_rows must be 1..", T);
     for (int64_t t = 0; t < T; ++t)
@@ -490,16 +489,19 @@ REDLINE_API int redline_decode_step(const float* x_in, int64_t T, int64_t x_cols
             " is outside the rotary table or the row's pages");
     for (int64_t i = 0; i < T * max_pages; ++i)
       check(pages[i] >= 0 && pages[i] < pool_pages, "redline::decode_step: page ", pages[i], " is not in the pool");
-    check(cache_dtype == F32 || cache_dtype == BF16, "redline::decode_step: the KV cache must be fp32 or bf16");
+    check(cache_dtype == F32 || cache_dtype == BF16 || cache_dtype == I8,
+          "redline::decode_step: the KV cache must be fp32, bf16 or int8 (8-bit rows)");
 
     std::vector<float> x(x_in, x_in + T * Hd);  // the residual stream, overwritten layer by layer
-    const int64_t layer_elems = pool_pages * Hkv * page * D;
+    const int64_t layer_elems = pool_pages * Hkv * page * row;
     const auto run = [&](auto* k, auto* v) {
       forward(x.data(), T, Hd, plan->layers, plan->final_norm, plan->final_eps, plan->head, cos, sin, k, v, layer_elems,
               pages, max_pages, pos, H, Hkv, D, page, static_cast<float>(scale), logit_rows, logits, threads);
     };
     if (cache_dtype == F32)
       run(static_cast<float*>(k_pool), static_cast<float*>(v_pool));
+    else if (cache_dtype == I8)
+      run(static_cast<int8_t*>(k_pool), static_cast<int8_t*>(v_pool));
     else
       run(static_cast<bf16*>(k_pool), static_cast<bf16*>(v_pool));
   });

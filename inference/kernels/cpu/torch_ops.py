@@ -1,7 +1,8 @@
 """The kernels registered as torch operators, ``torch.ops.redline.*`` (``torch.library.custom_op``): what a
-torch.compile'd step calls (native.register_fakes gives their shapes) and what code outside ``redline.inference.
-kernels`` may call. Eager code inside Redline calls the same functions straight through ctypes (``native.Kernels``):
-a custom operator's dispatch costs several microseconds more per call (see docs/performance.md).
+torch.compile'd step calls (their fake implementations here give their shapes) and what code outside
+``redline.inference.kernels`` may call. Eager code inside Redline calls the same functions straight through ctypes
+(``wrappers.Kernels``): a custom operator's dispatch costs several microseconds more per call (see
+docs/performance.md).
 
 No ``from __future__ import annotations`` here: custom_op reads the annotations as types.
 """
@@ -11,7 +12,7 @@ from torch import Tensor
 
 
 def register(k) -> None:
-    """Register ``k``'s operators (a native.Kernels) under ``redline::``."""
+    """Register ``k``'s operators (a wrappers.Kernels) under ``redline::``, and their shapes (``register_fakes``)."""
 
     def op(name, mutates=(), devices="cpu"):
         return torch.library.custom_op(f"redline::{name}", mutates_args=mutates, device_types=devices)
@@ -86,3 +87,24 @@ def register(k) -> None:
     @op("step_profile", devices=None)
     def step_profile(enable: bool) -> Tensor:
         return k.step_profile(enable)
+
+    register_fakes()
+
+
+def register_fakes() -> None:
+    """Shapes of the native operators' outputs, so torch.compile can trace a step that calls them."""
+
+    def rows(x, n):
+        return x.new_empty((*x.shape[:-1], n), dtype=torch.float32)
+
+    torch.library.register_fake("redline::linear_bf16")(lambda x, w: rows(x, w.shape[0]))
+    torch.library.register_fake("redline::linear_q8")(lambda x, w, s: rows(x, w.shape[0]))
+    torch.library.register_fake("redline::linear_q4")(lambda x, w, s, m: rows(x, w.shape[0]))
+    torch.library.register_fake("redline::rms_norm")(lambda x, w, eps: torch.empty_like(x))
+    torch.library.register_fake("redline::silu_mul")(lambda g: g.new_empty((*g.shape[:-1], g.shape[-1] // 2)))
+    torch.library.register_fake("redline::attend")(
+        lambda qkv, cos, sin, kp, vp, pages, pos, h, hkv, scale: qkv.new_empty((pos.shape[0], h * kp.shape[-1]))
+    )
+    torch.library.register_fake("redline::decode_step")(
+        lambda x, plan, vocab, cos, sin, kp, vp, pages, pos, scale, rows: x.new_empty((rows, vocab))
+    )

@@ -184,6 +184,10 @@ inline F8 f8_from_bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 inline F8 f8_from_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// Eight int8 (an 8-bit KV cache's row) as floats, exactly.
+inline F8 f8_from_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 inline uint16_t f32_to_f16(float v) { return _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT); }
 
@@ -353,6 +357,10 @@ inline F8 f8_from_bf16(const uint16_t* p) {
 inline F8 f8_from_f16(const uint16_t* p) {
   return {vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))), vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4)))};
 }
+inline F8 f8_from_i8(const int8_t* p) {
+  const int16x8_t h = vmovl_s8(vld1_s8(p));
+  return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), vcvtq_f32_s32(vmovl_high_s16(h))};
+}
 inline float f16_to_f32(uint16_t h) { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0); }
 inline uint16_t f32_to_f16(float v) { return vget_lane_u16(vreinterpret_u16_f16(vcvt_f16_f32(vdupq_n_f32(v))), 0); }
 
@@ -487,6 +495,7 @@ inline F8 f8_from_bf16(const uint16_t* p) { REDLINE_F8_MAP(f32_from(static_cast<
 inline float f16_to_f32(uint16_t h) { return f16_to_f32_soft(h); }
 inline uint16_t f32_to_f16(float v) { return f32_to_f16_soft(v); }
 inline F8 f8_from_f16(const uint16_t* p) { REDLINE_F8_MAP(f16_to_f32_soft(p[i])); }
+inline F8 f8_from_i8(const int8_t* p) { REDLINE_F8_MAP(static_cast<float>(p[i])); }
 
 inline W16 w16_load(const uint16_t* p) {
   W16 r;
