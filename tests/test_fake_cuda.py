@@ -94,7 +94,9 @@ def redline_line() -> str:
     lines = []
     for frame in reversed(traceback.extract_stack()):
         path = Path(frame.filename)
-        if ROOT in path.parents and "tests" not in path.parts and ".venv" not in path.parts:
+        # Installed packages are not Redline's, wherever their venv lies (CI's second pass keeps one under build/).
+        installed = {"site-packages", "dist-packages"} & set(path.parts) or ".venv" in path.parts
+        if ROOT in path.parents and "tests" not in path.parts and not installed:
             lines.append(f"{path.relative_to(ROOT)}:{frame.lineno} `{(frame.line or '').strip()}`")
             if len(lines) == 2:
                 break
