@@ -300,8 +300,10 @@ def _read_image(data: bytes, name: str, sha: str, sniffed: str | None, ext: str)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
         if sniffed == "BMP" and ext != ".bmp":  # "BM" and one byte is a weak signature: read it as text
             return None
+        # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" says nothing a user can use.
+        why = "its content is no image Redline knows" if isinstance(e, UnidentifiedImageError) else _short(e)
         raise AttachmentError(
-            f"{name} could not be read as a {claimed} image: {_short(e)}.",
+            f"{name} could not be read as a {claimed} image: {why}.",
             "It may be damaged or not really an image; open it in an image viewer, save a copy as PNG or JPEG, "
             "and attach that.",
         ) from e
