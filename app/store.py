@@ -12,6 +12,9 @@ database (or fails its quick check) is moved aside as
 created; a database another program holds locked is left untouched and this
 session uses a temporary in-memory database instead. Either way the caller gets a
 message for the user. The database and its folder are private (0600 / 0700).
+
+A message's attachments (documents, images) are rows of their own and files beside the database, one copy per
+content, deleted with the last message that uses them: ``app/attachments_store.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
+from . import attachments_store
 from .private_files import data_dir, private_dir
 
 SCHEMA = """
@@ -89,6 +93,7 @@ class Message:
     stats: dict = field(default_factory=dict)
     created: float = 0.0
     reasoning: str = ""  # a reasoning model's thinking before this reply (kept; never sent back to the model)
+    attachments: list = field(default_factory=list)  # Documents and Images attached to it, in order
 
 
 def _create_private(path: Path) -> None:
@@ -110,6 +115,8 @@ class Store:
         self.path = Path(path) if path and not self.in_memory else (None if self.in_memory else default_db_path())
         if not self.in_memory:
             _create_private(self.path)
+        # The originals of attachments: beside the database (a database in memory keeps them in a temporary folder).
+        self.files = attachments_store.AttachmentFiles(None if self.in_memory else self.path.parent)
         self._conn = sqlite3.connect(IN_MEMORY if self.in_memory else self.path, timeout=OPEN_TIMEOUT_S)
         try:
             self._conn.row_factory = sqlite3.Row
@@ -130,22 +137,27 @@ class Store:
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         except sqlite3.OperationalError as exc:
             self._conn.close()
+            self.files.close()
             if "locked" in str(exc) or "busy" in str(exc):
                 raise DatabaseLocked(str(exc)) from exc
             raise DatabaseCorrupt(str(exc)) from exc
         except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
             self._conn.close()
+            self.files.close()
             raise DatabaseCorrupt(str(exc)) from exc
         except DatabaseCorrupt:
             self._conn.close()
+            self.files.close()
             raise
 
     def _migrate(self) -> None:
         """Bring a database an earlier Redline wrote up to this schema: columns added since, with their defaults
-        (its messages keep what they had; a reply from before reasoning models has no thinking)."""
+        (its messages keep what they had; a reply from before reasoning models has no thinking), and the
+        attachments' table (its messages have none)."""
         columns = {row[1] for row in self._conn.execute("PRAGMA table_info(messages)")}
         if "reasoning" not in columns:
             self._conn.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")
+        attachments_store.migrate(self._conn)
 
     def drop_empty_partial_replies(self) -> int:
         """Assistant messages that never got a token because the app was killed first (their placeholder still
@@ -162,6 +174,7 @@ class Store:
 
     def close(self) -> None:
         self._conn.close()
+        self.files.close()
 
     # -- conversations ----------------------------------------------------------
     def create_conversation(self, title: str = "New chat", system_prompt: str = "") -> Conversation:
@@ -199,8 +212,11 @@ class Store:
             )
 
     def delete_conversation(self, conversation_id: int) -> None:
+        """The conversation, its messages, their attachments, and each attachment's file no other message uses."""
         with self._conn:
+            files = attachments_store.files_of(self._conn, "m.conversation_id = ?", (conversation_id,))
             self._conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        self.files.remove_unreferenced(self._conn, files)
 
     # -- messages -----------------------------------------------------------------
     def messages(
@@ -216,20 +232,20 @@ class Store:
             rows = self._conn.execute(
                 "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position", (conversation_id,)
             ).fetchall()
-            return [self._message(r) for r in rows]
+            return self._with_attachments([self._message(r) for r in rows])
         n = -1 if limit is None else limit
         if after_position is not None:
             rows = self._conn.execute(
                 "SELECT * FROM messages WHERE conversation_id = ? AND position > ? ORDER BY position LIMIT ?",
                 (conversation_id, after_position, n),
             ).fetchall()
-            return [self._message(r) for r in rows]
+            return self._with_attachments([self._message(r) for r in rows])
         before = before_position if before_position is not None else 2**62
         rows = self._conn.execute(
             "SELECT * FROM messages WHERE conversation_id = ? AND position < ? ORDER BY position DESC LIMIT ?",
             (conversation_id, before, n),
         ).fetchall()
-        return [self._message(r) for r in reversed(rows)]
+        return self._with_attachments([self._message(r) for r in reversed(rows)])
 
     def message_count(self, conversation_id: int, before_position: Optional[int] = None) -> int:
         before = before_position if before_position is not None else 2**62
@@ -240,7 +256,37 @@ class Store:
 
     def message(self, message_id: int) -> Optional[Message]:
         row = self._conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
-        return self._message(row) if row else None
+        return self._with_attachments([self._message(row)])[0] if row else None
+
+    def _with_attachments(self, messages: list[Message]) -> list[Message]:
+        found = attachments_store.attachments_for(self._conn, self.files, [m.id for m in messages if m.role == "user"])
+        for m in messages:
+            m.attachments = found.get(m.id, [])
+        return messages
+
+    def add_attachments(self, message_id: int, attachments: Sequence, sources: Sequence = ()) -> None:
+        """Attach Documents and Images to a message (after any it has). ``sources[i]``: the original of
+        ``attachments[i]`` (its path or its bytes), copied once into the data folder; an image's own bytes when
+        not given; a document without one keeps its text only."""
+        if not attachments:
+            return
+        with self._conn:
+            attachments_store.add(self._conn, self.files, message_id, attachments, sources)
+
+    def attachments(self, message_id: int) -> list:
+        """A message's attachments, rebuilt: Documents from their stored pages, Images from their files."""
+        return attachments_store.attachments_for(self._conn, self.files, [message_id]).get(message_id, [])
+
+    def attachment_file(self, message_id: int, position: int) -> Optional[Path]:
+        """Where the original of a message's attachment is kept, if it is."""
+        row = self._conn.execute(
+            "SELECT file FROM attachments WHERE message_id = ? AND position = ?", (message_id, position)
+        ).fetchone()
+        return self.files.path(row[0]) if row and row[0] else None
+
+    def remove_unreferenced_files(self, older_than_s: float = attachments_store.ORPHAN_AGE_S) -> int:
+        """Delete the attachment files no message uses (left by a send that never committed); how many went."""
+        return self.files.sweep(self._conn, older_than_s)
 
     @staticmethod
     def _message(row) -> Message:
@@ -293,11 +339,15 @@ class Store:
             row = self._conn.execute(
                 "SELECT conversation_id, position FROM messages WHERE id = ?", (message_id,)
             ).fetchone()
-            if row:
-                self._conn.execute(
-                    "DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
-                    (row["conversation_id"], row["position"]),
-                )
+            if not row:
+                return
+            where = ("m.conversation_id = ? AND m.position >= ?", (row["conversation_id"], row["position"]))
+            files = attachments_store.files_of(self._conn, *where)
+            self._conn.execute(
+                "DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
+                (row["conversation_id"], row["position"]),
+            )
+        self.files.remove_unreferenced(self._conn, files)
 
     # -- export -------------------------------------------------------------------
     def export_json(self, conversation_id: int) -> str:
@@ -305,10 +355,14 @@ class Store:
         if conv is None:
             raise KeyError(conversation_id)
         data = asdict(conv)
-        data["messages"] = [
-            {k: v for k, v in asdict(m).items() if k not in ("conversation_id",)}
-            for m in self.messages(conversation_id)
-        ]
+        messages = self.messages(conversation_id)
+        rows = attachments_store.rows_for(self._conn, [m.id for m in messages])
+        data["messages"] = []
+        for m in messages:
+            record = {k: v for k, v in asdict(m).items() if k not in ("conversation_id", "attachments")}
+            if m.id in rows:
+                record["attachments"] = [attachments_store.json_record(r, self.files) for r in rows[m.id]]
+            data["messages"].append(record)
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
     def export_markdown(self, conversation_id: int) -> str:
@@ -318,7 +372,9 @@ class Store:
         out = [f"# {conv.title}", ""]
         if conv.system_prompt:
             out += ["**System:**", "", conv.system_prompt, ""]
-        for m in self.messages(conversation_id):
+        messages = self.messages(conversation_id)
+        rows = attachments_store.rows_for(self._conn, [m.id for m in messages])
+        for m in messages:
             heading = "User" if m.role == "user" else "Assistant"
             if m.partial:
                 heading += " (partial)"
@@ -326,6 +382,8 @@ class Store:
             notes = [str(n) for n in (s.get("notes") or [])] if m.role == "assistant" and not m.content else []
             # A reply that never got a word: the line saying why stands in its place.
             out += [f"## {heading}", "", "*" + " ".join(notes) + "*" if notes else m.content, ""]
+            if m.id in rows:  # what was attached to it: a line each (the JSON export holds their text)
+                out += attachments_store.markdown_lines(rows[m.id]) + [""]
             if m.role == "assistant" and s.get("new_tokens"):
                 bits = [f"{s['new_tokens']} tokens"]
                 if s.get("tokens_per_s"):
@@ -363,6 +421,7 @@ def open_store(path: Optional[Path] = None) -> tuple[Store, Optional[str]]:
     try:
         store = Store(path)
         store.drop_empty_partial_replies()  # left by a kill before a reply's first token
+        store.remove_unreferenced_files()  # an attachment copied for a send that never committed
         return store, None
     except DatabaseLocked:
         return Store(IN_MEMORY), (

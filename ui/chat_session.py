@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from PySide6.QtCore import QObject, Signal
 
@@ -96,17 +96,24 @@ def stats_from_result(result, model: str, draft_spans: list, waited_for: str = "
 
 
 def prompt_messages(store, conversation_id: int) -> list[dict]:
-    """The conversation as the engine reads it: its system prompt first, then every message with words in it;
-    two user messages in a row (a reply that never started between them) are joined into one turn."""
+    """The conversation as the engine reads it: its system prompt first, then every message with words (or
+    attachments) in it; two user messages in a row (a reply that never started between them) are joined into one
+    turn. A user message with attachments carries them (``"attachments"``: its Documents and Images, in order),
+    earlier turns' too: the engine's prompt builder decides what of them to keep."""
     conv = store.conversation(conversation_id)
     out: list[dict] = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
     for m in store.messages(conversation_id):
-        if not m.content:
+        attached = list(getattr(m, "attachments", None) or []) if m.role == "user" else []
+        if not m.content and not attached:
             continue
         if out and m.role == "user" and out[-1]["role"] == "user":
-            out[-1] = {"role": "user", "content": out[-1]["content"] + "\n\n" + m.content}
+            joined = "\n\n".join(t for t in (out[-1]["content"], m.content) if t)
+            attached = out[-1].get("attachments", []) + attached
+            out[-1] = {"role": "user", "content": joined}
         else:
             out.append({"role": m.role, "content": m.content})
+        if attached:
+            out[-1]["attachments"] = attached
     return out
 
 
@@ -223,15 +230,28 @@ class ChatSession(QObject):
         return self._then is not None
 
     # -- asking -----------------------------------------------------------------------------------------
-    def send(self, text: str, config: ReplyConfig, replace_from: Optional[int] = None) -> Reply:
-        """Write the user's message (replacing the messages from ``replace_from`` on, an edit), then ask for the
-        reply."""
+    def send(
+        self,
+        text: str,
+        config: ReplyConfig,
+        replace_from: Optional[int] = None,
+        attachments: Sequence = (),
+        sources: Sequence = (),
+    ) -> Reply:
+        """Write the user's message (replacing the messages from ``replace_from`` on, an edit) with its
+        ``attachments`` (Documents and Images; ``sources[i]``, the original file of ``attachments[i]``, a path or
+        its bytes, is kept in the data folder), then ask for the reply. A reply the engine refuses (an image for a
+        model that cannot see, a document too long for any context) fails with its sentence; the message and its
+        attachments stay in the conversation."""
         if self.busy:
             raise RuntimeError("this conversation's reply is still being written")
         if replace_from is not None:
             self.store.delete_from(replace_from)
             emit(self.messages_removed, replace_from)
         user = self.store.add_message(self.conversation_id, "user", text)
+        if attachments:
+            self.store.add_attachments(user.id, list(attachments), list(sources))
+            user.attachments = self.store.attachments(user.id)
         emit(self.message_added, user)
         return self._start(config)
 

@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..inference import ToolCall, read_calls
+from .attachment_widgets import AttachedFiles
 from .chat_empty import ExamplePrompts
 from .markdown import SafeDocument, append_reply, code_blocks, hard_line_breaks, render
 from .signals import emit
@@ -192,6 +193,7 @@ class MessageWidget(QFrame):
         self._dirty = True
         self.render_count = 0  # how often this message was rendered (streaming must touch only the last)
         self.position: int = 0  # its place in the conversation (set by the view)
+        self.attached = None  # a user's message's documents and images, under its header (ui/attachment_widgets.py)
         self.setObjectName("userMessage" if role == "user" else "assistantMessage")
         self.setFrameShape(QFrame.StyledPanel)
 
@@ -545,6 +547,7 @@ class ChatView(QScrollArea):
     def _make(self, m) -> MessageWidget:
         w = MessageWidget(m.id, m.role, m.content, m.stats, m.partial)
         w.thinking.set_text(getattr(m, "reasoning", ""))
+        AttachedFiles.attach(w, getattr(m, "attachments", None))  # a document's line, an image's thumbnail
         w.position = m.position
         w.regenerate_requested.connect(self.regenerate_requested)
         w.edit_requested.connect(self.edit_requested)
@@ -554,7 +557,9 @@ class ChatView(QScrollArea):
         self._layout.insertWidget(self._layout.count() - 2, w)  # before the "latest" button and the stretch
         self.widgets.append(w)
 
-    def add_message(self, message_id, role, text="", stats=None, partial=False, position=None) -> MessageWidget:
+    def add_message(
+        self, message_id, role, text="", stats=None, partial=False, position=None, attachments=()
+    ) -> MessageWidget:
         """A new message at the end of the conversation (sent, or a reply starting): the view follows it."""
         if self._later > 0:
             self.jump_to_latest()  # the tail is not built: show it (the new message is already stored)
@@ -564,9 +569,9 @@ class ChatView(QScrollArea):
                 return existing
         if position is None:
             position = self.widgets[-1].position + 1 if self.widgets else 0
-        w = self._make(
-            SimpleNamespace(id=message_id, role=role, content=text, stats=stats, partial=partial, position=position)
-        )
+        m = SimpleNamespace(id=message_id, role=role, content=text, stats=stats, partial=partial, position=position)
+        m.attachments = attachments
+        w = self._make(m)
         self._append(w)
         self._show_empty()
         self._follow = True

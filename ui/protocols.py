@@ -3,7 +3,8 @@ the store and the settings are handed in, and these Protocols say what they must
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from pathlib import Path
+from typing import Any, Optional, Protocol, Sequence
 
 
 class ConversationLike(Protocol):
@@ -21,6 +22,7 @@ class MessageLike(Protocol):
     partial: bool
     stats: dict
     reasoning: str  # a reasoning model's thinking before the reply ("" for any other message)
+    attachments: list  # the Documents and Images attached to a user's message, in order ([] for most)
 
 
 class ConversationStore(Protocol):
@@ -51,6 +53,9 @@ class ConversationStore(Protocol):
         reasoning: Optional[str] = None,
     ) -> None: ...
     def delete_from(self, message_id: int) -> None: ...
+    def add_attachments(self, message_id: int, attachments: Sequence, sources: Sequence = ()) -> None: ...
+    def attachments(self, message_id: int) -> list: ...
+    def attachment_file(self, message_id: int, position: int) -> Optional[Path]: ...
     def export_markdown(self, conversation_id: int) -> str: ...
     def export_json(self, conversation_id: int) -> str: ...
 

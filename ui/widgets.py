@@ -31,9 +31,14 @@ class MessageInput(QPlainTextEdit):
     A very large paste (a log, a whole file) is not typeset into the editor — laying out megabytes of
     text would freeze the window. It is kept aside and shown as one placeholder line; ``message_text()``
     puts it back in when the message is sent. Deleting the placeholder drops the paste.
+
+    Files dropped or pasted (their local addresses) are not typed in: they are offered as attachments
+    (``files_given``), and so is an image pasted without text (``image_given``, a QImage).
     """
 
     submitted = Signal()
+    files_given = Signal(list)  # paths of local files dropped on the box or pasted into it
+    image_given = Signal(object)  # a QImage pasted (a screenshot) or dropped
     # The box's own keys (not window actions: they act only while typing here), listed by Help → Keyboard shortcuts.
     KEYS = (("Enter", "Send the message"), ("Shift+Enter", "A new line in the message"))
 
@@ -45,7 +50,18 @@ class MessageInput(QPlainTextEdit):
         self.setTabChangesFocus(True)
         self.setFixedHeight(84)
 
+    def canInsertFromMimeData(self, source) -> bool:  # noqa: N802 - Qt override
+        return bool(local_files(source)) or source.hasImage() or super().canInsertFromMimeData(source)
+
     def insertFromMimeData(self, source):  # noqa: N802 - Qt override
+        files = local_files(source)
+        if files:
+            emit(self.files_given, files)
+            return
+        if source.hasImage() and not source.hasText():
+            image = source.imageData()
+            emit(self.image_given, image.toImage() if hasattr(image, "toImage") else image)
+            return
         text = source.text() if source.hasText() else ""
         if len(text) <= LARGE_PASTE_CHARS:
             super().insertFromMimeData(source)
@@ -70,6 +86,17 @@ class MessageInput(QPlainTextEdit):
             emit(self.submitted)
             return
         super().keyPressEvent(event)
+
+
+def local_files(mime) -> list[str]:
+    """The paths of what was dropped or pasted, when every address in it is a local file (a file manager's copy or
+    drag); [] for text, a web link, or a mix."""
+    if mime is None or not mime.hasUrls():
+        return []
+    urls = mime.urls()
+    if not urls or not all(u.isLocalFile() for u in urls):
+        return []
+    return [u.toLocalFile() for u in urls]
 
 
 class Banner(QFrame):

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..attachment_widgets import AttachmentChips
 from ..chat_view import ChatView
 from ..conversation_list import ConversationList
 from ..gauges import GaugesPanel
@@ -139,7 +140,8 @@ def _column(*widgets: QWidget) -> QHBoxLayout:
 
 
 def _chat_area(window) -> QWidget:
-    """The model picker, the system prompt, the transcript, the editing note, the message box with Send and Stop."""
+    """The model picker, the system prompt, the transcript, the editing note, the attachments' chips, the message box
+    with the paperclip, Send and Stop."""
     chat = QWidget()
     chat.setObjectName("chatPage")
     v = QVBoxLayout(chat)
@@ -171,6 +173,16 @@ def _chat_area(window) -> QWidget:
     composer.setObjectName("composer")
     row = QHBoxLayout(composer)
     row.setContentsMargins(8, 6, 8, 6)
+    window.attach_button = QToolButton()  # the paperclip: documents and images go with the next message
+    window.attach_button.setObjectName("attachButton")
+    window.attach_button.setText("Attach")  # what a screen reader says; the button shows its icon
+    window.attach_button.setAccessibleName("Attach files")
+    window.attach_button.setToolTip("Attach documents or images to the message (or drop them here, or paste an image)")
+    window.attach_button.setToolButtonStyle(Qt.ToolButtonIconOnly)
+    window.attach_button.setIconSize(QSize(18, 18))
+    window.attach_button.setAutoRaise(True)
+    set_icon(window.attach_button, "attach", "muted")
+    row.addWidget(window.attach_button, 0, Qt.AlignBottom)
     window.input = MessageInput()
     row.addWidget(window.input, 1)
     buttons = QVBoxLayout()
@@ -187,5 +199,6 @@ def _chat_area(window) -> QWidget:
     buttons.addWidget(window.send_button)
     buttons.addWidget(window.stop_button)
     row.addLayout(buttons)
-    v.addLayout(_column(window.edit_bar, composer))
+    window.attachment_chips = AttachmentChips()  # what goes with the next message, above the box
+    v.addLayout(_column(window.edit_bar, window.attachment_chips, composer))
     return chat

@@ -10,6 +10,8 @@ few collaborators it uses (never the window):
 - ``reply_controller``: sending, regenerating, editing and stopping replies, shown from each conversation's
   ``ChatSession`` (``ui/chat_session.py``), which holds the reply's state and writes the database;
 - ``conversations``: which conversation is open, new chats, deletions, the system prompt;
+- ``attachments``: files attached to the next message (the paperclip, a drop, a paste), read off the UI thread,
+  shown as chips with what each costs;
 - ``presets_controller``: Model → Presets and Manage presets…; ``export``: File → Export;
 - ``help_actions``: Help → Keyboard shortcuts and About;
 - ``server_controller``: Server → Serve the model (the OpenAI-compatible server over the chat's engine), its
@@ -35,6 +37,7 @@ from ..memory_sampler import MemorySampler
 from ..protocols import ConversationStore, PresetStoreLike, ServerKeyStore, TrustDecisions
 from ..style import app_icon, apply_theme
 from ..wizard import ConfigWizard
+from .attachments import AttachmentsController
 from .conversations import ConversationController
 from .help_actions import HelpActions
 from .layout import build_layout
@@ -104,6 +107,19 @@ class MainWindow(QMainWindow):
             parent=self,
         )
         composer = Composer(self.input, self.edit_bar, self.send_button, self.stop_button)
+        self.attachments = AttachmentsController(
+            engine,
+            store,
+            self.models,
+            self.chats,
+            self.input,
+            self.attachment_chips,
+            self.attach_button,
+            self.banner,
+            drop_on=self.tabs.widget(0),  # the chat page: files dropped anywhere on it are attached
+            dialog_parent=self,
+            parent=self,
+        )
         self.replies = ReplyController(
             store,
             engine,
@@ -117,6 +133,7 @@ class MainWindow(QMainWindow):
             self.models,
             self.show_settings,
             self,
+            attachments=self.attachments,
         )
         self.preset_actions = PresetsController(
             presets,
@@ -216,6 +233,7 @@ class MainWindow(QMainWindow):
         elif self.replies.editing_message_id is not None:
             self.replies.end_edit()
             self.input.clear()
+            self.attachments.clear()  # the edited message's files, put back as chips
 
     def load_model(self):
         """Load (or reload) the configured model; awaitable: the LoadReport, or None (``last_load_error``)."""
@@ -301,6 +319,7 @@ class MainWindow(QMainWindow):
         self.has_shut_down = True
         self.server.shutdown()  # API clients first: their requests stop with the server
         self.replies.shutdown()  # each reply's request is cancelled, with the note that Redline was closed
+        self.attachments.shutdown()  # a file being read is not waited for
         self.models.shutdown()
         self.sampler.shutdown(500)
         self._engine_stopped = self.engine.shutdown(timeout_ms)

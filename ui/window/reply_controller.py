@@ -27,6 +27,7 @@ STILL_LOADING = "The model is still loading; your message stays in the box. Send
 NOT_LOADED = "No model is loaded. Load one first; your message stays in the box."
 UNLOADING = "The model is being unloaded; your message stays in the box. Load a model to send it."
 STILL_ANSWERING = "This chat's reply is still being written; your message stays in the box. Stop it (Esc) or wait."
+STILL_READING = "{names} is still being read; your message stays in the box. Send it once its chip shows."
 EDIT_WHILE_ANSWERING = (
     "This chat's reply is still being written, so its messages cannot be edited yet. Stop it (Esc), then click "
     "Edit again, or wait for it to end."
@@ -40,6 +41,7 @@ NO_DRAFT = (
 )
 # Banners about this chat's reply or the model that held a message back: stale once that has ended.
 HELD_BACK = (STILL_LOADING, NOT_LOADED, UNLOADING, STILL_ANSWERING, EDIT_WHILE_ANSWERING, REGENERATE_WHILE_ANSWERING)
+HELD_BACK_ENDING = STILL_READING.format(names="")  # the same, for a banner naming the file
 STOPPING = "Stopping…"
 
 
@@ -60,8 +62,11 @@ class ReplyController(QObject):
         models,
         show_settings: Callable[[], None],
         parent: Optional[QObject] = None,
+        attachments=None,
     ):
+        """``attachments``: what goes with the next message (``AttachmentsController``), or None."""
         super().__init__(parent)
+        self.attachments = attachments
         self.store, self.bridge, self.chats, self.view = store, bridge, chats, view
         self.composer, self.gauges, self.sampler, self.banner = composer, gauges, sampler, banner
         self.settings, self.models, self.show_settings = settings, models, show_settings
@@ -183,6 +188,8 @@ class ReplyController(QObject):
         self.editing_message_id = message_id
         self.composer.edit_bar.show()
         self.composer.input.setPlainText(m.content)
+        if self.attachments is not None:  # its files come back as chips, to keep, remove or add to
+            self.attachments.restore(m)
         self.composer.input.setFocus()
 
     def end_edit(self) -> None:
@@ -234,20 +241,29 @@ class ReplyController(QObject):
     @asyncSlot()
     async def send(self) -> None:
         text = self.composer.input.message_text().strip()
-        if not text:
+        pending = self.attachments.pending() if self.attachments is not None else []
+        reading = self.attachments.reading() if self.attachments is not None else []
+        if not text and not pending and not reading:
             return
         if self.busy_in(self.chats.conversation_id):
             self.banner.show_message(STILL_ANSWERING, "info")
             return
+        if reading:
+            self.banner.show_message(STILL_READING.format(names=", ".join(reading)), "info")
+            return
         if self._refused():
             return
-        if self.banner.label.text() in HELD_BACK:
+        text_of_banner = self.banner.label.text()
+        if text_of_banner in HELD_BACK or text_of_banner.endswith(HELD_BACK_ENDING):
             self.banner.hide()  # the message it held back is going out now: the notice is stale
         replace_from = self.editing_message_id
         self.end_edit()
-        conversation_id = self.chats.ensure_open(text)
+        conversation_id = self.chats.ensure_open(text or pending[0].attachment.name)
         self.composer.input.clear()
-        self.session(conversation_id).send(text, self.reply_config(), replace_from)
+        if self.attachments is not None:
+            self.attachments.clear()  # the chips go with the message; a refused reply leaves them in the chat
+        items, sources = [p.attachment for p in pending], [p.source for p in pending]
+        self.session(conversation_id).send(text, self.reply_config(), replace_from, items, sources)
 
     @asyncSlot(int)
     async def regenerate(self, message_id: int) -> None:
@@ -269,7 +285,8 @@ class ReplyController(QObject):
     # -- what the sessions say -----------------------------------------------------------------------------------
     def _show_message(self, conversation_id: int, m) -> None:
         if self.chats.showing(conversation_id):
-            self.view.add_message(m.id, m.role, m.content, m.stats, m.partial, position=m.position)
+            attached = getattr(m, "attachments", None) or ()
+            self.view.add_message(m.id, m.role, m.content, m.stats, m.partial, m.position, attached)
 
     def _removed(self, conversation_id: int, message_id: int) -> None:
         if self.chats.showing(conversation_id):
