@@ -220,3 +220,29 @@ def test_speed_first_takes_8bit_kv_where_a_long_context_makes_it_faster(monkeypa
         assert kept.kv == "bf16" and "KV" not in kept.reason
     assert choose(STARTER, _planner(16), speed, 512, "speed").kv == "bf16"  # the cache a small share: as set
     assert choose(STARTER, _planner(16), speed, 8192, "speed", strategy="kv").kv == "bf16"  # transformers' cache
+
+
+def test_the_wizard_offers_the_8bit_cache_as_faster_at_a_long_context_under_speed_first(qtbot, monkeypatch, tmp_path):
+    """Where every row fits, speed first still offers the 8-bit cache when auto found it faster at the context: the
+    button says so ("faster at long contexts", not "then fits"), and taking it keeps the context."""
+    from redline.ui.wizard.config_page import ConfigPage
+
+    monkeypatch.setenv("REDLINE_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr("redline.inference.speed.choose.bitsandbytes_available", lambda: False)
+    wiz = _Wizard(16)
+    wiz.priority, wiz.context = "speed", 8192
+    page = ConfigPage(wiz)
+    qtbot.addWidget(page)
+    page.initializePage()
+    page.context.setValue(8192)
+    assert all(e.fits for e in page.estimates)
+    assert page.choice.kv == "q8" and page.fix_kv
+    assert (
+        page.fix_button.text()
+        == f"Keep the KV cache in 8 bits (fast · {page.choice.precision} faster at long contexts)"
+    )
+    page.fix_button.click()
+    assert page.kv.currentData() == "q8" and wiz.kv == "q8" and page.context.value() == 8192
+    page.context.setValue(512)  # a short context: the cache a small share of a step, nothing to offer
+    page.kv.setCurrentIndex(page.kv.findData("bf16"))
+    assert not page.fix_kv

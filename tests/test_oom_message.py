@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from gui_helpers import aloop, profile, write_settings  # noqa: F401 - fixtures
 
 from redline.inference.engine import Engine, LoadRequest
 from redline.inference.estimate.model_shapes import shipped_starter_shape
@@ -57,3 +58,32 @@ def test_the_context_reaches_the_loader(monkeypatch):
     fake = SimpleNamespace(call=lambda job, *a: job(engine, SimpleNamespace(cancelled=lambda: False)))
     EngineService.load(fake, "starter", "q8", context=3000)
     assert requests[0].context == 3000
+
+
+@pytest.mark.usefixtures("aloop", "profile")
+def test_the_windows_context_setting_reaches_the_load(qtbot):
+    """Settings → context goes with the window's load (``ModelController`` → ``EngineBridge.load`` → the engine's
+    ``LoadRequest``), so a load that runs out of memory names the context the chat asked for."""
+    from slow_engine import SlowEngine
+
+    from redline.app.gui import build_window
+    from redline.inference import OutOfMemory
+
+    seen = []
+
+    class RecordingLoads(SlowEngine):
+        def load_all(self, request, report, should_cancel=None):
+            seen.append(request.context)
+            raise OutOfMemory(f"Not enough memory for a {request.context:,}-token context.", "Lower the context.")
+
+    write_settings(model="/models/anything", precision="fp32", strategy="kv", context_length=3000)
+    w = build_window(engine_factory=RecordingLoads)
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    try:
+        qtbot.waitUntil(lambda: w.banner.isVisible() and not w.loading, timeout=30_000)
+        assert seen == [3000]
+        assert "3,000-token context" in w.banner.label.text()
+    finally:
+        w.shutdown()
