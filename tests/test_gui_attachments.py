@@ -328,3 +328,29 @@ def test_a_warning_turns_the_chip_to_the_warning_colours(qtbot, monkeypatch, fil
             assert background != QColor(w.look.theme.user_bubble)  # not the plain chip's colour
     finally:
         w.shutdown()
+
+
+def test_an_image_a_text_only_model_refuses_is_kept_to_send_again(qtbot, monkeypatch, files, tiny_model_dir):
+    """The engine's own refusal (the tiny model reads text only): the message and its image stay in the
+    conversation, and Edit brings them back as chips to send again without the image."""
+    write_settings(model=str(tiny_model_dir), precision="fp32", temperature=0, max_new_tokens=4)
+    w = open_window(qtbot)
+    try:
+        attach_by_button(qtbot, w, monkeypatch, [files["png"], files["md"]])
+        wait_chips(qtbot, w, 2)
+        w.input.setPlainText("What is this?")
+        with qtbot.waitSignal(w.reply_finished, timeout=30_000):
+            w.send()
+        assert w.banner.kind == "error" and "cannot see images" in w.banner.label.text()
+        user, line = w.store.messages(w.conversation_id)
+        assert [a.name for a in user.attachments] == ["photo.png", "notes.md"] and line.content == ""
+        w.chat_view.widget_for(user.id).action_button.click()  # Edit
+        image, _notes = wait_chips(qtbot, w, 2)
+        image.remove_button.click()
+        with qtbot.waitSignal(w.reply_finished, timeout=30_000) as ended:
+            w.send()
+        assert ended.args[0] is not None and ended.args[0].finish_reason != "error"
+        again, reply = w.store.messages(w.conversation_id)
+        assert [a.name for a in again.attachments] == ["notes.md"] and again.content == "What is this?"
+    finally:
+        w.shutdown()
