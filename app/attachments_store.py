@@ -23,15 +23,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union, get_args, get_type_hints
+from typing import Iterable, Optional, Sequence, Union
 
-from .. import inference
-from ..inference import Document, Image, format_bytes
+from ..inference import Document, Image, Page, format_bytes
 from .private_files import private_dir, write_private
-
-# A document's page: the engine's public surface names it once it exports it; until then its type is read from
-# Document's own field (``pages: tuple[Page, ...]``), never imported from deeper in the engine.
-Page = getattr(inference, "Page", None) or get_args(get_type_hints(Document)["pages"])[0]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS attachments (

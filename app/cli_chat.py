@@ -29,6 +29,7 @@ from ..inference import (
     default_device,
     is_server_url,
     kv_form_job,
+    read_attachment,
     resolve_auto,
 )
 from .cli_args import SEED_MAX, above, at_least, whole_number
@@ -148,10 +149,44 @@ def add_parser(sub) -> None:
         help="print one JSON record instead of streaming text (a reasoning model's thinking in 'reasoning', apart "
         "from the answer in 'text')",
     )
+    p.add_argument(
+        "--attach",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="attach a document (PDF, DOCX, Markdown, text, source) or an image to the message (repeatable); in an "
+        "interactive chat, to the first message",
+    )
     add_thinking_arguments(p)
     add_model_arguments(p)
     add_sampling_arguments(p)
     p.set_defaults(func=run)
+
+
+def read_attachments(paths: list[str]) -> list:
+    """The files given with ``--attach``, read before the model loads, so a file that cannot be attached fails
+    at once (AttachmentError, a RedlineError) instead of after a load."""
+    return [read_attachment(path) for path in paths]
+
+
+def user_message(text: str, attachments: list) -> dict:
+    message: dict = {"role": "user", "content": text}
+    if attachments:
+        message["attachments"] = attachments
+    return message
+
+
+def attachment_records(attachments: list) -> list[dict]:
+    """What ``--json`` says of each attachment: its name, kind and size (not its text or bytes)."""
+    out = []
+    for a in attachments:
+        if hasattr(a, "pages"):
+            out.append({"name": a.name, "kind": a.kind, "pages": a.page_count, "sha256": a.sha256})
+        else:
+            out.append(
+                {"name": a.name, "kind": "image", "mime": a.mime, "size": [a.width, a.height], "sha256": a.sha256}
+            )
+    return out
 
 
 def add_thinking_arguments(p: argparse.ArgumentParser) -> None:
@@ -364,14 +399,17 @@ def result_record(service: EngineService, result) -> dict:
 def run(args) -> int:
     service = None
     try:
+        attachments = read_attachments(getattr(args, "attach", []))
         service = start_engine(args)
         if args.prompt is None:
-            return interactive(service, args)
+            return interactive(service, args, attachments)
         messages = [{"role": "system", "content": args.system}] if args.system else []
-        messages.append({"role": "user", "content": args.prompt})
+        messages.append(user_message(args.prompt, attachments))
         result = _stream_reply(service, messages, args)
         if args.json:
-            print(json.dumps(result_record(service, result), ensure_ascii=False))
+            record = result_record(service, result)
+            record["attachments"] = attachment_records(attachments)
+            print(json.dumps(record, ensure_ascii=False))
     except RedlineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -404,7 +442,7 @@ def summary(result) -> str:
     return f"{tokens}, {result.tokens_per_s:.1f} tok/s, TTFT {result.ttft_ms:.0f} ms{first}, {result.finish_reason}"
 
 
-def interactive(service: EngineService, args) -> int:
+def interactive(service: EngineService, args, attachments: list | None = None) -> int:
     target = service.target
     print(
         f"Chatting with {target.name} ({target.precision.label()}, {target.device}). /exit quits, /reset starts over.",
@@ -426,7 +464,8 @@ def interactive(service: EngineService, args) -> int:
             continue
         if not line.strip():
             continue
-        messages.append({"role": "user", "content": line})
+        first = not any(m["role"] == "user" for m in messages)
+        messages.append(user_message(line, (attachments or []) if first else []))
         try:
             result = _stream_reply(service, messages, args)
         except KeyboardInterrupt:

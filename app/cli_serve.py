@@ -64,7 +64,12 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--max-tokens", default=4096, help="most new tokens a request may ask for (default 4096)", **whole_number(1)
     )
-    p.add_argument("--max-body-kb", default=4096, help="largest request body in KB (default 4096)", **whole_number(1))
+    p.add_argument(
+        "--max-body-kb",
+        default=32768,
+        help="largest request body in KB (default 32768: room for images and files sent as data URLs)",
+        **whole_number(1),
+    )
     p.add_argument(
         "--parallel",
         default=None,

@@ -6,6 +6,7 @@ import torch or transformers: they load on the engine's worker thread, when a mo
 
 Subpackages, each a part of the engine:
 
+- ``attachments``: documents and images attached to a message, read to text or checked, and placed in a prompt;
 - ``sources``: where models come from (folders, hub ids, GGUF files, the starter) and what could run code;
 - ``loading``: loading at a precision (transformers, bitsandbytes, Redline's packed int8/int4 layers);
 - ``decoding``: the one decode path, the fast decode step, prompts, streaming text, draft pairing;
@@ -19,6 +20,12 @@ Subpackages, each a part of the engine:
   priority; speculative-decoding advice.
 """
 
+from .attachment_cost import AttachmentCost, attachment_cost_job
+from .attachments import AttachmentError, Document, Image, Page
+from .attachments.read import ACCEPTED as ATTACHMENT_KINDS
+from .attachments.read import FILE_FILTER as ATTACHMENT_FILTER
+from .attachments.read import read_attachment
+from .attachments.read import read_bytes as read_attachment_bytes
 from .backends.remote import RemoteError, display_url, is_server_url, parse_server_spec
 from .backends.remote import list_models as list_server_models
 from .bench.configs import BenchConfig, format_config, parse_config, parse_configs
@@ -161,6 +168,16 @@ from .stats import decode_tokens_per_s, percentile, token_latencies_ms
 from .units import GB, MB, format_bytes
 
 __all__ = [
+    "Page",
+    "AttachmentCost",
+    "attachment_cost_job",
+    "ATTACHMENT_FILTER",
+    "ATTACHMENT_KINDS",
+    "AttachmentError",
+    "Document",
+    "Image",
+    "read_attachment",
+    "read_attachment_bytes",
     "age_text",
     "delete_local_model",
     "delete_text",

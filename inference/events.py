@@ -100,6 +100,9 @@ class GenerationResult:
     server_timings: Optional[dict] = None
     dropped_messages: int = 0
     notes: list[str] = field(default_factory=list)
+    # The excerpts of an attached document a reply was given to cite, numbered as in its prompt: each its document's
+    # name, page, chunk and text (a document that fits the context goes in whole and has none).
+    citations: list[dict] = field(default_factory=list)
     # A reply that is tool calls (a remote server's, OpenAI's shape: id, type, function {name, arguments}).
     tool_calls: list[dict] = field(default_factory=list)
     # Per new token, when the request asked for log-probabilities (None otherwise).

@@ -73,7 +73,7 @@ def test_what_the_responses_api_refuses_is_one_sentence(tiny):
     with pytest.raises(openai.BadRequestError, match="function tools only"):
         client.responses.create(model="tiny-llama", input="hi", tools=[{"type": "web_search"}])
     image = [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]
-    with pytest.raises(openai.BadRequestError, match="reads text only"):
+    with pytest.raises(openai.BadRequestError, match=r"input\[0\].content\[0\].image_url' must be a base64 data URL"):
         client.responses.create(model="tiny-llama", input=image)
     r = post(server, "/responses", {"model": "tiny-llama", "input": [{"type": "computer_call"}]})
     assert r.status_code == 400 and "'input[0]' is a 'computer_call' item" in r.json()["error"]["message"]

@@ -403,7 +403,7 @@ def test_tool_requests_the_server_cannot_run_are_one_sentence(tiny_server_client
     image = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
     with pytest.raises(
         openai.BadRequestError,
-        match=r"messages\[0\].content\[1\]' is an image_url part, but the loaded model reads text only",
+        match=r"messages\[0\].content\[1\].image_url.url' must be a base64 data URL",
     ):
         client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": image}]})
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlsplit
 
+from ..attachments import wire
 from ..decoding.timing import fill_timing
 from ..errors import RedlineError, UnsupportedConfiguration
 from ..events import GenerationResult, Started, TokenEvent
@@ -316,7 +317,7 @@ class RemoteModel(Backend):
         ``result.tool_calls`` (OpenAI's shape), not as text."""
         body: dict = {
             "model": self.model_id,
-            "messages": [_message(m) for m in messages],
+            "messages": [_message(m, self.context_limit) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": int(sampling.max_new_tokens),
@@ -552,10 +553,10 @@ def first_stop(text: str, stops: Sequence[str], new_from: int) -> Optional[int]:
     return min(found) if found else None
 
 
-def _message(m: dict) -> dict:
+def _message(m: dict, context: Optional[int] = None) -> dict:
     """A message as the server takes it: its role and content, and a past call's ``tool_calls`` / the
     ``tool_call_id`` a tool's result answers."""
-    out = {"role": m["role"], "content": m["content"]}
+    out = {"role": m["role"], "content": wire.content(m, context) if m.get("attachments") else m["content"]}
     for key in ("tool_calls", "tool_call_id", "name"):
         if m.get(key):
             out[key] = m[key]

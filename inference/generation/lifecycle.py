@@ -28,6 +28,7 @@ from ..events import EventFn, FinishedEvent, GenerationResult, Notice, TokenEven
 from ..hardware.load import CpuLoad
 from ..memory.oom import free_memory, is_oom
 from ..reasoning.split import ReplySplit
+from .attached import citation_record
 from .request import GenerationRequest, Prepared
 
 
@@ -113,6 +114,7 @@ class Generation:
         self.result = new_result(target, len(prepared.prompt), request.options.strategy)
         self.result.notes = list(prepared.notes)
         self.result.dropped_messages = prepared.dropped_messages
+        self.result.citations = [citation_record(n, c) for n, c in enumerate(prepared.citations, 1)]
         self.cfg = hf.generation_config(target, request.sampling, request.options, prepared.max_new)
         # A reasoning model's chat reply is split into thinking and answer as it streams (None for any other).
         self.split = ReplySplit.for_reply(target.tokenizer, request, prepared.prompt, sink.emit)

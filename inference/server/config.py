@@ -10,7 +10,9 @@ from ..errors import RedlineError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8642
-MAX_BODY_BYTES = 4 * 1024 * 1024  # a request body beyond this is refused (413) before it is read further
+# A request body beyond this is refused (413) before it is read further. Room for images and documents sent inline
+# as base64 data URLs (a phone's photo is 3–5 MB, a third more in base64); the attachment reader's own limit is higher.
+MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_TOKENS_CAP = 4096  # new tokens a request may ask for (and gets when it names none), within the context
 
 

@@ -18,6 +18,7 @@ from ..generation.request import GenerationRequest
 from ..reasoning.switch import Thinking
 from .config import ServerConfig
 from .middleware import BodyTooLarge
+from .parts import PartError, attach
 from .protocol import ApiError, describe_validation, lone_surrogate
 from .structured import (
     Chain,
@@ -102,7 +103,11 @@ class Preparation:
             raw = await request.body()
         except BodyTooLarge:
             limit = self.config.max_body_bytes
-            raise ApiError(413, f"The request body is larger than this server's limit of {limit:,} bytes.") from None
+            raise ApiError(
+                413,
+                f"The request body is larger than this server's limit of {limit:,} bytes. Send smaller images or "
+                "files, or start the server with a higher limit.",
+            ) from None
         try:
             data = json.loads(raw) if raw else None
         except (ValueError, UnicodeDecodeError) as exc:
@@ -155,6 +160,8 @@ class Preparation:
         try:
             if chat:
                 messages = [m.as_dict() for m in body.messages]
+                if any(m.attached() for m in body.messages):  # images and files, read off the event loop
+                    messages = await asyncio.to_thread(attach, body.messages, messages)
                 offered = [t.as_dict() for t in body.tools or []]
                 choice = body.choice()
                 if offered or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
@@ -200,6 +207,8 @@ class Preparation:
                 where,
                 "context_length_exceeded",
             ) from None
+        except PartError as exc:
+            raise ApiError(400, exc.message, exc.field) from None
         except ToolError as exc:
             raise ApiError(400, str(exc), where) from None
         except RedlineError as exc:

@@ -26,7 +26,8 @@ MAX_CHOICES = 8  # n: choices one request may ask for (decoded together by the b
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's limit)
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs (OpenAI's limit)
 MEDIA_PARTS = {"image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "video_url"}
-TEXT_ONLY = "the loaded model reads text only; send the content as text parts"
+ATTACHED_PARTS = {"image_url", "input_image", "image", "file", "input_file"}  # read by parts.py into attachments
+TEXT_ONLY = "Redline's models read text and images, not audio or video"
 
 
 class FunctionCallIn(BaseModel):
@@ -86,8 +87,16 @@ class Message(BaseModel):
         """(field, sentence) for a message Redline cannot read, or None."""
         for i, part in enumerate(self.content if isinstance(self.content, list) else []):
             kind = part.get("type")
+            if kind in ATTACHED_PARTS and self.role == "user":
+                continue  # read (and refused where it cannot be) by parts.read_content, off the event loop
             if kind in MEDIA_PARTS:
-                return f"{where}.content[{i}]", f"'{where}.content[{i}]' is an {kind} part, but {TEXT_ONLY}."
+                if kind in ATTACHED_PARTS:
+                    return f"{where}.content[{i}]", (
+                        f"'{where}.content[{i}]' is an {kind} part; only user messages carry images and files."
+                    )
+                return f"{where}.content[{i}]", (
+                    f"'{where}.content[{i}]' is an {kind} part; Redline's models read text and images, not {kind}."
+                )
             if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
                 return f"{where}.content[{i}]", (
                     f'\'{where}.content[{i}]\' is not a text part; a content part is {{"type": "text", "text": "…"}}.'
@@ -97,6 +106,10 @@ class Message(BaseModel):
         if self.tool_calls and self.role != "assistant":
             return f"{where}.tool_calls", f"'{where}' has tool_calls, which only assistant messages carry."
         return None
+
+    def attached(self) -> bool:
+        """Whether the message holds images or files (read into attachments by ``parts.read_content``)."""
+        return isinstance(self.content, list) and any(p.get("type") in ATTACHED_PARTS for p in self.content)
 
     def as_dict(self) -> dict:
         role = "system" if self.role == "developer" else self.role

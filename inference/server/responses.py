@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..decoding.tool_calls import CallStream, argument_pieces, parse
 from ..events import Failed, FinishedEvent, TokenEvent
-from .protocol import MEDIA_PARTS, TEXT_ONLY, ChatCompletionRequest
+from .parts import PartError, data_url
+from .protocol import ATTACHED_PARTS, MEDIA_PARTS, TEXT_ONLY, ChatCompletionRequest
 from .streaming import Closing, closing_message, failure
 
 LOOSE = ConfigDict(extra="forbid", strict=True)
@@ -162,9 +163,8 @@ def _text(content: Any, where: str) -> str:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in MEDIA_PARTS:
-            raise RequestItemError(
-                f"{where}.content[{j}]", f"'{where}.content[{j}]' is an {kind} part, but {TEXT_ONLY}."
-            )
+            why = "only user messages carry images and files" if kind in ATTACHED_PARTS else TEXT_ONLY
+            raise RequestItemError(f"{where}.content[{j}]", f"'{where}.content[{j}]' is an {kind} part; {why}.")
         if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
             raise RequestItemError(
                 f"{where}.content[{j}]",
@@ -172,6 +172,30 @@ def _text(content: Any, where: str) -> str:
             )
         out.append(part["text"])
     return "".join(out)
+
+
+def _attached(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in ATTACHED_PARTS
+
+
+def _chat_part(part: Any, where: str) -> dict:
+    """A user message's part in chat's shape: text as a text part, an image or a file as chat's own part (read,
+    or refused with its field, by ``parts.read_content`` as a chat request's are)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    try:  # checked here too, so a refusal names the Responses API's own field
+        if kind == "input_image" and not part.get("file_id"):
+            data_url(part.get("image_url"), f"{where}.image_url")
+            return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+        if kind == "input_file":
+            if not part.get("file_id") and not part.get("file_url"):
+                data_url(part.get("file_data"), f"{where}.file_data")
+            inner = {k: part[k] for k in ("file_data", "filename", "file_id", "file_url") if k in part}
+            return {"type": "file", "file": inner}
+    except PartError as exc:
+        raise RequestItemError(exc.field, exc.message) from None
+    if _attached(part):
+        return part
+    return {"type": "text", "text": _text([part], where.rsplit(".content", 1)[0])}
 
 
 def _item(item: Any, where: str, so_far: list[dict]) -> list[dict]:
@@ -183,7 +207,12 @@ def _item(item: Any, where: str, so_far: list[dict]) -> list[dict]:
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise RequestItemError(f"{where}.role", f"'{where}.role' must be user, assistant, system or developer.")
-        return [{"role": "system" if role == "developer" else role, "content": _text(item.get("content"), where)}]
+        content = item.get("content")
+        if role == "user" and isinstance(content, list) and any(_attached(p) for p in content):
+            return [
+                {"role": "user", "content": [_chat_part(p, f"{where}.content[{j}]") for j, p in enumerate(content)]}
+            ]
+        return [{"role": "system" if role == "developer" else role, "content": _text(content, where)}]
     if kind == "function_call":
         call_id, name = item.get("call_id"), item.get("name")
         if not isinstance(call_id, str) or not isinstance(name, str):
