@@ -171,7 +171,7 @@ def weights_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -
     # The same rule transformers applies (HfQuantizer.get_modules_to_not_convert):
     # user skip modules replace the default list; keep-in-fp32 modules add to it.
     not_convert = list(spec.skip_modules) if spec.skip_modules else list(shape.default_not_convert)
-    not_convert += shape.keep_in_fp32
+    not_convert += shape.keep_in_fp32 + vision_modules(shape)  # a vision tower stays unquantised (the loader's rule)
     q_params = q_blocks_bytes = scb = 0
     for name, fan_in, fan_out, _bias in shape.linears:
         if name in shape.tied_linears or not should_convert(name, not_convert):
@@ -239,7 +239,7 @@ def _weight_only_bytes(shape: ModelShape, spec: PrecisionSpec, dtype: str, devic
     q_params = packed = scales = 0
     tied_extra = 0
     for name, fan_in, fan_out, _bias in shape.linears:
-        if bits == 4 and fan_in % BLOCK:
+        if (bits == 4 and fan_in % BLOCK) or in_vision(name, shape):
             continue  # stays in the compute dtype
         n = fan_in * fan_out
         if name in shape.tied_linears:
@@ -270,13 +270,29 @@ def embedding_params(shape: ModelShape) -> int:
     return shape.vocab * shape.hidden
 
 
+def vision_modules(shape: ModelShape) -> list[str]:
+    """A vision model's tower and projector (``estimate/vision.tower_modules``); empty for a text model."""
+    return list(getattr(shape, "vision_modules", None) or [])
+
+
+def in_vision(name: str, shape: ModelShape) -> bool:
+    """Whether the linear ``name`` belongs to the vision tower: read once per image, never by a decode step."""
+    return any(name == t or name.startswith(t + ".") for t in vision_modules(shape))
+
+
+def text_params(shape: ModelShape) -> int:
+    """The parameters a decode step can read: all but a vision model's tower."""
+    return shape.parameters - int(getattr(shape, "vision_parameters", 0) or 0)
+
+
 def tied_head(shape: ModelShape) -> bool:
     return bool(shape.tied_linears)
 
 
 def weights_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> int:
     """Weight bytes one decode step reads: every weight once, except the embedding table (one row), which a
-    tied output head reads whole. Matches ``speed.arithmetic.weight_bytes_read`` on a loaded model."""
+    tied output head reads whole, and a vision model's tower (read once per image, in the prefill). Matches
+    ``speed.arithmetic.weight_bytes_read`` on a loaded text model."""
     b = DTYPE_BYTES[compute_dtype(spec, device)]
     embed = embedding_params(shape)
     tied = tied_head(shape)
@@ -284,23 +300,26 @@ def weights_read_bytes(shape: ModelShape, spec: PrecisionSpec, device: str = "cp
         bits = 8 if spec.name == "q8" else 4
         packed = covered = 0
         for name, fan_in, fan_out, _bias in shape.linears:
+            if in_vision(name, shape):
+                continue
             if bits == 4 and fan_in % BLOCK:
                 packed += fan_in * fan_out * b  # stays in the compute dtype
             else:
                 packed += packed_linear_bytes(fan_in, fan_out, bits, device, b)
             if name not in shape.tied_linears:
                 covered += fan_in * fan_out
-        others = max(0, shape.parameters - covered - embed)  # norms, biases
+        others = max(0, text_params(shape) - covered - embed)  # norms, biases
         return packed + others * b + shape.hidden * b
     if not spec.quantised and spec.name != "gguf":
-        return (shape.parameters - embed) * b + (embed * b if tied else shape.hidden * b)
+        return (text_params(shape) - embed) * b + (embed * b if tied else shape.hidden * b)
     wb = weights_bytes(shape, spec, device)  # the GGUF's own layers at their bits (gguf), or bitsandbytes
     ub = DTYPE_BYTES[wb.unquantised_dtype]
     # A tied head the GGUF keeps packed is a layer of its own (counted in the packed bytes): the table beside it
     # is only looked up, one row a step, like an untied model's. The 1B-shaped Q8_0 file was counted 201 MB (its
     # bf16 table) over what a step reads.
     head_packed = spec.name == AS_FILE and any(name in shape.tied_linears for name, *_ in shape.packed)
-    return wb.total if tied and not head_packed else wb.total - embed * ub + shape.hidden * ub
+    total = wb.total - (shape.parameters - text_params(shape)) * ub  # the vision tower stays unquantised
+    return total if tied and not head_packed else total - embed * ub + shape.hidden * ub
 
 
 def weight_bytes_per_weight(shape: ModelShape, spec: PrecisionSpec, device: str = "cpu") -> float:
@@ -339,9 +358,9 @@ def kv_read_bytes(
 def linear_params(shape: ModelShape) -> int:
     """Weights a forward pass multiplies each token by (the output head included)."""
     if shape.linears:
-        return sum(fan_in * fan_out for _n, fan_in, fan_out, _b in shape.linears)
+        return sum(fan_in * fan_out for n, fan_in, fan_out, _b in shape.linears if not in_vision(n, shape))
     embed = embedding_params(shape)
-    return shape.parameters - embed + (embed if tied_head(shape) else 0)
+    return text_params(shape) - embed + (embed if tied_head(shape) else 0)
 
 
 def step_flops(shape: ModelShape, tokens: int, context_before: int) -> float:

@@ -31,6 +31,9 @@ class Capabilities:
     # How several replies run at once: "batch" (decoded together in one step, on the engine's thread; requests
     # that cannot batch run alone) or "threads" (each reply is a request to a server, several in flight).
     concurrency: str
+    # Sees images: a message's Image attachments reach the model (False: the window, the CLI and the server say
+    # "this model cannot see images" before sending; the engine refuses such a request the same way).
+    vision: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,12 @@ from typing import Any, Optional
 
 from ..errors import Cancelled, ModelLoadError, RedlineError
 from ..estimate.estimator import context_limit
+from ..estimate.vision import image_settings, image_tokens, is_vision_config
 from ..generation.run import run_local
 from ..hardware.probe import default_device
 from ..loading.loader import _load_float, build_kernels_first, check_weights, estimate_shape, out_of_memory
 from ..loading.packed import check_precision, load_packed
+from ..loading.vision import keep_tower_unquantised, load_processor
 from ..memory.measured import PeakMemory, process_rss
 from ..memory.oom import free_memory, is_oom
 from ..memory.policy import collect_garbage, returning_freed_memory, weights_in_own_mappings
@@ -31,6 +33,7 @@ from .base import Backend, Capabilities, KvCacheHeld, KvRoom
 from .remote import is_server_url
 
 LOCAL_STRATEGIES = ("kv", "fast", "naive", "static", "speculative", "prompt-lookup")
+VISION_ON_GENERATE = "a vision model runs on transformers' generate()"
 
 
 @dataclass
@@ -75,6 +78,9 @@ class LoadedModel(Backend):
     auto_strategy: Optional[str] = None
     limits: BatchLimits = field(default_factory=BatchLimits)
     on_result: Any = None
+    # A model that sees images: its processor (``AutoProcessor``: the image processor, the tokenizer, the chat
+    # template that places image tokens), which builds its prompts (``prepare``); None for a text model.
+    processor: Any = None
     _batcher: Any = field(default=None, repr=False)
     _fast_reason: Any = field(default=None, repr=False)
 
@@ -87,7 +93,13 @@ class LoadedModel(Backend):
             measured_here=True,
             servable=True,
             concurrency="batch",
+            vision=self.vision,
         )
+
+    @property
+    def vision(self) -> bool:
+        """Whether it sees images (a message's Image attachments reach it through its processor)."""
+        return self.processor is not None
 
     def reload_spec(self) -> tuple[str, Any, Optional[str]]:
         return self.source.spec, self.precision, None
@@ -102,6 +114,8 @@ class LoadedModel(Backend):
             return False
 
     def resolve_strategy(self, strategy: str) -> str:
+        if strategy == "auto" and self.vision:
+            return "kv"  # VISION_ON_GENERATE: the fast path takes no images
         if strategy == "auto":
             picked = self.auto_strategy
             if picked in self.capabilities.strategies and (picked != "fast" or self.fast_path_reason() is None):
@@ -111,6 +125,8 @@ class LoadedModel(Backend):
 
     def fast_path_reason(self) -> Optional[str]:
         """None if Redline's fast decode path runs this model, else why not (asked once)."""
+        if self._fast_reason is None and self.vision:
+            self._fast_reason = ("", VISION_ON_GENERATE)
         if self._fast_reason is None:
             # lazy: fastpath imports torch (torch loads on the engine's thread, never at import)
             from ..decoding.fastpath import supports
@@ -171,6 +187,21 @@ class LoadedModel(Backend):
             self._batcher.fail_all(error)
 
     # -- what it holds -------------------------------------------------------------------------------
+    def image_tokens(self, width: int, height: int) -> Optional[int]:
+        """The image tokens an image of this size becomes here (``estimate.vision.image_tokens``, from the config
+        and the folder's image-processor settings; for a family that does not know, the processor's own count)."""
+        if not self.vision or self.model is None:
+            return None
+        try:
+            return image_tokens(self.model.config, image_settings(self.folder), width, height)
+        except ValueError:
+            pass
+        try:
+            counted = self.processor._get_num_multimodal_tokens(image_sizes=[(int(height), int(width))])
+            return int(counted.num_image_tokens[0])
+        except Exception:  # a processor that cannot say: not known
+            return None
+
     def kv_form(self) -> Optional[str]:
         dec = self.fast_decoder
         return dec.kv.form if dec is not None else None
@@ -210,7 +241,8 @@ class LoadedModel(Backend):
 
     def vocab_size(self) -> Optional[int]:
         config = getattr(self.model, "config", None)
-        return getattr(config, "vocab_size", None)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config  # a vision model's text
+        return getattr(text, "vocab_size", None)
 
     def names(self) -> set[str]:
         return {self.name, self.source.spec}
@@ -228,6 +260,7 @@ class LoadedModel(Backend):
             self.draft = None
             self.model = None
             self.tokenizer = None
+            self.processor = None
 
     @property
     def name(self) -> str:
@@ -281,7 +314,10 @@ def load_model(
             precision = PrecisionSpec(AS_FILE, compute_dtype="bf16", skip_modules=precision.skip_modules, auto=True)
             check_supported(precision, device)
         notes.append(f"Quantised layers from the GGUF: {file_bits(manifest)} ({len(manifest['modules'])} layers).")
-    tokenizer = load_tokenizer(folder, trust_remote_code)
+    # A model that sees images loads with its processor, whose tokenizer is the model's.
+    vision = manifest is None and is_vision_config(config)
+    processor = load_processor(folder, config, trust_remote_code) if vision else None
+    tokenizer = processor.tokenizer if processor is not None else load_tokenizer(folder, trust_remote_code)
     check_cancel(should_cancel)
     shape = estimate_shape(folder, source.name)  # before the weights (its docstring says why)
     from .. import units  # noqa: F401
@@ -291,6 +327,7 @@ def load_model(
     # of either kind of folder, under their own name (not "Quantising weights").
     build_kernels_first(device, progress, 0.35)
     kwargs = from_pretrained_kwargs(precision, device) if manifest is None else {}
+    towers = keep_tower_unquantised(kwargs, precision, shape, config) if vision else None
     rss_before = process_rss()
     model = None
     try:
@@ -308,7 +345,7 @@ def load_model(
                 )
             else:
                 model = _load_float(
-                    folder, precision, device, kwargs, progress, should_cancel, trust_remote_code, allow_pickle
+                    folder, precision, device, kwargs, progress, should_cancel, trust_remote_code, allow_pickle, towers
                 )
                 collect_garbage()
     except Cancelled:
@@ -349,4 +386,5 @@ def load_model(
         notes=notes,
         baseline_rss_bytes=baseline_rss,
         estimate_shape=shape,  # read once, before the weights (memory.calibration.loaded_shape reuses it)
+        processor=processor,
     )

@@ -162,13 +162,21 @@ PREFILL_CHUNK = 256  # prompt tokens per forward pass when a long prompt is read
 
 
 def run_generate(
-    target: LoadedModel, prompt: list[int], cfg, collector, cancel: CancelCriteria, gen_kwargs: dict
+    target: LoadedModel,
+    prompt: list[int],
+    cfg,
+    collector,
+    cancel: CancelCriteria,
+    gen_kwargs: dict,
+    extra_inputs: Optional[dict] = None,
 ) -> None:
     """One call of transformers' generate(), streaming into ``collector``.
 
     With the dynamic KV cache (``kv``), a long prompt is read first in chunks, the cancel checked and progress
     reported between them, so Stop works within a chunk's time and the window can show how far reading got;
-    generate() then goes on from that cache. Other strategies read the prompt in one pass, inside generate()."""
+    generate() then goes on from that cache. Other strategies read the prompt in one pass, inside generate().
+    ``extra_inputs``: a vision model's (``pixel_values``…, from its processor), passed to generate() with the
+    prompt, which then reads it in one pass (the images are read with the tokens that stand for them)."""
     # lazy: torch loads on the engine's thread, never at import
     import torch
 
@@ -178,8 +186,13 @@ def run_generate(
     model = target.model
     ids = torch.tensor([prompt], dtype=torch.long, device=model.device)
     kwargs = dict(gen_kwargs)
+    for key, value in (extra_inputs or {}).items():  # on the model's device; pixels in its dtype
+        if isinstance(value, torch.Tensor):
+            value = value.to(model.device, dtype=model.dtype if value.is_floating_point() else None)
+        kwargs[key] = value
     chunked = (
-        len(prompt) > PREFILL_CHUNK
+        not extra_inputs
+        and len(prompt) > PREFILL_CHUNK
         and cfg.use_cache
         and getattr(cfg, "cache_implementation", None) in (None, "dynamic")
         and "assistant_model" not in kwargs

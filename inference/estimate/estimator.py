@@ -49,6 +49,7 @@ from ..errors import ModelLoadError
 from ..memory.policy import releases_pages
 from ..precision import AS_FILE, WEIGHT_ONLY, PrecisionSpec
 from ..units import GB, MB  # noqa: F401 - MB/GB are part of the estimator's vocabulary
+from .vision import in_tower, is_vision_config, tower_modules
 
 # Runtime overhead defaults, before the per-machine correction. CPU figures are
 # RSS measured on Linux x86-64 (torch 2.13 CPU, transformers 5.2x) in the
@@ -98,6 +99,10 @@ class ModelShape:
     packed: list[list] = field(default_factory=list)
     file_bytes: Optional[int] = None  # the .gguf file's size
     file_types: dict[str, int] = field(default_factory=dict)  # GGUF tensor types and how many of each
+    # A model that sees images (``estimate/vision.py``): its vision tower's and projector's modules (kept
+    # unquantised; a decode step never reads them) and their parameters, counted in ``parameters`` too.
+    vision_modules: list[str] = field(default_factory=list)
+    vision_parameters: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,7 +196,7 @@ def shape_from_config(config, name: str = "", source: str = "config.json") -> Mo
     import torch
 
     # lazy: transformers loads on the engine's thread, never at import
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     # lazy: transformers loads on the engine's thread, never at import
     from transformers.pytorch_utils import Conv1D
@@ -200,9 +205,10 @@ def shape_from_config(config, name: str = "", source: str = "config.json") -> Mo
     from transformers.quantizers.base import get_keys_to_not_convert
 
     geometry = kv_geometry(config, source)
+    vision = is_vision_config(config)  # built as the loader builds it: the vision tower's weights counted
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ModelLoadError(
             f"{source}: model_type {getattr(config, 'model_type', None)!r} cannot be built as a causal language "
@@ -210,6 +216,8 @@ def shape_from_config(config, name: str = "", source: str = "config.json") -> Mo
             "Choose a model of a supported architecture, or upgrade transformers.",
         ) from exc
     parameters = sum(p.numel() for p in model.parameters())  # tied parameters are yielded once
+    towers = tower_modules(model) if vision else []
+    tower_params = sum(p.numel() for n, p in model.named_parameters() if in_tower(n, towers))
     linears = []
     for mod_name, module in model.named_modules():
         if type(module) is torch.nn.Linear:
@@ -242,6 +250,8 @@ def shape_from_config(config, name: str = "", source: str = "config.json") -> Mo
         default_not_convert=sorted(get_keys_to_not_convert(model)),
         keep_in_fp32=sorted(getattr(model, "_keep_in_fp32_modules", None) or []),
         tied_linears=tied,
+        vision_modules=towers,
+        vision_parameters=int(tower_params),
     )
 
 
@@ -492,9 +502,10 @@ def estimate(
 
 # --------------------------------------------------------------------------- shape cache
 def config_fingerprint(config_dict: dict) -> str:
-    # "shape 2": max_positions counts the rope scaling (``context_limit``); shapes cached before are read afresh.
+    # "shape 2": max_positions counts the rope scaling (``context_limit``); "shape 3": a vision model's tower
+    # (``vision_modules``); shapes cached before are read afresh.
     text = json.dumps(config_dict, sort_keys=True, default=str) + "|" + importlib.metadata.version("transformers")
-    text += "|shape 2"
+    text += "|shape 3"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -222,7 +222,8 @@ class Batcher:
     def prepare(self, request: GenerationRequest) -> Prepared:
         """The request's prompt and limits (raises, before anything runs, if the context cannot hold it). Whether
         the KV cache can hold it is the service's admission's call (``service/admission.py``, from ``kv_room``)."""
-        return prepare(self.target.tokenizer, self.target.context_limit, request)
+        target = self.target
+        return prepare(target.tokenizer, target.context_limit, request, model=target.name)
 
     def __len__(self) -> int:
         return len(self.active)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..decoding.options import DecodeOptions, SamplingSettings
-from ..decoding.prompt import build_prompt
+from ..decoding.prompt import build_prompt, images_in
 from ..errors import ContextExceeded, RedlineError, UnsupportedConfiguration
 from ..reasoning import formats, switch
 from ..reasoning.switch import Thinking
@@ -23,6 +23,9 @@ class Prepared:
     max_new: int
     notes: list[str] = field(default_factory=list)
     dropped_messages: int = 0
+    # A vision model's other inputs to generate(), made by its processor with the prompt (``pixel_values``,
+    # ``image_grid_thw``, ``pixel_attention_mask``, ``token_type_ids``…); None for a prompt of text alone.
+    extra_inputs: Optional[dict] = None
 
     @property
     def tokens(self) -> int:
@@ -100,13 +103,23 @@ def new_tokens_allowed(prompt_tokens: int, limit: int, wanted: int, notes: list[
 
 
 def prepare(
-    tokenizer, context_limit: int, request: GenerationRequest, strict: bool = False, new_tokens_asked: bool = True
+    tokenizer,
+    context_limit: int,
+    request: GenerationRequest,
+    strict: bool = False,
+    new_tokens_asked: bool = True,
+    processor: Any = None,
+    model: str = "",
 ) -> Prepared:
     """The request's prompt and limits, or an error that says why it cannot run (before anything runs).
 
     ``strict`` (the HTTP API): a conversation that does not fit is refused rather than shortened, and more new
     tokens than fit are refused rather than capped (unless ``new_tokens_asked`` is False: the number is a default,
-    capped to what fits) — what OpenAI-compatible clients expect."""
+    capped to what fits) — what OpenAI-compatible clients expect.
+
+    ``processor``: a vision model's (``LoadedModel.processor``), which builds the prompt with the images of the
+    messages' ``attachments`` and the tensors that go with it (``Prepared.extra_inputs``); without one, a message
+    with an image is refused (before anything runs), naming ``model``."""
 
     if request.prepared is not None:
         return request.prepared
@@ -114,6 +127,7 @@ def prepare(
     wanted = request.sampling.max_new_tokens
     notes: list[str] = []
     dropped = 0
+    extra = None
     if request.input_ids is not None:
         prompt = [int(t) for t in request.input_ids]
     else:
@@ -122,6 +136,12 @@ def prepare(
         fmt = formats.detect(tokenizer)
         plan = switch.plan(fmt, formats.template_text(tokenizer), request.thinking, request.template_kwargs)
         notes.extend(plan.notes)
+        messages = request.messages
+        if images_in(messages) and processor is None:  # images stay attached, for a vision model's processor
+            raise UnsupportedConfiguration(
+                f"{model or 'This model'} cannot see images: it is a text-only model.",
+                "Load a vision model (Gemma 3, Qwen2.5-VL, SmolVLM) or remove the image.",
+            )
         built = build_prompt(
             tokenizer,
             plan.messages(request.messages),
@@ -131,8 +151,9 @@ def prepare(
             tools=request.tools,
             template_kwargs=plan.template_kwargs,
             extend=switch.extender(tokenizer, fmt, plan),
+            processor=processor,
         )
-        prompt, dropped = built.input_ids, built.dropped_messages
+        prompt, dropped, extra = built.input_ids, built.dropped_messages, built.inputs
         if dropped:
             notes.append(
                 f"{dropped} earlier message(s) did not fit the context of {context} tokens and were left out "
@@ -143,4 +164,4 @@ def prepare(
         if not built.used_template:
             notes.append("This model has no chat template; a plain 'User:/Assistant:' format was used.")
     max_new = new_tokens_allowed(len(prompt), context, wanted, notes if not strict else [], strict and new_tokens_asked)
-    return Prepared(prompt, context, max_new, notes, dropped)
+    return Prepared(prompt, context, max_new, notes, dropped, extra_inputs=extra)

@@ -24,7 +24,8 @@ def run_local(target, request: GenerationRequest, sink: Sink, submitted: Optiona
             return batcher.run_one(sink, request, submitted, prepared)
         notes = (f"fast path unavailable ({reason}); used kv instead",)
         request = dataclasses.replace(request, options=dataclasses.replace(request.options, strategy="kv"))
-    prepared = prepare(target.tokenizer, target.context_limit, request)
+    processor = getattr(target, "processor", None)  # a vision model's: it builds the prompt with the images
+    prepared = prepare(target.tokenizer, target.context_limit, request, processor=processor, model=target.name)
     result = run_solo(target, target.draft, request, prepared, sink, submitted, notes)
     if request.record and target.on_result is not None and result.finish_reason != "error":
         try:

@@ -34,6 +34,11 @@ def run_solo(
     speculative = options.strategy in SPECULATIVE
     gen = Generation(target, request, prepared, sink, submitted, speculative)
     gen.result.notes.extend(notes)
+    if prepared.extra_inputs and speculative:
+        # A draft reads text alone: it would propose tokens without having seen the image.
+        raise UnsupportedConfiguration(
+            f"The {options.strategy} strategy does not take images.", "Use the kv, static or naive strategy."
+        )
     if request.logprobs is not None and speculative:
         # A draft's tokens are verified several in one forward pass; the scores are kept per forward (RawLogits).
         raise UnsupportedConfiguration(
@@ -62,7 +67,9 @@ def run_solo(
     try:
         sync(target.device)
         with PeakMemory(target.device) as peak, torch.inference_mode(), gen.seeded():
-            hf.run_generate(target, prepared.prompt, gen.cfg, gen.collector, gen.cancel, gen_kwargs)
+            hf.run_generate(
+                target, prepared.prompt, gen.cfg, gen.collector, gen.cancel, gen_kwargs, prepared.extra_inputs
+            )
         sync(target.device)
     except Exception as exc:  # the caller's conversation must survive any run-time failure
         gen.fail(exc)

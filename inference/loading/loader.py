@@ -213,13 +213,18 @@ def build_kernels_first(device: str, progress, fraction: float) -> None:
         native.ensure_built()  # a failure leaves torch's operators in use, with the reason in native.status()
 
 
-def _load_float(folder, precision, device, kwargs, progress, should_cancel, trust_remote_code, allow_pickle):
-    """An ordinary transformers folder, through ``from_pretrained`` (and packed after loading for q8/q4)."""
+def _load_float(
+    folder, precision, device, kwargs, progress, should_cancel, trust_remote_code, allow_pickle, towers=None
+):
+    """An ordinary transformers folder, through ``from_pretrained`` (and packed after loading for q8/q4).
+    ``towers``: a vision model's tower modules (``loading/vision.py``), loaded with ``AutoModelForImageTextToText``
+    and left unpacked by q8/q4; None for a text model."""
     # lazy: transformers loads on the engine's thread, never at import
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    auto = AutoModelForCausalLM if towers is None else AutoModelForImageTextToText
     with transformers_progress(progress, 0.35, 0.95, "Loading weights", should_cancel):
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto.from_pretrained(
             str(folder),
             trust_remote_code=trust_remote_code,
             use_safetensors=None if allow_pickle else True,
@@ -232,6 +237,7 @@ def _load_float(folder, precision, device, kwargs, progress, should_cancel, trus
         # lazy: weight_only imports torch (torch loads on the engine's thread, never at import)
         from .weight_only import quantize_model
 
-        quantize_model(model, 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype), device=device)
+        bits, dtype = 8 if precision.name == "q8" else 4, torch_dtype(precision.compute_dtype)
+        quantize_model(model, bits, dtype, device=device, skip=towers or ())
         model.to(device)  # what stayed unquantised (embeddings, norms) follows the packed layers
     return model

@@ -212,20 +212,28 @@ class PackedLinear(nn.Module):
 
 
 def quantize_model(
-    model, bits: int, compute_dtype: torch.dtype, include_lm_head: bool = True, device: torch.device | str | None = None
+    model,
+    bits: int,
+    compute_dtype: torch.dtype,
+    include_lm_head: bool = True,
+    device: torch.device | str | None = None,
+    skip: Sequence[str] = (),
 ) -> int:
     """Replace the decoder's linear layers (and the output head) by PackedLinear. Returns their weight bytes.
 
     A tied output head gets its own quantised copy: the embedding table stays for lookups
-    (which read one row per token) while the head, read whole every step, becomes small.
+    (which read one row per token) while the head, read whole every step, becomes small. ``skip``: modules left
+    as they are, with everything under them (a vision model's tower).
     """
     total = 0
     targets = []
     for name, module in model.named_modules():
+        if any(name == s or name.startswith(s + ".") for s in skip):
+            continue
         for child_name, child in module.named_children():
             if type(child) is nn.Linear:
                 full = f"{name}.{child_name}" if name else child_name
-                if full == "lm_head" and not include_lm_head:
+                if (full == "lm_head" and not include_lm_head) or full in skip:
                     continue
                 if bits == 4 and child.in_features % INT4_GROUP:
                     continue  # stays in the compute dtype
