@@ -48,6 +48,7 @@ LOAD_NOTE = "Stopped so that the model to load could start."
 UNLOAD_NOTE = "Stopped so that the model to unload could start."
 
 STATS_KEYS = (
+    "citations",  # a long document's excerpts the reply was given (number, name, page, chunk, text)
     "new_tokens",
     "prompt_tokens",
     "cached_tokens",

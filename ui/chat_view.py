@@ -40,6 +40,7 @@ from PySide6.QtWidgets import (
 
 from ..inference import ToolCall, read_calls
 from .attachment_widgets import AttachedFiles
+from .citations import Citations
 from .chat_empty import ExamplePrompts
 from .markdown import SafeDocument, append_reply, code_blocks, hard_line_breaks, render
 from .signals import emit
@@ -321,6 +322,7 @@ class MessageWidget(QFrame):
             line = (line + "\n" if line else "") + " ".join(notes)
         self.stats_label.setText(line)
         self.stats_label.setVisible(bool(line))
+        Citations.show_under(self, self.stats)  # a long document's excerpts the reply was given, to click
         if self.streaming:
             self.badge.setText(self.waiting or "generating…")
         elif self.partial:

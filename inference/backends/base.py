@@ -167,6 +167,19 @@ class Backend(ABC):
         """Its vocabulary's size where known here (a token id at or beyond it names no token)."""
         return None
 
+    # -- what a prompt costs on it (an attachment's chip, before sending) ---------------------------------------
+    def text_tokenizer(self) -> Any:
+        """Its tokenizer for text where it is here (a vision model's processor's), or None (a server's model)."""
+        return None
+
+    def shape(self) -> Any:
+        """Its ``estimate.estimator.ModelShape`` where read here (the speed model's and the KV cost's input)."""
+        return None
+
+    def image_tokens(self, width: int, height: int) -> Optional[int]:
+        """The prompt tokens an image of this size becomes on it; None where it cannot see or it is not known."""
+        return None
+
     @abstractmethod
     def release(self) -> None:
         """Let go of everything it holds (memory, connections)."""

@@ -187,6 +187,12 @@ class LoadedModel(Backend):
             self._batcher.fail_all(error)
 
     # -- what it holds -------------------------------------------------------------------------------
+    def text_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def shape(self) -> Any:
+        return self.estimate_shape
+
     def image_tokens(self, width: int, height: int) -> Optional[int]:
         """The image tokens an image of this size becomes here (``estimate.vision.image_tokens``, from the config
         and the folder's image-processor settings; for a family that does not know, the processor's own count)."""

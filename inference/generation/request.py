@@ -11,6 +11,7 @@ from ..decoding.prompt import build_prompt, images_in
 from ..errors import ContextExceeded, RedlineError, UnsupportedConfiguration
 from ..reasoning import formats, switch
 from ..reasoning.switch import Thinking
+from .attached import has_documents, place_documents
 
 
 @dataclass
@@ -23,6 +24,9 @@ class Prepared:
     max_new: int
     notes: list[str] = field(default_factory=list)
     dropped_messages: int = 0
+    # What the reply was given to cite when a document too large for the context was sent as excerpts
+    # (``attachments.compose.Citation``: its document, page and text, in the order numbered in the prompt).
+    citations: list = field(default_factory=list)
     # A vision model's other inputs to generate(), made by its processor with the prompt (``pixel_values``,
     # ``image_grid_thw``, ``pixel_attention_mask``, ``token_type_ids``…); None for a prompt of text alone.
     extra_inputs: Optional[dict] = None
@@ -127,6 +131,7 @@ def prepare(
     wanted = request.sampling.max_new_tokens
     notes: list[str] = []
     dropped = 0
+    citations: list = []
     extra = None
     if request.input_ids is not None:
         prompt = [int(t) for t in request.input_ids]
@@ -142,9 +147,13 @@ def prepare(
                 f"{model or 'This model'} cannot see images: it is a text-only model.",
                 "Load a vision model (Gemma 3, Qwen2.5-VL, SmolVLM) or remove the image.",
             )
+        if has_documents(messages):  # each document before its message's question: whole, or excerpts
+            placed = place_documents(tokenizer, messages, context, wanted)
+            messages, citations = placed.messages, placed.citations
+            notes.extend(placed.notes)
         built = build_prompt(
             tokenizer,
-            plan.messages(request.messages),
+            plan.messages(messages),
             context,
             1 if strict else wanted,
             strict=strict,
@@ -164,4 +173,4 @@ def prepare(
         if not built.used_template:
             notes.append("This model has no chat template; a plain 'User:/Assistant:' format was used.")
     max_new = new_tokens_allowed(len(prompt), context, wanted, notes if not strict else [], strict and new_tokens_asked)
-    return Prepared(prompt, context, max_new, notes, dropped, extra_inputs=extra)
+    return Prepared(prompt, context, max_new, notes, dropped, citations, extra_inputs=extra)

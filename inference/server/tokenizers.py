@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from ..generation.request import GenerationRequest, Prepared, prepare
+from ..loading.vision import load_processor
 
 
 class ServerTokenizers:
@@ -17,23 +18,37 @@ class ServerTokenizers:
         self._lock = threading.Lock()
         self._for: Any = None
         self._tok: Any = None
+        self._processor: Any = None  # a vision model's own processor (its images and their tokens), else None
 
     def get(self, target):
         with self._lock:
             if self._for is not target:
-                # lazy: transformers loads on the engine's thread, never at import
-                from transformers import AutoTokenizer
+                if target.capabilities.vision:  # the processor's tokenizer is the model's (as at load)
+                    self._processor = load_processor(target.folder, target.model.config)
+                    self._tok = self._processor.tokenizer
+                else:
+                    # lazy: transformers loads on the engine's thread, never at import
+                    from transformers import AutoTokenizer
 
-                self._tok = AutoTokenizer.from_pretrained(str(target.folder))
+                    self._processor = None
+                    self._tok = AutoTokenizer.from_pretrained(str(target.folder))
                 self._for = target
             return self._tok
 
     def prepare(self, target, request: GenerationRequest, new_tokens_asked: bool) -> Prepared:
         """The request made ready as the engine would (``generation.request.prepare``), strictly: a conversation
-        that does not fit is refused, not shortened."""
+        that does not fit is refused, not shortened. A vision model's images go through its processor."""
         tok = self.get(target)
         with self._lock:
-            return prepare(tok, target.context_limit, request, strict=True, new_tokens_asked=new_tokens_asked)
+            return prepare(
+                tok,
+                target.context_limit,
+                request,
+                strict=True,
+                new_tokens_asked=new_tokens_asked,
+                processor=self._processor,
+                model=target.name,
+            )
 
     def encode(self, target, text: str) -> list[int]:
         tok = self.get(target)
