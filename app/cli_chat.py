@@ -33,6 +33,7 @@ from ..inference import (
     resolve_auto,
 )
 from .cli_args import SEED_MAX, above, at_least, whole_number
+from .cli_tools import add_tool_arguments, close_tools, open_tools, run_with_tools, tool_record, uses_tools
 from .server_keys import ServerKeys
 from .terminal import TerminalProgress
 from .trust_store import TrustStore, opt_in_from
@@ -160,6 +161,7 @@ def add_parser(sub) -> None:
     add_thinking_arguments(p)
     add_model_arguments(p)
     add_sampling_arguments(p)
+    add_tool_arguments(p)  # tools: --mcp, --builtin-tools, --allow-tool, --tool-choice… (app/cli_tools.py)
     p.set_defaults(func=run)
 
 
@@ -400,15 +402,17 @@ def run(args) -> int:
     service = None
     try:
         attachments = read_attachments(getattr(args, "attach", []))
+        open_tools(args)  # tools: the mcp.json read and its servers started before the model loads (cli_tools.py)
         service = start_engine(args)
         if args.prompt is None:
             return interactive(service, args, attachments)
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append(user_message(args.prompt, attachments))
-        result = _stream_reply(service, messages, args)
+        result = (run_with_tools if uses_tools(args) else _stream_reply)(service, messages, args)  # tools: the loop
         if args.json:
             record = result_record(service, result)
             record["attachments"] = attachment_records(attachments)
+            record.update(tool_record(result))  # tools: the calls and their results
             print(json.dumps(record, ensure_ascii=False))
     except RedlineError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -416,6 +420,7 @@ def run(args) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
+        close_tools(args)  # tools: the MCP servers stopped
         if service is not None:
             service.shutdown()
     if not args.json:
@@ -467,7 +472,7 @@ def interactive(service: EngineService, args, attachments: list | None = None) -
         first = not any(m["role"] == "user" for m in messages)
         messages.append(user_message(line, (attachments or []) if first else []))
         try:
-            result = _stream_reply(service, messages, args)
+            result = (run_with_tools if uses_tools(args) else _stream_reply)(service, messages, args)  # tools: the loop
         except KeyboardInterrupt:
             print("\n(stopped)", file=sys.stderr)
             continue

@@ -17,7 +17,8 @@ Subpackages, each a part of the engine:
 - ``server``: the OpenAI-compatible HTTP server over the service, and structured output;
 - ``remote``: models behind other OpenAI-compatible servers, used like local ones.
 - ``speed``: decode tokens/s and TTFT predicted before loading, learned per machine; the ``auto`` choice by
-  priority; speculative-decoding advice.
+  priority; speculative-decoding advice;
+- ``tools``: MCP servers (``mcp.json``), built-in tools, the approval of each call and the tool loop.
 """
 
 from .attachment_cost import AttachmentCost, attachment_cost_job
@@ -165,6 +166,25 @@ from .speed.choose import (
 from .speed.model import CHAT_NEW_TOKENS, CHAT_PROMPT_TOKENS, NEXT_TURN_TOKENS, SpeedModel
 from .speed.speculative import AcceptanceMeasurement, DraftAdvice, advise, measure_acceptance
 from .stats import decode_tokens_per_s, percentile, token_latencies_ms
+from .tools import (
+    ApprovalPolicy,
+    BuiltinTools,
+    CallRecord,
+    LoopResult,
+    McpConfigError,
+    McpManager,
+    McpServerError,
+    McpTool,
+    PendingCall,
+    ServerSpec,
+    ServiceGenerator,
+    ToolEntry,
+    ToolRegistry,
+    ToolResult,
+    read_mcp_config,
+    run_tool_loop,
+    tool_tokens_job,
+)
 from .units import GB, MB, format_bytes
 
 __all__ = [
@@ -366,4 +386,21 @@ __all__ = [
     "ToolCall",
     "calls_text",
     "read_calls",
+    "ApprovalPolicy",
+    "BuiltinTools",
+    "CallRecord",
+    "LoopResult",
+    "McpConfigError",
+    "McpManager",
+    "McpServerError",
+    "McpTool",
+    "PendingCall",
+    "ServerSpec",
+    "ServiceGenerator",
+    "ToolEntry",
+    "ToolRegistry",
+    "ToolResult",
+    "read_mcp_config",
+    "run_tool_loop",
+    "tool_tokens_job",
 ]
