@@ -14,8 +14,7 @@ from .attachments import Document, Image
 from .attachments.compose import place
 from .cost import kv_cache_bytes, kv_dtype_bytes
 from .generation.attached import document_room
-from .speed.arithmetic import this_machine
-from .speed.model import SpeedModel
+from .speed.calibration import predict_generation
 from .units import format_bytes
 
 REPLY_RESERVE = 256  # new tokens kept free for the reply when saying whether an attachment fits
@@ -63,10 +62,10 @@ def cost(target, attachments: list, history_tokens: int = 0) -> AttachmentCost:
     if shape is not None:
         strategy = target.resolve_strategy("auto")
         form = target.kv_form() or "bf16"
-        speed = SpeedModel(this_machine(target.device))
         prompt = history_tokens + tokens
-        # The prefix cache holds the conversation so far where the fast path runs: only the attachment is read.
-        pred = speed.predict(shape, target.precision, strategy, prompt, 1, cached_tokens=history_tokens, kv=form)
+        # As the engine predicts a reply on this model (with this machine's factors for it, learned under its name):
+        # the prefix cache holds the conversation so far where the fast path runs, so only the attachment is read.
+        pred, _, _ = predict_generation(target, strategy, prompt, 1, cached_tokens=history_tokens)
         ttft_s = pred.ttft_ms / 1000
         path = "fast" if pred.path == "fast" else "hf"
         kv_bytes = kv_cache_bytes(

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harn
 import harness  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the tests' modules import each other by name
 from tests.test_attachments_engine import FACT, QUESTION, write_pdf  # noqa: E402 - the tests' own PDF
 
 OTHER = "In which year was the bridge at Calvera rebuilt?"
