@@ -40,7 +40,7 @@ OTHER = "In which year was the bridge at Calvera rebuilt?"
 def chat(question: str, pdf: Path, model: str, precision: str, pages: Path) -> dict:
     env = {**os.environ, "REDLINE_KV_PAGES_DIR": str(pages)}
     cmd = [sys.executable, "-m", "redline", "chat", question, "--attach", str(pdf), "--model", model]
-    cmd += ["--precision", precision, "--temperature", "0", "--max-new-tokens", "24", "--json"]
+    cmd += ["--precision", precision, "--temperature", "0", "--max-new-tokens", "32", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"redline chat failed ({out.returncode}):\n{out.stderr[-2000:]}")
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                 f"round {r + 1}: first TTFT {first['ttft_ms']:.0f} ms ({first['prompt_tokens']} tokens, "
                 f"{first['cached_tokens']} cached) · second {second['ttft_ms']:.0f} ms ({second['prompt_tokens']} "
                 f"tokens, {second['cached_tokens']} cached) · {ratios[-1]:.1f}× · first answer: "
-                f"{first['text'].strip()!r}" + ("" if "Marsh" in first["text"] else "  (no 'Marsh')")
+                f"{first['text'].strip()!r}" + ("" if "Ottilie" in first["text"] else "  (the fact is not in it)")
             )
     measured = statistics.median(firsts) / 1000
     error = (cost.ttft_s - measured) / measured * 100
