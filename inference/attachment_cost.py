@@ -85,7 +85,14 @@ def cost(target, attachments: list, history_tokens: int = 0) -> AttachmentCost:
         parts.append(f"≈ {ttft_s:.1f} s to first token" if ttft_s >= 1 else f"≈ {ttft_s * 1000:.0f} ms to first token")
     warning = ""
     fits = whole and history_tokens + tokens + REPLY_RESERVE <= context
-    if not whole:
+    blind = images and not target.capabilities.vision
+    if blind:  # said before sending: the engine would refuse the message
+        fits = False
+        warning = (
+            f"{target.name} cannot see images: it is a text-only model, so a message with this image would be "
+            "refused. Load a vision model (Gemma 3, Qwen2.5-VL, SmolVLM) or remove the image."
+        )
+    elif not whole:
         warning = (
             f"Too long for the context of {context:,} tokens: only the excerpts that match each question will be "
             "sent, with their pages cited."
@@ -95,6 +102,8 @@ def cost(target, attachments: list, history_tokens: int = 0) -> AttachmentCost:
             f"With the conversation so far ({history_tokens:,} tokens) this fills the context of {context:,}: the "
             "earliest turns will be left out. Start a new conversation to keep them."
         )
+    if blind and not documents:  # nothing this model reads: no figures to give
+        parts = ["not read by this model"]
     return AttachmentCost(tokens, kv_bytes, ttft_s, fits, " · ".join(parts), warning)
 
 

@@ -331,3 +331,20 @@ def test_a_remote_model_gets_the_document_in_its_text(tmp_path, long_tiny, serve
         {"type": "image_url", "image_url": {"url": data_url(image)}},
     ]
     assert data_url(image).startswith("data:image/png;base64,")
+
+
+def test_the_chip_says_before_sending_that_a_text_model_cannot_see_an_image(tmp_path, long_tiny):
+    from PIL import Image as PILImage
+
+    buf = io.BytesIO()
+    PILImage.new("RGB", (64, 32), "blue").save(buf, "PNG")
+    image = read_attachment_bytes(buf.getvalue(), "photo.png")
+    doc = read_attachment(write_pdf(tmp_path / "town.pdf", pages=2, fact_page=1))
+    svc = service(long_tiny)
+    try:
+        alone = svc.call(attachment_cost_job([image], 0)).result(TIMEOUT)
+        both = svc.call(attachment_cost_job([doc, image], 0)).result(TIMEOUT)
+    finally:
+        svc.shutdown()
+    assert not alone.fits and "cannot see images" in alone.warning and alone.text == "not read by this model"
+    assert not both.fits and "cannot see images" in both.warning and both.text.endswith("to first token")
