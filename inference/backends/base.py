@@ -176,6 +176,12 @@ class Backend(ABC):
         """Its ``estimate.estimator.ModelShape`` where read here (the speed model's and the KV cost's input)."""
         return None
 
+    def embed(self, inputs) -> tuple[list[list[float]], int]:
+        """Each input's embedding (its last hidden states mean-pooled, length 1) and the tokens read in all."""
+        raise UnsupportedConfiguration(
+            f"{self.name} cannot make embeddings here.", "Ask the server it runs on for its /v1/embeddings."
+        )
+
     def image_tokens(self, width: int, height: int) -> Optional[int]:
         """The prompt tokens an image of this size becomes on it; None where it cannot see or it is not known."""
         return None

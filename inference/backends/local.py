@@ -30,6 +30,7 @@ from ..sources.config import load_config, load_tokenizer
 from ..sources.manifest import file_bits, read_manifest
 from ..sources.resolve import ModelSource, resolve
 from .base import Backend, Capabilities, KvCacheHeld, KvRoom
+from .embed import mean_pooled
 from .remote import is_server_url
 
 LOCAL_STRATEGIES = ("kv", "fast", "naive", "static", "speculative", "prompt-lookup")
@@ -187,6 +188,9 @@ class LoadedModel(Backend):
             self._batcher.fail_all(error)
 
     # -- what it holds -------------------------------------------------------------------------------
+    def embed(self, inputs) -> tuple[list[list[float]], int]:
+        return mean_pooled(self.model, self.tokenizer, inputs, self.device, self.context_limit)
+
     def text_tokenizer(self) -> Any:
         return self.tokenizer
 

@@ -27,8 +27,9 @@ from fastapi import Request
 from ..errors import Busy, RedlineError, Refused
 from ..events import Failed, FinishedEvent, GenerationResult
 from ..generation.request import GenerationRequest
-from . import responses, streaming
+from . import messages, responses, streaming
 from .config import ServerConfig
+from .embeddings import EmbeddingsRequest, embeddings_job, embeddings_response
 from .middleware import BodyLimit
 from .preparation import Preparation
 from .protocol import (
@@ -97,10 +98,13 @@ class Api:
             return
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+            scheme, token = "bearer", request.headers.get("x-api-key", "")
+        if not token or not hmac.compare_digest(token.strip().encode(), key.encode()):
             raise ApiError(
                 401,
-                "Missing or wrong API key. Send the key this server was started with as 'Authorization: Bearer …'.",
+                "Missing or wrong API key. Send the key this server was started with as 'Authorization: Bearer …' "
+                "(or 'x-api-key: …').",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -157,34 +161,38 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
     app = FastAPI(title="Redline", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.api = api
 
-    def error_response(exc: ApiError) -> JSONResponse:
+    def error_response(exc: ApiError, request=None) -> JSONResponse:
+        if request is not None and request.url.path.endswith("/messages"):  # Anthropic's clients read their shape
+            return JSONResponse(messages.error_body(exc.status, exc.message), exc.status, headers=exc.headers)
         return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), exc.status, headers=exc.headers)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
-        return error_response(exc)
+        return error_response(exc, request)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc):
         message, param = describe_validation(list(exc.errors()))
-        return error_response(ApiError(400, message, param))
+        return error_response(ApiError(400, message, param), request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc):
         if exc.status_code == 404:
             msg = (
                 f"There is no {request.url.path} here. "
-                "Redline serves /v1/models, /v1/chat/completions, /v1/completions and /v1/responses."
+                "Redline serves /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and "
+                "/v1/embeddings."
             )
         elif exc.status_code == 405:
             msg = f"{request.method} is not allowed on {request.url.path}."
         else:
             msg = str(exc.detail)
-        return error_response(ApiError(exc.status_code, msg))
+        return error_response(ApiError(exc.status_code, msg), request)
 
     @app.exception_handler(Exception)
     async def _anything(request, exc):  # a bug of ours: a sentence, never a traceback
-        return error_response(ApiError(500, f"Redline's server failed on this request ({type(exc).__name__})."))
+        failed = ApiError(500, f"Redline's server failed on this request ({type(exc).__name__}).")
+        return error_response(failed, request)
 
     @app.get("/health")
     async def health():
@@ -281,6 +289,53 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
         if not isinstance(result, GenerationResult):
             return result
         return responses.whole(answer, result, tools)
+
+    @app.post("/v1/messages")
+    async def messages_api(request: Request):
+        # lazy: pydantic loads only when this runs
+        from pydantic import ValidationError
+
+        api.check_key(request)
+        api.check_open()
+        body = await api.preparation.read(request, messages.MessagesRequest)
+        try:
+            chat_body = messages.chat_request(body)
+        except messages.BlockError as exc:
+            raise ApiError(400, exc.message, exc.field) from None
+        except ValidationError as exc:
+            message, param = describe_validation(exc.errors(include_url=False))
+            raise ApiError(400, message, param) from None
+        problem = chat_body.unsupported()
+        if problem is not None:
+            raise ApiError(400, problem[1], problem[0])
+        target, gen, tools = await api.preparation.prepare(chat_body, True)
+        handle, queue = launch(gen, body.stream)
+        if body.stream:
+            return EventSourceResponse(
+                messages.events(api, handle, queue, body, target.name, tools),
+                sep="\n",
+                ping=15,
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        result = await streaming.collect(api, handle, queue, request)
+        if not isinstance(result, GenerationResult):
+            return result
+        return messages.whole(body, target.name, result, tools)
+
+    @app.post("/v1/embeddings")
+    async def embeddings_api(request: Request):
+        api.check_key(request)
+        api.check_open()
+        body = await api.preparation.read(request, EmbeddingsRequest)
+        texts = body.texts()
+        if body.dimensions is not None:
+            raise ApiError(400, "dimensions is not supported: the embedding has the model's hidden size.", "dimensions")
+        try:
+            handle = service.call(embeddings_job(texts), "embeddings")
+            vectors, tokens, name = await asyncio.to_thread(handle.result, 600)
+        except RedlineError as exc:
+            raise ApiError(400, str(exc), "input") from None
+        return embeddings_response(vectors, tokens, name, body.encoding_format)
 
     wrapped: Any = app
     if config.cors_origins:
