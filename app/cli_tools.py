@@ -35,6 +35,12 @@ def default_mcp_path() -> Path:
     return config_dir(create=False) / "mcp.json"
 
 
+def approvals_path() -> Path:
+    """Where the window keeps the user's answers to tool calls (``ApprovalPolicy``: "Always allow" per tool, each
+    server's trust), beside mcp.json."""
+    return config_dir(create=False) / "tool-approvals.json"
+
+
 def add_tool_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group('tools (docs/chat.md, "Tools and MCP servers")')
     g.add_argument(

@@ -19,6 +19,7 @@ from ..ui.lazy_panel import LazyPanel
 from ..ui.style import app_icon
 from ..ui.window.main_window import MainWindow
 from . import __license__, __version__
+from .cli_tools import approvals_path, default_mcp_path
 from .presets import PresetStore
 from .private_files import data_dir
 from .server_keys import ServerKeys
@@ -84,6 +85,8 @@ def build_window(
         about=about_info(store),
         trust=TrustStore(),
         server_keys=ServerKeys(),
+        mcp_path=default_mcp_path(),  # the MCP servers the chats may use (Settings → Tools edits it)
+        approvals_path=approvals_path(),  # the user's answers to tool calls ("Always allow", each server's trust)
     )
     add_speed_lab(window, engine)
     return window

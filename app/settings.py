@@ -61,6 +61,13 @@ class Settings:
     server_cors: tuple[str, ...] = ()
     # The window's colours: "system" follows the desktop's light or dark scheme (ui/style.py); "light" or "dark".
     theme: str = "system"
+    # Tools a model may call (docs/chat.md, "Tools and MCP servers"; Settings → Tools): Redline's calculator offered,
+    # the files and folders its read_file tool may read (none: the tool is not offered), and at most this many replies
+    # with tool calls in a row before the loop stops. MCP servers are listed in mcp.json, each one's trust in the
+    # approvals file, both beside this file.
+    tools_calculator: bool = True
+    tools_read_paths: tuple[str, ...] = ()
+    tools_max_rounds: int = 8
 
     def needs_reload(self, other: "Settings") -> bool:
         """Would going from self to other need the model or draft loaded again?"""
@@ -85,6 +92,7 @@ class Settings:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["server_cors"] = list(self.server_cors)
+        d["tools_read_paths"] = list(self.tools_read_paths)
         return d
 
     @classmethod
@@ -94,8 +102,9 @@ class Settings:
             raise ValueError("the file does not hold a JSON object")
         known = {f.name: f for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        if isinstance(values.get("server_cors"), list):
-            values["server_cors"] = tuple(values["server_cors"])
+        for name in ("server_cors", "tools_read_paths"):
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
         settings = replace(cls(), **values)
         settings.validate()
         return settings
@@ -149,6 +158,13 @@ class Settings:
             raise ValueError(f"server_port must be from 0 to 65535, not {self.server_port}")
         if not isinstance(self.server_cors, tuple) or not all(isinstance(o, str) for o in self.server_cors):
             raise ValueError("server_cors must be a list of origins")
+        if not isinstance(self.tools_calculator, bool):
+            raise ValueError("tools_calculator must be true or false")
+        if not isinstance(self.tools_read_paths, tuple) or not all(isinstance(p, str) for p in self.tools_read_paths):
+            raise ValueError("tools_read_paths must be a list of paths")
+        num("tools_max_rounds", int, False)
+        if not 1 <= self.tools_max_rounds <= 100:
+            raise ValueError(f"tools_max_rounds must be from 1 to 100, not {self.tools_max_rounds}")
         if self.num_draft_tokens < 1 or self.max_new_tokens < 1:
             raise ValueError("num_draft_tokens and max_new_tokens must be at least 1")
         if self.max_active_replies < 1 or self.max_queued_requests < 1:

@@ -380,8 +380,11 @@ class Store:
                 heading += " (partial)"
             s = m.stats
             notes = [str(n) for n in (s.get("notes") or [])] if m.role == "assistant" and not m.content else []
+            out += [f"## {heading}", ""]
+            if m.role == "assistant" and s.get("tool_calls"):  # its calls through the tool loop, before its answer
+                out += _tool_call_lines(s["tool_calls"])
             # A reply that never got a word: the line saying why stands in its place.
-            out += [f"## {heading}", "", "*" + " ".join(notes) + "*" if notes else m.content, ""]
+            out += ["*" + " ".join(notes) + "*" if notes else m.content, ""]
             if m.id in rows:  # what was attached to it: a line each (the JSON export holds their text)
                 out += attachments_store.markdown_lines(rows[m.id]) + [""]
             if m.role == "assistant" and s.get("new_tokens"):
@@ -396,6 +399,29 @@ class Store:
                 bits += [str(s[k]) for k in ("strategy", "precision") if s.get(k)]
                 out += ["*" + " · ".join(bits) + "*", ""]
         return "\n".join(out)
+
+
+def _tool_call_lines(calls: list) -> list[str]:
+    """A reply's tool calls in the Markdown export: each its tool, what became of it (the user's answer, its time),
+    its arguments and its result (as the reply keeps it: the first 2,000 characters)."""
+    out: list[str] = []
+    for c in calls:
+        tool = c.get("tool") or c.get("name", "?")
+        name = f"{c['server']} · {tool}" if c.get("server") else c.get("name", "?")
+        what = c.get("approval") or c.get("state") or ""
+        took = f", {c['ms']:,.0f} ms" if c.get("ms") else ""
+        out += [f"**Tool call** `{name}`" + (f" — {what}{took}" if what else ""), ""]
+        out += _fenced(json.dumps(c.get("arguments"), indent=2, ensure_ascii=False), "json")
+        if c.get("result"):
+            out += ["Error:" if c.get("is_error") else "Result:", ""] + _fenced(str(c["result"]), "text")
+    return out
+
+
+def _fenced(text: str, language: str) -> list[str]:
+    fence = "```"
+    while fence in text:  # a fence longer than any run of backticks in the text
+        fence += "`"
+    return [fence + language, text, fence, ""]
 
 
 def _move_aside(path: Path) -> Path:

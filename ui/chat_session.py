@@ -96,14 +96,21 @@ def stats_from_result(result, model: str, draft_spans: list, waited_for: str = "
     return stats
 
 
-def prompt_messages(store, conversation_id: int) -> list[dict]:
+def prompt_messages(store, conversation_id: int, tool_rounds: bool = False) -> list[dict]:
     """The conversation as the engine reads it: its system prompt first, then every message with words (or
     attachments) in it; two user messages in a row (a reply that never started between them) are joined into one
     turn. A user message with attachments carries them (``"attachments"``: its Documents and Images, in order),
-    earlier turns' too: the engine's prompt builder decides what of them to keep."""
+    earlier turns' too: the engine's prompt builder decides what of them to keep. ``tool_rounds`` (a reply with tools
+    on): an earlier reply through the tool loop is given as the loop left it, its calls and their results included."""
     conv = store.conversation(conversation_id)
     out: list[dict] = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
     for m in store.messages(conversation_id):
+        rounds = (m.stats or {}).get("tool_messages") if tool_rounds and m.role == "assistant" else None
+        if rounds:
+            out += [dict(r) for r in rounds]
+            if out[-1]["role"] != "assistant" or out[-1].get("tool_calls"):  # stopped before it answered
+                out.append({"role": "assistant", "content": m.content or "(stopped)"})
+            continue
         attached = list(getattr(m, "attachments", None) or []) if m.role == "user" else []
         if not m.content and not attached:
             continue
@@ -131,6 +138,9 @@ class ReplyConfig:
     device: str = ""
     refusal: Optional[str] = None  # why this reply cannot be asked for (said as its failure, never sent)
     thinking: Optional[Thinking] = None  # a reasoning model's switch, effort and budget (None: its defaults)
+    # The reply runs through the tool loop: ``tools.start(reply, messages, request) -> channel``, where ``request``
+    # makes each round's GenerationRequest (ui/window/tools_controller.py); None: an ordinary reply.
+    tools: Any = None
 
 
 @dataclass
@@ -265,7 +275,7 @@ class ChatSession(QObject):
         return self._start(config)
 
     def _start(self, config: ReplyConfig) -> Reply:
-        messages = prompt_messages(self.store, self.conversation_id)
+        messages = prompt_messages(self.store, self.conversation_id, tool_rounds=config.tools is not None)
         placeholder = self.store.add_message(
             self.conversation_id,
             "assistant",
@@ -280,15 +290,21 @@ class ChatSession(QObject):
         if config.refusal:
             self._finish(reply, None, config.refusal)
             return reply
-        request = GenerationRequest(
-            messages=messages,
-            sampling=config.sampling,
-            options=config.options,
-            context=config.context,
-            client="chat",
-            thinking=config.thinking,
-        )
-        reply.channel = self.bridge.generate(request)
+
+        def request(request_messages: list[dict]) -> GenerationRequest:
+            return GenerationRequest(
+                messages=request_messages,
+                sampling=config.sampling,
+                options=config.options,
+                context=config.context,
+                client="chat",
+                thinking=config.thinking,
+            )
+
+        if config.tools is not None:  # each round its own request, on the tools' worker thread
+            reply.channel = config.tools.start(reply, messages, request)
+        else:
+            reply.channel = self.bridge.generate(request(messages))
         reply.channel.events.connect(lambda events, r=reply: self._on_events(r, events))
         return reply
 
@@ -413,15 +429,20 @@ class ChatSession(QObject):
             stats = {"finish_reason": "error", "error": error, "model": reply.model, "draft_spans": reply.draft_spans}
             stats["notes"] = []
             partial = True
+        tool_stats = getattr(reply.channel, "tool_stats", None)
+        if tool_stats is not None:  # a reply through the tool loop: its calls and their results are kept with it
+            stats.update(tool_stats())
         notes = list(stats.get("notes") or [])
         if reply.stop_reason:  # the reason it was stopped for, once, in place of the engine's own words for it
             notes = [reply.stop_reason] + [n for n in notes if not n.startswith("Stopped") and n != reply.stop_reason]
         if not reply.text:
             if error:
                 line = f"No reply: {error}"
+            elif stats.get("tool_calls"):  # it did something: its calls, shown above the line
+                line = reply.stop_reason or ("Stopped by you before it answered." if reply.stopping else "")
             else:
                 line = self._why_not_started(reply, result)
-            if line not in notes:  # the line says it all: the engine's own "Cancelled before it started." goes
+            if line and line not in notes:  # the line says it all: the engine's own "Cancelled before it started." goes
                 covered = "before it started" in line
                 notes = [line] + [n for n in notes if n not in line and not (covered and "before it started" in n)]
         stats["notes"] = notes

@@ -40,13 +40,14 @@ from PySide6.QtWidgets import (
 
 from ..inference import ToolCall, read_calls
 from .attachment_widgets import AttachedFiles
-from .citations import Citations
 from .chat_empty import ExamplePrompts
+from .citations import Citations
 from .markdown import SafeDocument, append_reply, code_blocks, hard_line_breaks, render
 from .signals import emit
 from .style import READING_WIDTH, current_theme, set_icon, space_lines
 from .thinking_block import ThinkingBlock
 from .tool_call_block import FOLDED_LINES, ToolCallBlock, calls_json, pretty_arguments  # noqa: F401 - re-exported
+from .tools.calls_view import ToolCallsPanel
 
 RENDER_INTERVAL_MS = 100
 PAGE = 12  # message widgets built when a conversation opens (fills a tall window)
@@ -302,6 +303,7 @@ class MessageWidget(QFrame):
         notes = reply_notes(self.stats) if self.role == "assistant" else []
         before, calls = read_calls(self.text) if self.role == "assistant" else (self.text, [])
         self._show_calls(calls)
+        ToolCallsPanel.show_in(self, self.stats)  # its calls through the tool loop, above its answer (ui/tools/)
         self.thinking.render(self.stats, self.streaming, bool(self.text))
         shown = before if before or calls or not self.streaming else "…"
         if not self.text and not self.streaming and notes:  # a reply that never got a word: the line saying why

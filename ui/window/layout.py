@@ -140,8 +140,8 @@ def _column(*widgets: QWidget) -> QHBoxLayout:
 
 
 def _chat_area(window) -> QWidget:
-    """The model picker, the system prompt, the transcript, the editing note, the attachments' chips, the message box
-    with the paperclip, Send and Stop."""
+    """The model picker, the system prompt, the transcript, the editing note, the attachments' chips, what the tools
+    cost, the message box with the paperclip, the tools' switch, Send and Stop."""
     chat = QWidget()
     chat.setObjectName("chatPage")
     v = QVBoxLayout(chat)
@@ -183,6 +183,16 @@ def _chat_area(window) -> QWidget:
     window.attach_button.setAutoRaise(True)
     set_icon(window.attach_button, "attach", "muted")
     row.addWidget(window.attach_button, 0, Qt.AlignBottom)
+    window.tools_button = QToolButton()  # tools in this chat, on or off (ui/window/tools_controller.py)
+    window.tools_button.setObjectName("toolsButton")
+    window.tools_button.setText("Tools")
+    window.tools_button.setAccessibleName("Tools in this chat")
+    window.tools_button.setToolButtonStyle(Qt.ToolButtonIconOnly)
+    window.tools_button.setIconSize(QSize(18, 18))
+    window.tools_button.setAutoRaise(True)
+    window.tools_button.setCheckable(True)
+    set_icon(window.tools_button, "tools", "muted")
+    row.addWidget(window.tools_button, 0, Qt.AlignBottom)
     window.input = MessageInput()
     row.addWidget(window.input, 1)
     buttons = QVBoxLayout()
@@ -200,5 +210,8 @@ def _chat_area(window) -> QWidget:
     buttons.addWidget(window.stop_button)
     row.addLayout(buttons)
     window.attachment_chips = AttachmentChips()  # what goes with the next message, above the box
-    v.addLayout(_column(window.edit_bar, window.attachment_chips, composer))
+    window.tools_note = QLabel()  # "tools: 3 · 1,240 tokens" while tools are on in this chat
+    window.tools_note.setObjectName("toolsNote")
+    window.tools_note.hide()
+    v.addLayout(_column(window.edit_bar, window.attachment_chips, window.tools_note, composer))
     return chat

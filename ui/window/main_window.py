@@ -14,6 +14,8 @@ few collaborators it uses (never the window):
   shown as chips with what each costs;
 - ``presets_controller``: Model → Presets and Manage presets…; ``export``: File → Export;
 - ``help_actions``: Help → Keyboard shortcuts and About;
+- ``tools_controller``: the Tools switch of each conversation, what the tools cost, replies through the tool loop
+  and their calls asked about in the transcript (with ``ui/tools/``: the servers, the loop's thread, Settings → Tools);
 - ``server_controller``: Server → Serve the model (the OpenAI-compatible server over the chat's engine), its
   settings and the status bar's switch; ``connect_dialog``: Model → Connect to a server….
 
@@ -27,6 +29,7 @@ parts (``models``, ``replies``, ``chats``, ``server``, ``preset_actions``, ``hel
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from PySide6.QtWidgets import QLabel, QMainWindow, QWidget
@@ -36,6 +39,8 @@ from ..bridge import EngineBridge
 from ..memory_sampler import MemorySampler
 from ..protocols import ConversationStore, PresetStoreLike, ServerKeyStore, TrustDecisions
 from ..style import app_icon, apply_theme
+from ..tools.service import ToolsService
+from ..tools.settings_page import ToolsSettings
 from ..wizard import ConfigWizard
 from .attachments import AttachmentsController
 from .conversations import ConversationController
@@ -48,6 +53,7 @@ from .parts import Composer, SettingsHolder, StatusLine
 from .presets_controller import PresetsController
 from .reply_controller import ReplyController
 from .server_controller import ServerController
+from .tools_controller import ToolsController
 
 
 class MainWindow(QMainWindow):
@@ -62,7 +68,12 @@ class MainWindow(QMainWindow):
         about: Optional[AboutInfo] = None,
         trust: Optional[TrustDecisions] = None,
         server_keys: Optional[ServerKeyStore] = None,
+        mcp_path: Optional[Path] = None,
+        approvals_path: Optional[Path] = None,
     ):
+        """``mcp_path``: the mcp.json whose servers the chats may use; ``approvals_path``: where the answers to tool
+        calls are kept (both in the config folder, handed in by the application; None: no servers, answers kept in
+        memory)."""
         super().__init__()
         self.setWindowTitle("Redline")
         self.setWindowIcon(app_icon())
@@ -106,6 +117,22 @@ class MainWindow(QMainWindow):
             dialog_parent=self,
             parent=self,
         )
+        self.tool_service = ToolsService(mcp_path, approvals_path, lambda: self.settings_holder.value, self)
+        self.tools = ToolsController(
+            self.tool_service,
+            engine,
+            store,
+            self.chats,
+            self.chat_view,
+            self.tools_button,
+            self.tools_note,
+            self.settings_holder,
+            self.models,
+            self.banner,
+            self,
+        )
+        self.tools_settings = ToolsSettings(self.tool_service, self.settings_holder)
+        self.settings_dialog.add_page(self.tools_settings, "Tools")
         composer = Composer(self.input, self.edit_bar, self.send_button, self.stop_button)
         self.attachments = AttachmentsController(
             engine,
@@ -134,6 +161,7 @@ class MainWindow(QMainWindow):
             self.show_settings,
             self,
             attachments=self.attachments,
+            tools=self.tools,
         )
         self.preset_actions = PresetsController(
             presets,
@@ -251,6 +279,10 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_settings(self.settings)
         self.settings_dialog.open_here()
 
+    def show_tools_settings(self) -> None:
+        """Settings → Tools."""
+        self.settings_dialog.show_page("Tools")
+
     def toggle_settings(self) -> None:
         """Ctrl+, (also from inside the dialog): open the settings, or close them."""
         if self.settings_dialog.isVisible():
@@ -319,6 +351,7 @@ class MainWindow(QMainWindow):
         self.has_shut_down = True
         self.server.shutdown()  # API clients first: their requests stop with the server
         self.replies.shutdown()  # each reply's request is cancelled, with the note that Redline was closed
+        self.tools.shutdown()  # a tool call waiting for an answer is denied; the MCP servers stop (a few s at most)
         self.attachments.shutdown()  # a file being read is not waited for
         self.models.shutdown()
         self.sampler.shutdown(500)

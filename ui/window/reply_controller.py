@@ -63,10 +63,13 @@ class ReplyController(QObject):
         show_settings: Callable[[], None],
         parent: Optional[QObject] = None,
         attachments=None,
+        tools=None,
     ):
-        """``attachments``: what goes with the next message (``AttachmentsController``), or None."""
+        """``attachments``: what goes with the next message (``AttachmentsController``), or None; ``tools``: the tools
+        of each conversation (``ToolsController``: ``configure(conversation_id, config)``), or None."""
         super().__init__(parent)
         self.attachments = attachments
+        self.tools = tools
         self.store, self.bridge, self.chats, self.view = store, bridge, chats, view
         self.composer, self.gauges, self.sampler, self.banner = composer, gauges, sampler, banner
         self.settings, self.models, self.show_settings = settings, models, show_settings
@@ -221,6 +224,11 @@ class ReplyController(QObject):
             thinking=s.thinking_setting() if hasattr(s, "thinking_setting") else None,
         )
 
+    def config_for(self, conversation_id: int) -> ReplyConfig:
+        """``reply_config()``, through the tool loop where this conversation has tools on."""
+        config = self.reply_config()
+        return self.tools.configure(conversation_id, config) if self.tools is not None else config
+
     def _refused(self) -> bool:
         """Said in the banner (the text staying in the box) when nothing can be sent now."""
         if self.models.unloading:
@@ -263,7 +271,7 @@ class ReplyController(QObject):
         if self.attachments is not None:
             self.attachments.clear()  # the chips go with the message; a refused reply leaves them in the chat
         items, sources = [p.attachment for p in pending], [p.source for p in pending]
-        self.session(conversation_id).send(text, self.reply_config(), replace_from, items, sources)
+        self.session(conversation_id).send(text, self.config_for(conversation_id), replace_from, items, sources)
 
     @asyncSlot(int)
     async def regenerate(self, message_id: int) -> None:
@@ -280,7 +288,7 @@ class ReplyController(QObject):
         if self.models.loaded is None or self.models.unloading:
             self._refused()
             return
-        s.regenerate(message_id, self.reply_config())
+        s.regenerate(message_id, self.config_for(m.conversation_id))
 
     # -- what the sessions say -----------------------------------------------------------------------------------
     def _show_message(self, conversation_id: int, m) -> None:
