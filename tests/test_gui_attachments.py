@@ -316,6 +316,8 @@ def test_a_warning_turns_the_chip_to_the_warning_colours(qtbot, monkeypatch, fil
     try:
         attach_by_button(qtbot, w, monkeypatch, [files["md"]])
         (chip,) = wait_chips(qtbot, w, 1)
+        # the stand-in engine's answer (a failure: no figures) first, so it cannot clear the look set below
+        qtbot.waitUntil(lambda: w.attachments.pending()[0].answered, timeout=15_000)
         chip.set_cost("9,000 tokens · 1.1 GB KV", "With the conversation so far this fills the context.")
         QApplication.processEvents()
         assert chip.warning_label.isVisible() and chip.property("warning") is True

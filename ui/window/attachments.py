@@ -44,6 +44,7 @@ class Pending:
     source: Any = None  # its original: a path, or bytes; None where the attachment holds it (an image)
     chip: Optional[AttachmentChip] = None
     cost: Any = None  # the engine's AttachmentCost, once it said
+    answered: bool = False  # the engine answered (with figures, or a failure: none to show)
 
 
 def png_bytes(image) -> bytes:
@@ -242,7 +243,7 @@ class AttachmentsController(QObject):
 
     def _show_cost(self, pending: Pending, cost) -> None:
         if pending in self._pending:
-            pending.cost = cost
+            pending.cost, pending.answered = cost, True
             pending.chip.set_cost(cost.text if cost else "", cost.warning if cost else "")
 
     # -- dropped on the chat ----------------------------------------------------------------------------------
