@@ -288,11 +288,13 @@ def test_documents_that_fit_go_in_whole_before_the_question_with_a_stable_prefix
         '<document name="short.pdf" pages="2">\n[page 1]\nFirst page words.\n[page 2]\nSecond page words.\n</document>'
     )
     assert document_block(doc) == block
-    assert a.whole and a.text == block + "\n\nQuestion about the document above: What is on page two?" and a.cited == [] and a.notes == []
+    asked = "\n\nQuestion about the document above: What is on page two?"
+    assert a.whole and a.text == block + asked and a.cited == [] and a.notes == []
     assert b.text.startswith(block + "\n\n") and b.text.endswith("Summarise it.")
     note = read_bytes(b"A note.", "note.md")
     both = place("Q?", [doc, note], budget_tokens=2000, count=estimate_tokens)
-    assert both.text == block + '\n\n<document name="note.md">\nA note.\n</document>\n\nQuestion about the documents above: Q?'
+    note = '\n\n<document name="note.md">\nA note.\n</document>'
+    assert both.text == block + note + "\n\nQuestion about the documents above: Q?"
 
 
 def test_a_document_too_long_for_the_budget_sends_the_excerpts_that_answer_the_question():

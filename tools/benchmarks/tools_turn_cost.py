@@ -2,8 +2,8 @@
 2's TTFT ≤ 1.3× a turn without tools, the definitions being cached).
 
 Through ``redline serve``'s chat completions (in process, on 127.0.0.1, a free port), the model loaded once: per round
-a conversation of two turns with 20 function tools offered (``tool_choice: "auto"``: read, and called or not, as an agent's
-turns that answer in text), and the same two turns with none, alternated (A B A B). Each round opens with words of its
+a conversation of two turns with 20 function tools offered (``tool_choice: "auto"``: read, and called or not, as
+an agent's turns), and the same two turns with none, alternated (A B A B). Each round opens with words of its
 own, so only what is the same in every round — the tools' definitions — can come from the prefix cache. It prints
 turn 2's TTFT (the server's ``timings.prompt_ms``: the reply's own prefill) and the tokens the cache held, the median
 ratio of the per-round ratios, and the load average.
