@@ -20,6 +20,7 @@ READ_FILE = "read_file"
 CALCULATE = "calculate"
 MAX_READ_CHARS = 20_000  # of a file's text, per call (``offset`` reads on)
 MAX_EXPRESSION = 500  # characters
+EXPRESSION_PATTERN = r"^[0-9a-z_+\-*/%^()., ]+$"
 MAX_INT_BITS = 4_000  # about 1,200 digits: below Python's 4,300-digit limit on int -> str
 MAX_FACTORIAL = 300
 
@@ -203,7 +204,16 @@ class BuiltinTools:
                     CALCULATE,
                     "Evaluate an arithmetic expression exactly: numbers, + - * / // % ** (or ^), parentheses, "
                     f"pi, e and the functions {FUNCTION_NAMES}.",
-                    {"expression": {"type": "string", "maxLength": MAX_EXPRESSION, "description": "e.g. sqrt(2)*3"}},
+                    {
+                        "expression": {
+                            "type": "string",
+                            "maxLength": MAX_EXPRESSION,
+                            # what an expression can hold: a model constrained by the call grammar writes no other
+                            # characters (a small model otherwise wrote '}}  # 17*23 = 342.222…' until its limit)
+                            "pattern": EXPRESSION_PATTERN,
+                            "description": "e.g. sqrt(2)*3",
+                        }
+                    },
                     ["expression"],
                 )
             )
