@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..decoding.tool_calls import CallStream, argument_pieces, parse
 from ..events import Failed, FinishedEvent, TokenEvent
-from .protocol import ChatCompletionRequest
+from .protocol import ChatCompletionRequest, FieldError
 from .streaming import Closing, closing_message, failure
 
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -69,21 +69,15 @@ class MessagesRequest(BaseModel):
         return None
 
 
-class BlockError(Exception):
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field, self.message = field, message
-
-
 def _text_of(blocks: Any, where: str) -> str:
     if isinstance(blocks, str):
         return blocks
     if not isinstance(blocks, list):
-        raise BlockError(where, f"'{where}' must be a string or a list of text blocks.")
+        raise FieldError(where, f"'{where}' must be a string or a list of text blocks.")
     out = []
     for j, b in enumerate(blocks):
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            raise BlockError(f"{where}[{j}]", f"'{where}[{j}]' must be a text block here.")
+            raise FieldError(f"{where}[{j}]", f"'{where}[{j}]' must be a text block here.")
         out.append(b["text"])
     return "".join(out)
 
@@ -97,7 +91,7 @@ def _media(block: dict, where: str) -> dict:
     if kind == "text" and block["type"] == "document":
         return {"type": "text", "text": str(source.get("data", ""))}
     if kind != "base64":
-        raise BlockError(f"{where}.source", f"'{where}.source' must be a base64 source (or text, for a document).")
+        raise FieldError(f"{where}.source", f"'{where}.source' must be a base64 source (or text, for a document).")
     url = f"data:{source.get('media_type', 'application/octet-stream')};base64,{source.get('data', '')}"
     if block["type"] == "image":
         return {"type": "image_url", "image_url": {"url": url}}
@@ -107,12 +101,12 @@ def _media(block: dict, where: str) -> dict:
 def _turn(m: Any, where: str) -> list[dict]:
     """One Messages turn as chat messages: tool results become tool messages, tool uses the assistant's calls."""
     if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-        raise BlockError(f"{where}.role", f"'{where}.role' must be user or assistant.")
+        raise FieldError(f"{where}.role", f"'{where}.role' must be user or assistant.")
     role, content = m["role"], m.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise BlockError(f"{where}.content", f"'{where}.content' must be a string or a list of content blocks.")
+        raise FieldError(f"{where}.content", f"'{where}.content' must be a string or a list of content blocks.")
     parts: list[dict] = []
     calls: list[dict] = []
     results: list[dict] = []
@@ -137,7 +131,7 @@ def _turn(m: Any, where: str) -> list[dict]:
         elif kind in ("thinking", "redacted_thinking"):
             continue  # an earlier reply's thinking: not sent back to the model (templates drop it too)
         else:
-            raise BlockError(at, f"'{at}' is a {kind!r} block, which a {role} turn here does not carry.")
+            raise FieldError(at, f"'{at}' is a {kind!r} block, which a {role} turn here does not carry.")
     out = results[:]
     if parts or calls or not results:
         simple = all(p["type"] == "text" for p in parts)
@@ -179,7 +173,7 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
     elif kind in ("auto", "none"):
         data["tool_choice"] = kind
     elif choice:
-        raise BlockError("tool_choice.type", "'tool_choice.type' must be auto, any, tool or none.")
+        raise FieldError("tool_choice.type", "'tool_choice.type' must be auto, any, tool or none.")
     if choice.get("disable_parallel_tool_use"):
         data["parallel_tool_calls"] = False
     if body.thinking is not None:
@@ -195,7 +189,7 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
             "json_schema": {"name": "output", "schema": fmt.get("schema")},
         }
     elif fmt:
-        raise BlockError("output_config.format", '\'output_config.format\' must be {"type": "json_schema", …}.')
+        raise FieldError("output_config.format", '\'output_config.format\' must be {"type": "json_schema", …}.')
     return ChatCompletionRequest.model_validate(data)
 
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ..attachments import AttachmentError
 from ..attachments.read import read_bytes
+from .protocol import FieldError
 
 IMAGE_PARTS = {"image_url", "input_image", "image"}
 FILE_PARTS = {"file", "input_file"}
@@ -25,27 +26,19 @@ REMOTE_REFUSED = (
 )
 
 
-class PartError(Exception):
-    """A content part the server cannot read: the field it is in, and a sentence for the 400."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field, self.message = field, message
-
-
 def data_url(url: Any, where: str) -> tuple[bytes, Optional[str]]:
     """The bytes and media type of a ``data:`` URL."""
     if not isinstance(url, str) or not url:
-        raise PartError(where, f"'{where}' must be a data URL (data:<type>;base64,…).")
+        raise FieldError(where, f"'{where}' must be a data URL (data:<type>;base64,…).")
     if not url.startswith("data:"):
-        raise PartError(where, f"'{where}' is not a data URL: {REMOTE_REFUSED}.")
+        raise FieldError(where, f"'{where}' is not a data URL: {REMOTE_REFUSED}.")
     head, sep, payload = url[5:].partition(",")
     if not sep or not head.endswith(";base64"):
-        raise PartError(where, f"'{where}' must be a base64 data URL (data:<type>;base64,…).")
+        raise FieldError(where, f"'{where}' must be a base64 data URL (data:<type>;base64,…).")
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise PartError(where, f"'{where}' is not valid base64.") from None
+        raise FieldError(where, f"'{where}' is not valid base64.") from None
     return data, head[: -len(";base64")] or None
 
 
@@ -57,7 +50,7 @@ def _image(part: dict, where: str):
     elif kind == "image_url" or kind == "input_image":  # the Responses API: {"type": "input_image", "image_url": "…"}
         where = f"{where}.image_url"
     if kind == "input_image" and part.get("file_id"):
-        raise PartError(f"{where}", f"'{where}': file ids are not kept by this server; send the image as a data URL.")
+        raise FieldError(f"{where}", f"'{where}': file ids are not kept by this server; send the image as a data URL.")
     data, mime = data_url(url, where)
     return data, mime, "image"
 
@@ -65,25 +58,25 @@ def _image(part: dict, where: str):
 def _file(part: dict, where: str):
     inner = part.get("file") if part.get("type") == "file" else part  # chat nests it; the Responses API does not
     if not isinstance(inner, dict):
-        raise PartError(f"{where}.file", f"'{where}.file' must be an object with file_data and filename.")
+        raise FieldError(f"{where}.file", f"'{where}.file' must be an object with file_data and filename.")
     base = f"{where}.file" if part.get("type") == "file" else where
     if inner.get("file_id"):
-        raise PartError(f"{base}.file_id", f"'{base}': file ids are not kept by this server; send file_data.")
+        raise FieldError(f"{base}.file_id", f"'{base}': file ids are not kept by this server; send file_data.")
     if inner.get("file_url"):
-        raise PartError(f"{base}.file_url", f"'{base}.file_url': {REMOTE_REFUSED}.")
+        raise FieldError(f"{base}.file_url", f"'{base}.file_url': {REMOTE_REFUSED}.")
     data, mime = data_url(inner.get("file_data"), f"{base}.file_data")
     name = inner.get("filename") if isinstance(inner.get("filename"), str) else "attachment"
     return data, mime, name
 
 
 def read_content(content: Any, where: str) -> tuple[str, list]:
-    """A message's text and its attachments from its content (a string, or a list of parts). Raises PartError."""
+    """A message's text and its attachments from its content (a string, or a list of parts). Raises FieldError."""
     if content is None:
         return "", []
     if isinstance(content, str):
         return content, []
     if not isinstance(content, list):
-        raise PartError(f"{where}.content", f"'{where}.content' must be a string or a list of content parts.")
+        raise FieldError(f"{where}.content", f"'{where}.content' must be a string or a list of content parts.")
     text: list[str] = []
     attachments: list = []
     for j, part in enumerate(content):
@@ -93,14 +86,14 @@ def read_content(content: Any, where: str) -> tuple[str, list]:
             text.append(part["text"])
             continue
         if kind in REFUSED_PARTS:
-            raise PartError(at, f"'{at}' is an {kind} part; Redline's models read text and images, not {kind}.")
+            raise FieldError(at, f"'{at}' is an {kind} part; Redline's models read text and images, not {kind}.")
         if kind in IMAGE_PARTS:
             data, mime, name = _image(part, at)
             name = f"image {len(attachments) + 1}"
         elif kind in FILE_PARTS:
             data, mime, name = _file(part, at)
         else:
-            raise PartError(
+            raise FieldError(
                 at,
                 f'\'{at}\' is not a content part this server reads; send {{"type": "text", "text": "…"}}, an '
                 "image_url or a file part.",
@@ -108,13 +101,13 @@ def read_content(content: Any, where: str) -> tuple[str, list]:
         try:
             attachments.append(read_bytes(data, name, mime))
         except AttachmentError as exc:
-            raise PartError(at, f"'{at}': {exc}") from None
+            raise FieldError(at, f"'{at}': {exc}") from None
     return "".join(text), attachments
 
 
 def attach(messages, dicts: list[dict]) -> list[dict]:
     """The chat messages (``dicts``, from ``Message.as_dict``) with each user message's images and files read into
-    its ``attachments``, as the prompt builder takes them. Raises PartError naming the part."""
+    its ``attachments``, as the prompt builder takes them. Raises FieldError naming the part."""
     out = []
     for i, (m, d) in enumerate(zip(messages, dicts)):
         if m.attached():

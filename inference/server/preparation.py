@@ -18,8 +18,8 @@ from ..generation.request import GenerationRequest
 from ..reasoning.switch import Thinking
 from .config import ServerConfig
 from .middleware import BodyTooLarge
-from .parts import PartError, attach
-from .protocol import ApiError, describe_validation, lone_surrogate
+from .parts import attach
+from .protocol import ApiError, FieldError, describe_validation, lone_surrogate
 from .structured import (
     Chain,
     GrammarProcessor,
@@ -207,7 +207,7 @@ class Preparation:
                 where,
                 "context_length_exceeded",
             ) from None
-        except PartError as exc:
+        except FieldError as exc:
             raise ApiError(400, exc.message, exc.field) from None
         except ToolError as exc:
             raise ApiError(400, str(exc), where) from None

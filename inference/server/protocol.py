@@ -327,6 +327,15 @@ ERROR_TYPES = {
 }
 
 
+class FieldError(Exception):
+    """A part of a request body that cannot be read (a content part, an input item, a Messages block): the field it
+    is in, and the sentence the 400 says."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
 class ApiError(Exception):
     """A request answered with an error object: its status, one sentence, the field it names, OpenAI's code."""
 

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..decoding.tool_calls import CallStream, argument_pieces, parse
 from ..events import Failed, FinishedEvent, TokenEvent
-from .parts import PartError, data_url
-from .protocol import ATTACHED_PARTS, MEDIA_PARTS, TEXT_ONLY, ChatCompletionRequest
+from .parts import data_url
+from .protocol import ATTACHED_PARTS, MEDIA_PARTS, TEXT_ONLY, ChatCompletionRequest, FieldError
 from .streaming import Closing, closing_message, failure
 
 LOOSE = ConfigDict(extra="forbid", strict=True)
@@ -118,9 +118,7 @@ class ResponsesRequest(BaseModel):
         choice = self.tool_choice
         if isinstance(choice, dict):
             if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-                raise RequestItemError(
-                    "tool_choice", 'tool_choice names a function as {"type": "function", "name": "…"}.'
-                )
+                raise FieldError("tool_choice", 'tool_choice names a function as {"type": "function", "name": "…"}.')
             choice = {"type": "function", "function": {"name": choice["name"]}}
         for key, value in (
             ("tool_choice", choice),
@@ -138,7 +136,7 @@ class ResponsesRequest(BaseModel):
         fmt = self.text.format if self.text is not None else None
         if fmt is not None and fmt.type == "json_schema":
             if fmt.schema_ is None:
-                raise RequestItemError("text.format", "text.format json_schema needs a 'schema' object.")
+                raise FieldError("text.format", "text.format json_schema needs a 'schema' object.")
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": fmt.name or "output", "schema": fmt.schema_},
@@ -148,25 +146,19 @@ class ResponsesRequest(BaseModel):
         return body
 
 
-class RequestItemError(Exception):
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field, self.message = field, message
-
-
 def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise RequestItemError(f"{where}.content", f"'{where}.content' must be a string or a list of content parts.")
+        raise FieldError(f"{where}.content", f"'{where}.content' must be a string or a list of content parts.")
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in MEDIA_PARTS:
             why = "only user messages carry images and files" if kind in ATTACHED_PARTS else TEXT_ONLY
-            raise RequestItemError(f"{where}.content[{j}]", f"'{where}.content[{j}]' is an {kind} part; {why}.")
+            raise FieldError(f"{where}.content[{j}]", f"'{where}.content[{j}]' is an {kind} part; {why}.")
         if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
-            raise RequestItemError(
+            raise FieldError(
                 f"{where}.content[{j}]",
                 f'\'{where}.content[{j}]\' is not a text part; send {{"type": "input_text", "text": "…"}}.',
             )
@@ -182,17 +174,15 @@ def _chat_part(part: Any, where: str) -> dict:
     """A user message's part in chat's shape: text as a text part, an image or a file as chat's own part (read,
     or refused with its field, by ``parts.read_content`` as a chat request's are)."""
     kind = part.get("type") if isinstance(part, dict) else None
-    try:  # checked here too, so a refusal names the Responses API's own field
-        if kind == "input_image" and not part.get("file_id"):
-            data_url(part.get("image_url"), f"{where}.image_url")
-            return {"type": "image_url", "image_url": {"url": part["image_url"]}}
-        if kind == "input_file":
-            if not part.get("file_id") and not part.get("file_url"):
-                data_url(part.get("file_data"), f"{where}.file_data")
-            inner = {k: part[k] for k in ("file_data", "filename", "file_id", "file_url") if k in part}
-            return {"type": "file", "file": inner}
-    except PartError as exc:
-        raise RequestItemError(exc.field, exc.message) from None
+    # The data URL is checked here too, so a refusal (a FieldError) names the Responses API's own field.
+    if kind == "input_image" and not part.get("file_id"):
+        data_url(part.get("image_url"), f"{where}.image_url")
+        return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    if kind == "input_file":
+        if not part.get("file_id") and not part.get("file_url"):
+            data_url(part.get("file_data"), f"{where}.file_data")
+        inner = {k: part[k] for k in ("file_data", "filename", "file_id", "file_url") if k in part}
+        return {"type": "file", "file": inner}
     if _attached(part):
         return part
     return {"type": "text", "text": _text([part], where.rsplit(".content", 1)[0])}
@@ -201,12 +191,12 @@ def _chat_part(part: Any, where: str) -> dict:
 def _item(item: Any, where: str, so_far: list[dict]) -> list[dict]:
     """One input item as chat messages (a function call joins the assistant message before it)."""
     if not isinstance(item, dict):
-        raise RequestItemError(where, f"'{where}' must be an object (a message or a function call item).")
+        raise FieldError(where, f"'{where}' must be an object (a message or a function call item).")
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
-            raise RequestItemError(f"{where}.role", f"'{where}.role' must be user, assistant, system or developer.")
+            raise FieldError(f"{where}.role", f"'{where}.role' must be user, assistant, system or developer.")
         content = item.get("content")
         if role == "user" and isinstance(content, list) and any(_attached(p) for p in content):
             return [
@@ -216,7 +206,7 @@ def _item(item: Any, where: str, so_far: list[dict]) -> list[dict]:
     if kind == "function_call":
         call_id, name = item.get("call_id"), item.get("name")
         if not isinstance(call_id, str) or not isinstance(name, str):
-            raise RequestItemError(where, f"'{where}' is a function_call without its call_id and name.")
+            raise FieldError(where, f"'{where}' is a function_call without its call_id and name.")
         args = item.get("arguments", "{}")
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
         last = so_far[-1] if so_far else None
@@ -227,13 +217,13 @@ def _item(item: Any, where: str, so_far: list[dict]) -> list[dict]:
     if kind == "function_call_output":
         call_id, output = item.get("call_id"), item.get("output")
         if not isinstance(call_id, str):
-            raise RequestItemError(where, f"'{where}' is a function_call_output without the call_id it answers.")
+            raise FieldError(where, f"'{where}' is a function_call_output without the call_id it answers.")
         if not isinstance(output, str):
             output = _text(output, where) if isinstance(output, list) else json.dumps(output)
         return [{"role": "tool", "tool_call_id": call_id, "content": output}]
     if kind == "reasoning":
         return []  # a reasoning model's summary from another server: nothing this model can read
-    raise RequestItemError(
+    raise FieldError(
         f"{where}.type",
         f"'{where}' is a {kind!r} item; Redline reads message, function_call and function_call_output items.",
     )

@@ -36,6 +36,7 @@ from .protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    FieldError,
     describe_validation,
     error_body,
 )
@@ -257,17 +258,18 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
     async def completions(request: Request):
         return await complete(request, False)
 
-    @app.post("/v1/responses")
-    async def responses_api(request: Request):
+    async def as_chat(request: Request, kind, convert):
+        """A request of another API (Responses, Messages) read, converted to chat's by ``convert`` and prepared as
+        chat's are, then launched: (its body, the target, the tools, the handle, its event queue)."""
         # lazy: pydantic loads only when this runs
         from pydantic import ValidationError
 
         api.check_key(request)
         api.check_open()
-        body = await api.preparation.read(request, responses.ResponsesRequest)
+        body = await api.preparation.read(request, kind)
         try:
-            chat_body = responses.chat_request(body)
-        except responses.RequestItemError as exc:
+            chat_body = convert(body)
+        except FieldError as exc:
             raise ApiError(400, exc.message, exc.field) from None
         except ValidationError as exc:
             message, param = describe_validation(exc.errors(include_url=False))
@@ -277,6 +279,11 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
             raise ApiError(400, problem[1], problem[0], "unsupported_parameter")
         target, gen, tools = await api.preparation.prepare(chat_body, True)
         handle, queue = launch(gen, body.stream)
+        return body, target, tools, handle, queue
+
+    @app.post("/v1/responses")
+    async def responses_api(request: Request):
+        body, target, tools, handle, queue = await as_chat(request, responses.ResponsesRequest, responses.chat_request)
         answer = responses.Answer(body, target.name)
         if body.stream:
             return EventSourceResponse(
@@ -292,24 +299,7 @@ def build_app(service, config: ServerConfig, stats: Optional[ServerStats] = None
 
     @app.post("/v1/messages")
     async def messages_api(request: Request):
-        # lazy: pydantic loads only when this runs
-        from pydantic import ValidationError
-
-        api.check_key(request)
-        api.check_open()
-        body = await api.preparation.read(request, messages.MessagesRequest)
-        try:
-            chat_body = messages.chat_request(body)
-        except messages.BlockError as exc:
-            raise ApiError(400, exc.message, exc.field) from None
-        except ValidationError as exc:
-            message, param = describe_validation(exc.errors(include_url=False))
-            raise ApiError(400, message, param) from None
-        problem = chat_body.unsupported()
-        if problem is not None:
-            raise ApiError(400, problem[1], problem[0])
-        target, gen, tools = await api.preparation.prepare(chat_body, True)
-        handle, queue = launch(gen, body.stream)
+        body, target, tools, handle, queue = await as_chat(request, messages.MessagesRequest, messages.chat_request)
         if body.stream:
             return EventSourceResponse(
                 messages.events(api, handle, queue, body, target.name, tools),
