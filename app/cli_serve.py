@@ -65,6 +65,12 @@ def add_parser(sub) -> None:
         "--max-tokens", default=4096, help="most new tokens a request may ask for (default 4096)", **whole_number(1)
     )
     p.add_argument(
+        "--allow-remote-media",
+        action="store_true",
+        help="fetch an image a request names by an http(s) URL (off: such a request is refused, since the server "
+        "would reach out to an address a client names, on the client's behalf)",
+    )
+    p.add_argument(
         "--max-body-kb",
         default=32768,
         help="largest request body in KB (default 32768: room for images and files sent as data URLs)",
@@ -111,6 +117,7 @@ def config_from_args(args) -> ServerConfig:
         strategy=args.strategy,
         load_on_request=args.allow_model_load,
         precision=args.precision,
+        fetch_remote_media=args.allow_remote_media,
     )
 
 

@@ -348,3 +348,52 @@ def test_the_chip_says_before_sending_that_a_text_model_cannot_see_an_image(tmp_
         svc.shutdown()
     assert not alone.fits and "cannot see images" in alone.warning and alone.text == "not read by this model"
     assert not both.fits and "cannot see images" in both.warning and both.text.endswith("to first token")
+
+
+def test_a_remote_image_is_fetched_only_where_the_user_allowed_it(long_tiny):
+    """--allow-remote-media: an image_url's http URL is fetched (bounded), read as an inline image is; without it, the
+    same request is refused naming the part. Here the image reaches the prompt builder, which refuses it for this
+    text-only model: it was fetched and read. A URL that answers 404 is one sentence."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from PIL import Image as PILImage
+
+    buf = io.BytesIO()
+    PILImage.new("RGB", (8, 8), "red").save(buf, "PNG")
+    png = buf.getvalue()
+
+    class Images(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path != "/dot.png":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, *args):
+            pass
+
+    images = ThreadingHTTPServer(("127.0.0.1", 0), Images)
+    thread = threading.Thread(target=images.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{images.server_address[1]}"
+    service_, server_ = start(long_tiny, fetch_remote_media=True)
+    try:
+
+        def ask_with(url):
+            content = [{"type": "text", "text": "What colour?"}, {"type": "image_url", "image_url": {"url": url}}]
+            body = {"model": "tiny-attach", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+            return post(server_, "/chat/completions", body)
+
+        fetched = ask_with(base + "/dot.png")
+        assert fetched.status_code == 400 and "cannot see images" in fetched.json()["error"]["message"]
+        missing = ask_with(base + "/none.png")
+        assert missing.status_code == 400 and "answered 404" in missing.json()["error"]["message"]
+    finally:
+        stop(service_, server_)
+        images.shutdown()
+        thread.join(10)

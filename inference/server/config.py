@@ -41,6 +41,9 @@ class ServerConfig:
     strategy: str = "fast"  # how API requests decode (fast: batched with each other and with the chat)
     load_on_request: bool = False  # a request naming another model loads it (otherwise: a clear 404)
     precision: str = "auto"  # the precision such a load uses
+    # An http(s) URL in an image part is fetched (otherwise refused): the server then reaches out to an address a
+    # client names, on the client's behalf, which is why it is off unless the user turns it on (--allow-remote-media).
+    fetch_remote_media: bool = False
 
     def validate(self) -> None:
         if not self.host:

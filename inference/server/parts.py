@@ -21,15 +21,42 @@ FILE_PARTS = {"file", "input_file"}
 REFUSED_PARTS = {"input_audio", "audio", "video_url"}
 TEXT_PARTS = {"text", "input_text", "output_text"}
 REMOTE_REFUSED = (
-    "remote URLs are not fetched (the server does not reach out on a client's behalf); send the image or file "
-    "inline as a data URL (data:<type>;base64,…)"
+    "remote URLs are not fetched (the server does not reach out on a client's behalf unless started with "
+    "--allow-remote-media); send the image or file inline as a data URL (data:<type>;base64,…)"
 )
 
 
-def data_url(url: Any, where: str) -> tuple[bytes, Optional[str]]:
-    """The bytes and media type of a ``data:`` URL."""
+FETCH_TIMEOUT_S = 15.0
+FETCH_MAX_BYTES = 32 * 1024 * 1024
+
+
+def fetch(url: str, where: str) -> tuple[bytes, Optional[str]]:
+    """The bytes and media type at an http(s) URL (only where the user allowed it: ``fetch_remote_media``), bounded
+    in time and size; a failure is the part's FieldError."""
+    # lazy: httpx loads only when a remote image is fetched
+    import httpx
+
+    try:
+        with httpx.Client(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as http:
+            with http.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise FieldError(where, f"'{where}': {url} answered {response.status_code}; send the image inline.")
+                data = b""
+                for chunk in response.iter_bytes():
+                    data += chunk
+                    if len(data) > FETCH_MAX_BYTES:
+                        raise FieldError(where, f"'{where}': {url} is larger than {FETCH_MAX_BYTES // 2**20} MB.")
+                return data, response.headers.get("content-type", "").split(";")[0] or None
+    except httpx.HTTPError as exc:
+        raise FieldError(where, f"'{where}': {url} could not be fetched ({type(exc).__name__}).") from None
+
+
+def data_url(url: Any, where: str, remote: bool = False) -> tuple[bytes, Optional[str]]:
+    """The bytes and media type of a ``data:`` URL (or, with ``remote``, of an http(s) URL, fetched)."""
     if not isinstance(url, str) or not url:
         raise FieldError(where, f"'{where}' must be a data URL (data:<type>;base64,…).")
+    if remote and url.startswith(("http://", "https://")):
+        return fetch(url, where)
     if not url.startswith("data:"):
         raise FieldError(where, f"'{where}' is not a data URL: {REMOTE_REFUSED}.")
     head, sep, payload = url[5:].partition(",")
@@ -42,7 +69,7 @@ def data_url(url: Any, where: str) -> tuple[bytes, Optional[str]]:
     return data, head[: -len(";base64")] or None
 
 
-def _image(part: dict, where: str):
+def _image(part: dict, where: str, remote: bool = False):
     kind = part.get("type")
     url = part.get("image_url")
     if isinstance(url, dict):  # chat: {"type": "image_url", "image_url": {"url": "…", "detail": "auto"}}
@@ -51,7 +78,7 @@ def _image(part: dict, where: str):
         where = f"{where}.image_url"
     if kind == "input_image" and part.get("file_id"):
         raise FieldError(f"{where}", f"'{where}': file ids are not kept by this server; send the image as a data URL.")
-    data, mime = data_url(url, where)
+    data, mime = data_url(url, where, remote)
     return data, mime, "image"
 
 
@@ -69,8 +96,9 @@ def _file(part: dict, where: str):
     return data, mime, name
 
 
-def read_content(content: Any, where: str) -> tuple[str, list]:
-    """A message's text and its attachments from its content (a string, or a list of parts). Raises FieldError."""
+def read_content(content: Any, where: str, remote: bool = False) -> tuple[str, list]:
+    """A message's text and its attachments from its content (a string, or a list of parts); ``remote``: an image's
+    http(s) URL is fetched. Raises FieldError."""
     if content is None:
         return "", []
     if isinstance(content, str):
@@ -88,7 +116,7 @@ def read_content(content: Any, where: str) -> tuple[str, list]:
         if kind in REFUSED_PARTS:
             raise FieldError(at, f"'{at}' is an {kind} part; Redline's models read text and images, not {kind}.")
         if kind in IMAGE_PARTS:
-            data, mime, name = _image(part, at)
+            data, mime, name = _image(part, at, remote)
             name = f"image {len(attachments) + 1}"
         elif kind in FILE_PARTS:
             data, mime, name = _file(part, at)
@@ -105,13 +133,14 @@ def read_content(content: Any, where: str) -> tuple[str, list]:
     return "".join(text), attachments
 
 
-def attach(messages, dicts: list[dict]) -> list[dict]:
+def attach(messages, dicts: list[dict], remote: bool = False) -> list[dict]:
     """The chat messages (``dicts``, from ``Message.as_dict``) with each user message's images and files read into
-    its ``attachments``, as the prompt builder takes them. Raises FieldError naming the part."""
+    its ``attachments``, as the prompt builder takes them (``remote``: images at http(s) URLs fetched). Raises
+    FieldError naming the part."""
     out = []
     for i, (m, d) in enumerate(zip(messages, dicts)):
         if m.attached():
-            text, attachments = read_content(m.content, f"messages[{i}]")
+            text, attachments = read_content(m.content, f"messages[{i}]", remote)
             d = {**d, "content": text, "attachments": attachments}
         out.append(d)
     return out

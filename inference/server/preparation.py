@@ -161,7 +161,8 @@ class Preparation:
             if chat:
                 messages = [m.as_dict() for m in body.messages]
                 if any(m.attached() for m in body.messages):  # images and files, read off the event loop
-                    messages = await asyncio.to_thread(attach, body.messages, messages)
+                    remote = self.config.fetch_remote_media
+                    messages = await asyncio.to_thread(attach, body.messages, messages, remote)
                 offered = [t.as_dict() for t in body.tools or []]
                 choice = body.choice()
                 if offered or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):

@@ -176,7 +176,9 @@ def _chat_part(part: Any, where: str) -> dict:
     kind = part.get("type") if isinstance(part, dict) else None
     # The data URL is checked here too, so a refusal (a FieldError) names the Responses API's own field.
     if kind == "input_image" and not part.get("file_id"):
-        data_url(part.get("image_url"), f"{where}.image_url")
+        url = part.get("image_url")
+        if not (isinstance(url, str) and url.startswith(("http://", "https://"))):  # fetched (or refused) later
+            data_url(url, f"{where}.image_url")
         return {"type": "image_url", "image_url": {"url": part["image_url"]}}
     if kind == "input_file":
         if not part.get("file_id") and not part.get("file_url"):
