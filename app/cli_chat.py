@@ -17,6 +17,7 @@ from ..inference import (
     REASONING_EFFORTS,
     STRATEGIES,
     DecodeOptions,
+    Document,
     EngineService,
     GenerationRequest,
     Progress,
@@ -182,7 +183,7 @@ def attachment_records(attachments: list) -> list[dict]:
     """What ``--json`` says of each attachment: its name, kind and size (not its text or bytes)."""
     out = []
     for a in attachments:
-        if hasattr(a, "pages"):
+        if isinstance(a, Document):
             out.append({"name": a.name, "kind": a.kind, "pages": a.page_count, "sha256": a.sha256})
         else:
             out.append(

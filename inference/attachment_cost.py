@@ -12,7 +12,7 @@ from typing import Optional
 
 from .attachments import Document, Image
 from .attachments.compose import place
-from .cost import kv_cache_bytes, kv_dtype_bytes
+from .cost import kv_read_bytes
 from .generation.attached import document_room
 from .speed.calibration import predict_generation
 from .units import format_bytes
@@ -67,17 +67,9 @@ def cost(target, attachments: list, history_tokens: int = 0) -> AttachmentCost:
         # the prefix cache holds the conversation so far where the fast path runs, so only the attachment is read.
         pred, _, _ = predict_generation(target, strategy, prompt, 1, cached_tokens=history_tokens)
         ttft_s = pred.ttft_ms / 1000
+        # The cost model's KV bytes for these tokens (the KV a decode step at that length reads is what they hold).
         path = "fast" if pred.path == "fast" else "hf"
-        kv_bytes = kv_cache_bytes(
-            shape.kv_layers or shape.layers,
-            shape.kv_heads,
-            shape.head_dim,
-            tokens,
-            1,
-            kv_dtype_bytes(shape, target.precision, target.device, path),
-            shape.layer_windows,
-            form=form if path == "fast" else "bf16",
-        )
+        kv_bytes = kv_read_bytes(shape, target.precision, target.device, path, tokens, form)
     parts = [f"{tokens:,} tokens"]
     if kv_bytes:
         parts.append(f"{format_bytes(kv_bytes)} KV")

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decoding.tool_calls import CallStream, argument_pieces, parse
 from ..events import Failed, FinishedEvent, TokenEvent
 from .protocol import ChatCompletionRequest, FieldError
-from .streaming import Closing, closing_message, failure
+from .streaming import Closing, ended_early, failure
 
 STRICT = ConfigDict(extra="forbid", strict=True)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
@@ -301,12 +301,7 @@ async def events(api, handle, queue, body: MessagesRequest, name: str, tools):
                 result = event.result
                 break
             elif isinstance(event, (Failed, Closing)):
-                if isinstance(event, Closing):
-                    handle.cancel()
-                    message = closing_message(event.reason)
-                else:
-                    message = f"The generation failed: {event.message}"
-                yield _event("error", error={"type": "api_error", "message": message})
+                yield _event("error", error={"type": "api_error", "message": ended_early(event, handle)})
                 return
         if result.finish_reason in ("error", "cancelled"):
             yield _event("error", error={"type": "api_error", "message": failure(result)[1]})

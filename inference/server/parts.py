@@ -41,12 +41,12 @@ def fetch(url: str, where: str) -> tuple[bytes, Optional[str]]:
             with http.stream("GET", url) as response:
                 if response.status_code != 200:
                     raise FieldError(where, f"'{where}': {url} answered {response.status_code}; send the image inline.")
-                data = b""
+                data = bytearray()  # grown in place: += on bytes copies the whole download at every chunk
                 for chunk in response.iter_bytes():
                     data += chunk
                     if len(data) > FETCH_MAX_BYTES:
                         raise FieldError(where, f"'{where}': {url} is larger than {FETCH_MAX_BYTES // 2**20} MB.")
-                return data, response.headers.get("content-type", "").split(";")[0] or None
+                return bytes(data), response.headers.get("content-type", "").split(";")[0] or None
     except httpx.HTTPError as exc:
         raise FieldError(where, f"'{where}': {url} could not be fetched ({type(exc).__name__}).") from None
 

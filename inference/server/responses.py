@@ -24,7 +24,7 @@ from ..decoding.tool_calls import CallStream, argument_pieces, parse
 from ..events import Failed, FinishedEvent, TokenEvent
 from .parts import data_url
 from .protocol import ATTACHED_PARTS, MEDIA_PARTS, TEXT_ONLY, ChatCompletionRequest, FieldError
-from .streaming import Closing, closing_message, failure
+from .streaming import Closing, ended_early, failure
 
 LOOSE = ConfigDict(extra="forbid", strict=True)
 
@@ -428,12 +428,7 @@ async def events(api, handle, queue, answer: Answer, tools):
                 result = event.result
                 break
             elif isinstance(event, (Failed, Closing)):
-                if isinstance(event, Closing):
-                    handle.cancel()
-                    message = closing_message(event.reason)
-                else:
-                    message = f"The generation failed: {event.message}"
-                yield answer.event("error", code="server_error", message=message, param=None)
+                yield answer.event("error", code="server_error", message=ended_early(event, handle), param=None)
                 return
         if result.finish_reason in ("error", "cancelled"):
             yield answer.event("error", code="server_error", message=failure(result)[1], param=None)

@@ -27,6 +27,15 @@ def closing_message(reason: str) -> str:
     return f"The reply was stopped before its end: {reason}. Send the request again once the server is back."
 
 
+def ended_early(event, handle) -> str:
+    """Why a stream ends before its reply (a Failed generation, or Closing: the server stops, so the reply is
+    cancelled), in the sentence a client's error event carries."""
+    if isinstance(event, Closing):
+        handle.cancel()
+        return closing_message(event.reason)
+    return f"The generation failed: {event.message}"
+
+
 def timings(result: GenerationResult) -> dict:
     """llama.cpp's ``timings`` object from Redline's measurements, plus TTFT and the time spent queued.
 
