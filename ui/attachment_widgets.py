@@ -93,6 +93,9 @@ def follow_theme(widget: QWidget, event) -> None:
                 kind_icon(label, label.property("kindIcon"))
 
 
+WARNING_PX = 420  # the width a chip's warning wraps at
+
+
 class AttachmentChip(QFrame):
     """One pending attachment, or one being read (``reading``: its name and "reading…", no ×)."""
 
@@ -130,6 +133,7 @@ class AttachmentChip(QFrame):
         self.remove_button.hide()
         for w in (self.icon_label, self.name_label, self.detail_label, self.cost_label):
             row.addWidget(w)
+        row.addStretch(1)  # a chip wider than its row (a warning under it): the row stays at the left
         row.addWidget(self.remove_button)
         box.addLayout(row)
         self.warning_label = QLabel()
@@ -163,6 +167,10 @@ class AttachmentChip(QFrame):
         self.cost_label.setVisible(bool(text))
         self.warning = warning
         self.warning_label.setText(warning)
+        # A wrapped label does not lend its height to a chip of fixed height: given a width, it gets the height its
+        # lines take (else a long warning overlapped the chip's name row).
+        self.warning_label.setMinimumWidth(WARNING_PX if warning else 0)
+        self.warning_label.setMinimumHeight(self.warning_label.heightForWidth(WARNING_PX) if warning else 0)
         self.warning_label.setVisible(bool(warning))
         self._restyle("warning", bool(warning))
         self._say()
