@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     title TEXT NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    tools_on INTEGER NOT NULL DEFAULT 0  -- the Tools switch of this conversation (the window's ToolsController)
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids are never reused: a stale id cannot hit a new row
@@ -80,6 +81,7 @@ class Conversation:
     system_prompt: str
     created: float
     updated: float
+    tools_on: bool = False  # the model may call tools in this conversation (its Tools switch)
 
 
 @dataclass
@@ -152,11 +154,15 @@ class Store:
 
     def _migrate(self) -> None:
         """Bring a database an earlier Redline wrote up to this schema: columns added since, with their defaults
-        (its messages keep what they had; a reply from before reasoning models has no thinking), and the
-        attachments' table (its messages have none)."""
+        (its messages keep what they had; a reply from before reasoning models has no thinking; a conversation from
+        before the Tools switch was kept has tools off, as every conversation started then), and the attachments'
+        table (its messages have none)."""
         columns = {row[1] for row in self._conn.execute("PRAGMA table_info(messages)")}
         if "reasoning" not in columns:
             self._conn.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(conversations)")}
+        if "tools_on" not in columns:
+            self._conn.execute("ALTER TABLE conversations ADD COLUMN tools_on INTEGER NOT NULL DEFAULT 0")
         attachments_store.migrate(self._conn)
 
     def drop_empty_partial_replies(self) -> int:
@@ -188,7 +194,7 @@ class Store:
 
     def conversation(self, conversation_id: int) -> Optional[Conversation]:
         row = self._conn.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-        return Conversation(**dict(row)) if row else None
+        return self._conversation(row) if row else None
 
     def conversations(self, search: str = "") -> list[Conversation]:
         """Newest first; ``search`` matches titles, case-insensitively."""
@@ -196,7 +202,13 @@ class Store:
         rows = self._conn.execute(
             "SELECT * FROM conversations WHERE title LIKE ? ESCAPE '\\' ORDER BY updated DESC, id DESC", (pattern,)
         ).fetchall()
-        return [Conversation(**dict(r)) for r in rows]
+        return [self._conversation(r) for r in rows]
+
+    @staticmethod
+    def _conversation(row) -> Conversation:
+        d = dict(row)
+        d["tools_on"] = bool(d["tools_on"])
+        return Conversation(**d)
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         with self._conn:
@@ -210,6 +222,11 @@ class Store:
             self._conn.execute(
                 "UPDATE conversations SET system_prompt = ? WHERE id = ?", (system_prompt, conversation_id)
             )
+
+    def set_tools_on(self, conversation_id: int, on: bool) -> None:
+        """The conversation's Tools switch (not a change of the conversation: its place in the list stays)."""
+        with self._conn:
+            self._conn.execute("UPDATE conversations SET tools_on = ? WHERE id = ?", (int(on), conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
         """The conversation, its messages, their attachments, and each attachment's file no other message uses."""

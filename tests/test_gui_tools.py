@@ -184,6 +184,45 @@ def test_tools_are_off_in_each_chat_until_switched_on_there(qtbot):
         close(qtbot, w)
 
 
+def test_the_switch_is_kept_with_each_conversation_when_redline_starts_again(qtbot):
+    w, engine = tools_window(qtbot)
+    try:
+        engine.call = None
+        w.tools_button.click()  # on in a new chat, kept once its first message makes it a conversation
+        w.input.setPlainText("With tools")
+        with qtbot.waitSignal(w.reply_finished, timeout=20_000):
+            w.send()
+        with_tools = w.conversation_id
+        w.new_chat()
+        w.input.setPlainText("Without")
+        with qtbot.waitSignal(w.reply_finished, timeout=20_000):
+            w.send()
+        without = w.conversation_id
+        w.open_conversation(with_tools)
+        turned_off = w.store.create_conversation("on, then off")
+        w.open_conversation(turned_off.id)
+        w.tools_button.click()
+        w.tools_button.click()
+    finally:
+        close(qtbot, w)
+    # A new window on the same database: Redline started again.
+    again, engine = tools_window(qtbot)
+    try:
+        engine.call = None
+        again.open_conversation(without)
+        assert not again.tools_button.isChecked() and again.tools_note.isHidden()
+        again.open_conversation(turned_off.id)
+        assert not again.tools_button.isChecked()
+        again.open_conversation(with_tools)
+        assert again.tools_button.isChecked() and again.tools_note.isVisible()
+        again.input.setPlainText("Still with tools?")
+        with qtbot.waitSignal(again.reply_finished, timeout=30_000):
+            again.send()
+        assert "calculate" in [t["function"]["name"] for t in engine.requests[-1].tools]
+    finally:
+        close(qtbot, again)
+
+
 # -- asking -----------------------------------------------------------------------------------------------------------
 def test_allow_once_runs_the_call_shows_its_result_and_feeds_it_back(qtbot):
     w, engine = tools_window(qtbot)

@@ -1,9 +1,9 @@
 """Tools in the window's conversations: the **Tools** switch by the message box (off in every conversation until it
-is turned on there, for the time Redline runs), what the tools cost ("tools: 3 · 1,240 tokens", counted by the
-engine from the definitions the model is shown), and each reply of a conversation with tools on run through the tool
-loop (``ui/tools/run.py``: a worker thread, never the UI thread), its calls shown in the reply as they come, a call
-the rules leave to the user asked in its block. Settings → Tools (``ui/tools/settings_page.py``) edits the servers,
-Redline's own tools and the limits.
+is turned on there; kept with the conversation in the store, ``set_tools_on``, so it is as it was left when Redline
+starts again), what the tools cost ("tools: 3 · 1,240 tokens", counted by the engine from the definitions the model
+is shown), and each reply of a conversation with tools on run through the tool loop (``ui/tools/run.py``: a worker
+thread, never the UI thread), its calls shown in the reply as they come, a call the rules leave to the user asked in
+its block. Settings → Tools (``ui/tools/settings_page.py``) edits the servers, Redline's own tools and the limits.
 
 The reply controller asks ``configure(conversation_id, config)`` for each reply; a conversation with tools on gets
 this controller as its config's ``tools``, and its ``ChatSession`` calls ``start(reply, messages, request)``."""
@@ -46,8 +46,7 @@ class ToolsController(QObject):
         super().__init__(parent)
         self.service, self.bridge, self.store, self.chats, self.view = service, bridge, store, chats, view
         self.button, self.note, self.settings, self.models, self.banner = button, note, settings, models, banner
-        self.enabled: dict[int, bool] = {}  # conversation id -> tools on (a conversation not listed: off)
-        self.new_chat_on = False  # the switch in a new chat not saved yet
+        self.new_chat_on = False  # the switch in a new chat not saved yet (a conversation's is in the store)
         self.runs: dict[int, ToolRun] = {}  # reply's message id -> its loop, while it runs
         self.offered: list[str] = []
         self.tokens: Optional[int] = None  # what the definitions take, for the model loaded (None: not counted)
@@ -71,7 +70,8 @@ class ToolsController(QObject):
         if conversation_id is None:
             return self.new_chat_on
         self._adopt(conversation_id)
-        return self.enabled.get(conversation_id, False)
+        conv = self.store.conversation(conversation_id)
+        return bool(conv is not None and conv.tools_on)
 
     def set_on(self, on: bool) -> None:
         """The switch for the chat on screen (as a click on it)."""
@@ -79,17 +79,16 @@ class ToolsController(QObject):
 
     def _adopt(self, conversation_id: int) -> None:
         """A new chat with the switch on becomes a conversation when its first message is sent: it keeps tools on."""
-        if self.new_chat_on and self._shown is None and conversation_id not in self.enabled:
-            if self.store.message_count(conversation_id) == 0:
-                self.enabled[conversation_id] = True
-                self.new_chat_on = False
+        if self.new_chat_on and self._shown is None and self.store.message_count(conversation_id) == 0:
+            self.store.set_tools_on(conversation_id, True)
+            self.new_chat_on = False
 
     def _toggled(self, on: bool) -> None:
         cid = self.chats.conversation_id
         if cid is None:
             self.new_chat_on = on
         else:
-            self.enabled[cid] = on
+            self.store.set_tools_on(cid, on)
         self._show()
         if on:
             self._count()
