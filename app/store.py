@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     system_prompt TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
     updated REAL NOT NULL,
-    tools_on INTEGER NOT NULL DEFAULT 0  -- the Tools switch of this conversation (the window's ToolsController)
+    tools_on INTEGER NOT NULL DEFAULT 0,  -- the Tools switch of this conversation (the window's ToolsController)
+    tools_unticked TEXT NOT NULL DEFAULT '[]'  -- JSON: the tools the user took out of this conversation's offer
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids are never reused: a stale id cannot hit a new row
@@ -82,6 +83,9 @@ class Conversation:
     created: float
     updated: float
     tools_on: bool = False  # the model may call tools in this conversation (its Tools switch)
+    # The tools (as offered: ``server__tool``, ``calculate``) the user unticked here; every other tool is offered, so
+    # a tool added to a server later is offered too.
+    tools_unticked: list = field(default_factory=list)
 
 
 @dataclass
@@ -155,14 +159,16 @@ class Store:
     def _migrate(self) -> None:
         """Bring a database an earlier Redline wrote up to this schema: columns added since, with their defaults
         (its messages keep what they had; a reply from before reasoning models has no thinking; a conversation from
-        before the Tools switch was kept has tools off, as every conversation started then), and the attachments'
-        table (its messages have none)."""
+        before the Tools switch was kept has tools off, as every conversation started then, and every tool ticked),
+        and the attachments' table (its messages have none)."""
         columns = {row[1] for row in self._conn.execute("PRAGMA table_info(messages)")}
         if "reasoning" not in columns:
             self._conn.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")
         columns = {row[1] for row in self._conn.execute("PRAGMA table_info(conversations)")}
         if "tools_on" not in columns:
             self._conn.execute("ALTER TABLE conversations ADD COLUMN tools_on INTEGER NOT NULL DEFAULT 0")
+        if "tools_unticked" not in columns:
+            self._conn.execute("ALTER TABLE conversations ADD COLUMN tools_unticked TEXT NOT NULL DEFAULT '[]'")
         attachments_store.migrate(self._conn)
 
     def drop_empty_partial_replies(self) -> int:
@@ -208,6 +214,7 @@ class Store:
     def _conversation(row) -> Conversation:
         d = dict(row)
         d["tools_on"] = bool(d["tools_on"])
+        d["tools_unticked"] = json.loads(d["tools_unticked"] or "[]")
         return Conversation(**d)
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
@@ -227,6 +234,14 @@ class Store:
         """The conversation's Tools switch (not a change of the conversation: its place in the list stays)."""
         with self._conn:
             self._conn.execute("UPDATE conversations SET tools_on = ? WHERE id = ?", (int(on), conversation_id))
+
+    def set_tools_unticked(self, conversation_id: int, names) -> None:
+        """The tools not offered in this conversation (the others are), by the names they are offered as."""
+        with self._conn:
+            self._conn.execute(
+                "UPDATE conversations SET tools_unticked = ? WHERE id = ?",
+                (json.dumps(sorted(set(names))), conversation_id),
+            )
 
     def delete_conversation(self, conversation_id: int) -> None:
         """The conversation, its messages, their attachments, and each attachment's file no other message uses."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from gui_helpers import aloop, open_window, profile, write_settings  # noqa: F401 - fixtures
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QApplication, QFileDialog
 from slow_engine import SlowEngine
 from test_theme import BODY, text_contrast
@@ -219,6 +219,82 @@ def test_the_switch_is_kept_with_each_conversation_when_redline_starts_again(qtb
         with qtbot.waitSignal(again.reply_finished, timeout=30_000):
             again.send()
         assert "calculate" in [t["function"]["name"] for t in engine.requests[-1].tools]
+    finally:
+        close(qtbot, again)
+
+
+def sized_count(definitions):
+    """Stands in for the engine's count of the definitions' tokens (the scripted model has no tokenizer here): a
+    figure of exactly the definitions it is given, so what is shown can be checked against what is offered."""
+    return lambda engine, report: sum(len(json.dumps(d)) for d in definitions)
+
+
+def test_the_tools_ticked_in_a_chat_are_the_ones_offered_counted_and_kept(qtbot, monkeypatch):
+    monkeypatch.setattr("redline.ui.window.tools_controller.tool_tokens_job", sized_count)
+    w, engine = tools_window(qtbot)
+    try:
+        engine.call = None
+        turn_tools_on(qtbot, w)
+        every = w.tool_service.registry().names  # calculate and echo's six
+        definitions = w.tool_service.registry().definitions()
+
+        def size(names):
+            return sum(len(json.dumps(d)) for d in definitions if d["function"]["name"] in names)
+
+        assert w.tools_note.text() == f"tools: 7 · {size(every):,} tokens"
+        menu = w.tools.menu
+        assert w.tools_button.menu() is menu
+        menu.popup(w.tools_button.mapToGlobal(w.tools_button.rect().topLeft()))  # as the button's arrow opens it
+        qtbot.waitUntil(menu.isVisible, timeout=5_000)
+        actions = menu.tool_actions()
+        assert list(actions) == every and all(a.isChecked() for a in actions.values())
+        assert (actions["echo__add"].text(), actions["calculate"].text()) == ("echo · add", "calculate (built-in)")
+        qtbot.mouseClick(menu, Qt.LeftButton, pos=menu.actionGeometry(actions["echo__add"]).center())
+        assert menu.isVisible() and not actions["echo__add"].isChecked()  # open for the next tick
+        actions["echo__hang"].trigger()
+        menu.close()
+        kept = [n for n in every if n not in ("echo__add", "echo__hang")]
+        qtbot.waitUntil(lambda: w.tools_note.text() == f"tools: 5 of 7 · {size(kept):,} tokens", timeout=10_000)
+        # The new chat's ticks become the conversation's with its first message; only the ticked are offered.
+        w.input.setPlainText("Which tools?")
+        with qtbot.waitSignal(w.reply_finished, timeout=20_000):
+            w.send()
+        cid = w.conversation_id
+        assert sorted(w.store.conversation(cid).tools_unticked) == ["echo__add", "echo__hang"]
+        assert [t["function"]["name"] for t in engine.requests[-1].tools] == kept
+        tools = stored_reply(w).stats["tools"]
+        assert (tools["offered"], tools["tokens"]) == (kept, size(kept))
+        # Another chat offers every tool until it is told otherwise.
+        w.new_chat()
+        turn_tools_on(qtbot, w)
+        qtbot.waitUntil(lambda: w.tools_note.text() == f"tools: 7 · {size(every):,} tokens", timeout=10_000)
+        w.open_conversation(cid)
+        qtbot.waitUntil(lambda: w.tools_note.text().startswith("tools: 5 of 7 · "), timeout=10_000)
+        menu.refresh()
+        assert [n for n, a in menu.tool_actions().items() if not a.isChecked()] == ["echo__add", "echo__hang"]
+        next(a for a in menu.actions() if a.text() == "Offer all").trigger()
+        qtbot.waitUntil(lambda: w.tools_note.text() == f"tools: 7 · {size(every):,} tokens", timeout=10_000)
+        assert w.store.conversation(cid).tools_unticked == []
+        menu.refresh()
+        menu.tool_actions()["calculate"].trigger()
+        every_but = [n for n in every if n != "calculate"]
+        qtbot.waitUntil(lambda: w.tools_note.text() == f"tools: 6 of 7 · {size(every_but):,} tokens", timeout=10_000)
+        for n in every:  # none ticked: said so, and no tool is offered
+            w.tools.set_ticked(n, False)
+        assert w.tools_note.text().startswith("tools: none ticked in this chat")
+        w.input.setPlainText("No tools now.")
+        with qtbot.waitSignal(w.reply_finished, timeout=20_000):
+            w.send()
+        assert not engine.requests[-1].tools
+        w.tools.set_ticked("calculate", True)
+    finally:
+        close(qtbot, w)
+    again, engine = tools_window(qtbot)  # Redline started again: the chat's ticks as they were left
+    try:
+        again.open_conversation(cid)
+        assert again.tools_button.isChecked()  # its servers start again, listed on a thread
+        shown = f"tools: 1 of 7 · {size(['calculate']):,} tokens"
+        qtbot.waitUntil(lambda: again.tools_note.text() == shown, timeout=30_000)
     finally:
         close(qtbot, again)
 

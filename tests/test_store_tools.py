@@ -1,6 +1,6 @@
 """What the conversation store keeps of a conversation's tools (issue 51, item 4: the user enables tools per
-conversation): its Tools switch, kept across a reopen of the database, and a database from before it opened with
-every conversation and message it had, tools off."""
+conversation): its Tools switch and the tools unticked in it, kept across a reopen of the database, and a database
+from before them opened with every conversation and message it had, tools off and every tool ticked."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ OLD_SCHEMA = (
 )
 
 
-def test_the_tools_switch_is_kept_with_the_conversation(tmp_path):
+def test_the_tools_switch_and_ticks_are_kept_with_the_conversation(tmp_path):
     path = tmp_path / "c.sqlite3"
     store = Store(path)
     try:
@@ -35,13 +35,19 @@ def test_the_tools_switch_is_kept_with_the_conversation(tmp_path):
         assert store.conversation(a.id).updated == before  # a switch is not activity: the list's order stays
         assert {c.id: c.tools_on for c in store.conversations()} == {a.id: True, b.id: False}
         assert json.loads(store.export_json(a.id))["tools_on"] is True
+        assert store.conversation(a.id).tools_unticked == []  # every tool offered
+        store.set_tools_unticked(a.id, {"echo__hang", "calculate"})
+        assert store.conversation(a.id).tools_unticked == ["calculate", "echo__hang"]
+        assert store.conversation(b.id).tools_unticked == []
     finally:
         store.close()
     reopened = Store(path)
     try:
         assert reopened.conversation(a.id).tools_on and not reopened.conversation(b.id).tools_on
+        assert reopened.conversation(a.id).tools_unticked == ["calculate", "echo__hang"]
         reopened.set_tools_on(a.id, False)
-        assert not reopened.conversation(a.id).tools_on
+        reopened.set_tools_unticked(a.id, [])
+        assert not reopened.conversation(a.id).tools_on and reopened.conversation(a.id).tools_unticked == []
     finally:
         reopened.close()
 
@@ -54,20 +60,20 @@ def test_a_database_from_before_the_switch_opens_with_everything_it_had_and_tool
     conn.close()
     store = Store(path)
     try:
-        convs = {c.id: c for c in store.conversations()}
-        assert [(c.title, c.system_prompt, c.created, c.updated, c.tools_on) for c in convs.values()] == [
-            ("old", "Be brief.", 10.0, 20.0, False),
-            ("older", "", 5.0, 6.0, False),
-        ]
+        kept = [(c.title, c.system_prompt, c.created, c.updated) for c in store.conversations()]
+        assert kept == [("old", "Be brief.", 10.0, 20.0), ("older", "", 5.0, 6.0)]
+        assert [(c.tools_on, c.tools_unticked) for c in store.conversations()] == [(False, []), (False, [])]
         hi, hello = store.messages(1)
         assert (hi.content, hello.content) == ("hi", "hello")
         assert (hello.stats, hello.reasoning) == ({"new_tokens": 1}, "a thought")
         store.set_tools_on(2, True)
+        store.set_tools_unticked(2, ["calculate"])
     finally:
         store.close()
     reopened = Store(path)  # the second open finds the column there, with what was written to it
     try:
         assert reopened.conversation(2).tools_on and not reopened.conversation(1).tools_on
+        assert reopened.conversation(2).tools_unticked == ["calculate"]
         assert [m.content for m in reopened.messages(1)] == ["hi", "hello"]
     finally:
         reopened.close()

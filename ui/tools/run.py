@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import json
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
@@ -67,7 +67,7 @@ class ToolRun(QObject):
     """The tool loop for one reply: from ``messages`` (the conversation as the engine reads it) on ``engine`` (the
     ``EngineService``), with the tools ``service`` (``ToolsService``) offers now; ``request(messages)`` makes each
     round's GenerationRequest; at most ``max_rounds`` replies with calls; ``tokens``: what the definitions take (kept
-    with the reply, None if not counted)."""
+    with the reply, None if not counted); ``unticked``: the tools the user took out of this conversation's offer."""
 
     events = Signal(object)  # a batch of events, in order; the last one ends with FinishedEvent or Failed
     calls_changed = Signal(object)  # a copy of ``calls`` after a change
@@ -81,9 +81,11 @@ class ToolRun(QObject):
         request: Callable[[list[dict]], Any],
         max_rounds: int = 8,
         tokens: Optional[int] = None,
+        unticked: Iterable[str] = (),
         parent: Optional[QObject] = None,
     ):
         super().__init__(parent)
+        self.unticked = frozenset(unticked)
         self.service, self.engine, self.messages, self.request = service, engine, list(messages), request
         self.max_rounds = max_rounds
         self.tokens = tokens
@@ -198,7 +200,7 @@ class ToolRun(QObject):
         try:
             self._phase = "listing"
             self.service.ensure_listed()  # servers not started yet start now (each bounded by its start timeout)
-            registry = self.service.registry()
+            registry = self.service.registry(self.unticked)
             self._registry = registry
             self.offered, self.errors = registry.names, dict(registry.errors)
             self._generator = ServiceGenerator(

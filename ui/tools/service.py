@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
@@ -188,9 +188,9 @@ class ToolsService(QObject):
             return None
         return BuiltinTools(allowed=paths, calculator=calculator)
 
-    def registry(self) -> ToolRegistry:
+    def registry(self, unticked: Iterable[str] = ()) -> ToolRegistry:
         """The tools one reply is offered, as listed now: the built-ins, then each server's (a server that failed
-        offers none; its sentence is in ``errors``)."""
+        offers none; its sentence is in ``errors``), less those ``unticked`` in its conversation."""
         with self._lock:
             manager = self.manager
             listed = [t for n in self.names for t in self._tools.get(n, [])]
@@ -198,6 +198,9 @@ class ToolsService(QObject):
         registry = ToolRegistry(manager, self.builtins())
         registry.add_server_tools(listed)
         registry.errors = errors
+        unticked = set(unticked)
+        if unticked:
+            registry.enabled = {n for n in registry.names if n not in unticked}
         return registry
 
     # -- approvals -----------------------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Tools in the window's conversations: the **Tools** switch by the message box (off in every conversation until it
 is turned on there; kept with the conversation in the store, ``set_tools_on``, so it is as it was left when Redline
-starts again), what the tools cost ("tools: 3 · 1,240 tokens", counted by the engine from the definitions the model
-is shown), and each reply of a conversation with tools on run through the tool loop (``ui/tools/run.py``: a worker
-thread, never the UI thread), its calls shown in the reply as they come, a call the rules leave to the user asked in
-its block. Settings → Tools (``ui/tools/settings_page.py``) edits the servers, Redline's own tools and the limits.
+starts again), which of the tools it offers (the button's menu, ``ui/tools/choice_menu.py``: every tool ticked until
+the user unticks it there; the unticked ones kept with the conversation too), what the ticked tools cost ("tools: 3
+of 7 · 1,240 tokens", counted by the engine from the definitions the model is shown), and each reply of a
+conversation with tools on run through the tool loop (``ui/tools/run.py``: a worker thread, never the UI thread), its
+calls shown in the reply as they come, a call the rules leave to the user asked in its block. Settings → Tools
+(``ui/tools/settings_page.py``) edits the servers, Redline's own tools and the limits.
 
 The reply controller asks ``configure(conversation_id, config)`` for each reply; a conversation with tools on gets
 this controller as its config's ``tools``, and its ``ChatSession`` calls ``start(reply, messages, request)``."""
@@ -20,8 +22,9 @@ from ...inference import tool_tokens_job
 from ..bridge import TaskFailed
 from ..chat_view import ChatView
 from ..tools.calls_view import ToolCallsPanel
+from ..tools.choice_menu import ToolChoice, ToolsMenu
 from ..tools.run import ToolRun
-from ..tools.service import ToolsService
+from ..tools.service import FAILED, READY, STARTING, ToolsService
 from ..widgets import Banner
 
 SYNC_MS = 150  # how often a reply being written is checked for its calls' panel (its widget may have been rebuilt)
@@ -47,8 +50,10 @@ class ToolsController(QObject):
         self.service, self.bridge, self.store, self.chats, self.view = service, bridge, store, chats, view
         self.button, self.note, self.settings, self.models, self.banner = button, note, settings, models, banner
         self.new_chat_on = False  # the switch in a new chat not saved yet (a conversation's is in the store)
+        self.new_chat_unticked: set[str] = set()  # the tools unticked in a new chat not saved yet
         self.runs: dict[int, ToolRun] = {}  # reply's message id -> its loop, while it runs
-        self.offered: list[str] = []
+        self.offered: list[str] = []  # the tools ticked in the chat on screen, as last counted
+        self.available = 0  # how many tools there are to tick
         self.tokens: Optional[int] = None  # what the definitions take, for the model loaded (None: not counted)
         self._counted_for: Optional[tuple] = None
         self._counting = None  # the engine's channel counting them
@@ -58,8 +63,12 @@ class ToolsController(QObject):
         self._sync.timeout.connect(self._sync_panels)
         button.setCheckable(True)
         button.toggled.connect(self._toggled)
+        # A click turns tools on or off; the arrow beside it chooses which of them this chat offers.
+        self.menu = ToolsMenu(self.choices, self.choice_notes, self.set_ticked, self.tick_all, button)
+        button.setMenu(self.menu)
+        button.setPopupMode(QToolButton.MenuButtonPopup)
         chats.opened.connect(self._opened)
-        service.changed.connect(self._changed)
+        service.changed.connect(self._servers_changed)
         settings.changed.connect(lambda _s: self._changed())
         models.model_loaded.connect(lambda _r: self._changed())
         models.model_unloaded.connect(self._changed)
@@ -78,10 +87,14 @@ class ToolsController(QObject):
         self.button.setChecked(on)
 
     def _adopt(self, conversation_id: int) -> None:
-        """A new chat with the switch on becomes a conversation when its first message is sent: it keeps tools on."""
-        if self.new_chat_on and self._shown is None and self.store.message_count(conversation_id) == 0:
-            self.store.set_tools_on(conversation_id, True)
-            self.new_chat_on = False
+        """A new chat becomes a conversation when its first message is sent: it keeps its switch and its ticks."""
+        fresh = self.new_chat_on or self.new_chat_unticked
+        if fresh and self._shown is None and self.store.message_count(conversation_id) == 0:
+            if self.new_chat_on:
+                self.store.set_tools_on(conversation_id, True)
+            if self.new_chat_unticked:
+                self.store.set_tools_unticked(conversation_id, self.new_chat_unticked)
+            self.new_chat_on, self.new_chat_unticked = False, set()
 
     def _toggled(self, on: bool) -> None:
         cid = self.chats.conversation_id
@@ -95,7 +108,7 @@ class ToolsController(QObject):
 
     def _opened(self, conversation_id: Optional[int]) -> None:
         if conversation_id is None:
-            self.new_chat_on = False
+            self.new_chat_on, self.new_chat_unticked = False, set()
         else:
             self._adopt(conversation_id)
         self._shown = conversation_id
@@ -108,10 +121,74 @@ class ToolsController(QObject):
             self._count()
 
     def _changed(self) -> None:
-        """The servers, the settings or the model changed: what the tools cost may have too."""
+        """The servers, the settings, the model or the ticks changed: what the tools cost may have too."""
         if self.on_in(self.chats.conversation_id):
             self._count()
         self._show()
+
+    def _servers_changed(self) -> None:
+        self._changed()
+        if self.menu.isVisible():  # a server's tools listed while the menu is open show in it
+            self.menu.refresh()
+
+    # -- which tools, in this chat ----------------------------------------------------------------------------------
+    def unticked_in(self, conversation_id: Optional[int]) -> frozenset:
+        """The tools not offered in this conversation (or in the new chat on screen)."""
+        if conversation_id is None:
+            return frozenset(self.new_chat_unticked)
+        conv = self.store.conversation(conversation_id)
+        return frozenset(conv.tools_unticked) if conv is not None else frozenset()
+
+    def choices(self) -> list[ToolChoice]:
+        """Every tool known now, ticked where the chat on screen offers it."""
+        unticked = self.unticked_in(self.chats.conversation_id)
+        return [
+            ToolChoice(
+                e.name,
+                f"{e.server} · {e.tool}" if e.server else f"{e.name} (built-in)",
+                e.description,
+                e.name not in unticked,
+            )
+            for e in self.service.registry().entries
+        ]
+
+    def choice_notes(self) -> list[str]:
+        """A line for each server whose tools are not listed (they are listed once a chat turns tools on)."""
+        s = self.service
+        if s.config_error:
+            return ["mcp.json cannot be used (Settings → Tools)"]
+        lines = []
+        for name in s.names:
+            state, _text = s.status(name)
+            if state == READY:
+                continue
+            if state == FAILED:
+                lines.append(f"{name}: could not start (Settings → Tools)")
+            elif state == STARTING:
+                lines.append(f"{name}: starting…")
+            else:
+                lines.append(f"{name}: its tools are listed once tools are on in a chat")
+        return lines
+
+    def set_ticked(self, name: str, ticked: bool) -> None:
+        """Offer ``name`` in the chat on screen, or not."""
+        cid = self.chats.conversation_id
+        unticked = set(self.unticked_in(cid))
+        if ticked:
+            unticked.discard(name)
+        else:
+            unticked.add(name)
+        self._set_unticked(cid, unticked)
+
+    def tick_all(self) -> None:
+        self._set_unticked(self.chats.conversation_id, set())
+
+    def _set_unticked(self, conversation_id: Optional[int], unticked: set) -> None:
+        if conversation_id is None:
+            self.new_chat_unticked = unticked
+        else:
+            self.store.set_tools_unticked(conversation_id, unticked)
+        self._changed()
 
     # -- what they cost ---------------------------------------------------------------------------------------------
     def _count(self) -> None:
@@ -122,8 +199,8 @@ class ToolsController(QObject):
         if not s.listed():
             s.list_in_background(retry=False)
             return
-        registry = s.registry()
-        self.offered = registry.names
+        registry = s.registry(self.unticked_in(self.chats.conversation_id))
+        self.offered, self.available = registry.names, len(s.registry().names)
         definitions = registry.definitions()
         loaded = self.models.loaded
         key = (tuple(self.offered), getattr(loaded, "name", None), repr(definitions))
@@ -154,9 +231,11 @@ class ToolsController(QObject):
         if s.starting:
             return "tools: starting the MCP servers…"
         n = len(self.offered)
+        if not n and self.available:
+            return "tools: none ticked in this chat — tick them in the Tools button's menu (its arrow)"
         if not n:
             return "tools: none offered — turn on Redline's own or add MCP servers in Settings → Tools"
-        text = f"tools: {n}"
+        text = f"tools: {n}" if n >= self.available else f"tools: {n} of {self.available}"
         if self.tokens is not None:
             text += f" · {self.tokens:,} tokens"
         elif self._counting is not None:
@@ -177,9 +256,13 @@ class ToolsController(QObject):
                 "Offered in this chat, at the start of every prompt: " + (", ".join(self.offered) or "none")
             )
         self.button.setToolTip(
-            ("Tools are on in this chat: the model may call them, each call asked about (click to turn off)")
+            (
+                "Tools are on in this chat: the model may call them, each call asked about (click to turn off; "
+                "the arrow chooses which tools this chat offers)"
+            )
             if on
-            else "Let the model call tools in this chat (MCP servers and Redline's own: Settings → Tools)"
+            else "Let the model call tools in this chat (MCP servers and Redline's own: Settings → Tools; the arrow "
+            "chooses which)"
         )
 
     # -- replies with tools -----------------------------------------------------------------------------------------
@@ -193,7 +276,13 @@ class ToolsController(QObject):
     def start(self, reply, messages: list[dict], request) -> ToolRun:
         """Run the reply through the tool loop (``ChatSession``'s call): its channel."""
         rounds = int(getattr(self.settings.value, "tools_max_rounds", 8))
-        run = ToolRun(self.service, self.bridge.service, messages, request, rounds, self.tokens, self)
+        unticked = self.unticked_in(reply.conversation_id)
+        # What was counted is of the chat on screen's ticks: kept with this reply only if its chat offers the same.
+        counted = self._counted_for is not None and self._counted_for[0] == tuple(self.service.registry(unticked).names)
+        tokens = self.tokens if counted else None
+        run = ToolRun(
+            self.service, self.bridge.service, messages, request, rounds, tokens, unticked=unticked, parent=self
+        )
         mid = reply.message_id
         run.calls_changed.connect(lambda calls, r=run, m=mid, c=reply.conversation_id: self._calls(m, c, r, calls))
         run.events.connect(lambda _e, r=run, m=mid: self._ended(m, r))
