@@ -26,7 +26,7 @@ from test_theme import BODY, text_contrast
 from redline.app.cli_tools import approvals_path, default_mcp_path
 from redline.app.gui import build_window
 from redline.app.settings import Settings, load_settings
-from redline.inference import GenerationResult, TokenEvent
+from redline.inference import GenerationResult, StatsEvent, TokenEvent
 
 pytestmark = pytest.mark.usefixtures("aloop", "profile")
 
@@ -51,6 +51,7 @@ class ToolScript(SlowEngine):
         if request.tools and messages[-1]["role"] == "user" and self.call is not None:
             name, arguments = self.call
             sink.emit(TokenEvent(0, 1, "Let me check.", 0.001))
+            sink.emit(StatsEvent(3, 0.001, 300.0, 1.0))  # the engine's reading of this round: its three tokens
             call = {"id": f"call_{len(self.requests)}", "type": "function"}
             call["function"] = {"name": name, "arguments": json.dumps(arguments)}
             return self._result("Let me check.", "tool_calls", [call])
@@ -61,6 +62,7 @@ class ToolScript(SlowEngine):
                 return self._result(answer, "cancelled")
             time.sleep(self.interval_s)
             sink.emit(TokenEvent(i, i + 1, word if i == 0 else " " + word, 0.01 * (i + 1)))
+            sink.emit(StatsEvent(i + 1, 0.01 * (i + 1), 100.0, 10.0))
         return self._result(answer, "eos")
 
     @staticmethod
@@ -297,6 +299,36 @@ def test_the_tools_ticked_in_a_chat_are_the_ones_offered_counted_and_kept(qtbot,
         qtbot.waitUntil(lambda: again.tools_note.text() == shown, timeout=30_000)
     finally:
         close(qtbot, again)
+
+
+def test_the_gauges_move_during_a_reply_with_tools_as_in_a_plain_one(qtbot, monkeypatch):
+    w, engine = tools_window(qtbot)
+    try:
+        readings, gaps = [], []
+        live, add_latencies = w.gauges.live, w.gauges.add_latencies
+        monkeypatch.setattr(w.gauges, "live", lambda *a, **k: (readings.append(a[:3]), live(*a, **k)))
+        monkeypatch.setattr(w.gauges, "add_latencies", lambda ms: (gaps.extend(ms), add_latencies(ms)))
+        w.input.setPlainText("Hello")  # tools off: the engine's readings reach the gauges
+        with qtbot.waitSignal(w.reply_finished, timeout=20_000):
+            w.send()
+        assert readings and readings[-1] == (100.0, 10.0, 3)  # "A plain answer.": three words
+        readings.clear()
+        gaps.clear()
+        w.tool_service.set_trust("echo", "always")
+        turn_tools_on(qtbot, w)
+        w.input.setPlainText("Add 2 and 3.")
+        with qtbot.waitSignal(w.reply_finished, timeout=20_000):
+            w.send()
+        assert stored_reply(w).content == "Let me check.\n\nThe tool said 5"
+        # Both rounds' readings, as one reply: the call round's three tokens, then the answer's four counted on from
+        # them (never back to 1), and the reply's TTFT, its first round's, throughout.
+        assert readings[0] == (300.0, 1.0, 3) and readings[-1] == (100.0, 1.0, 7)
+        tokens = [n for _rate, _ttft, n in readings]
+        assert tokens == sorted(tokens) and {ttft for _r, ttft, _n in readings} == {1.0}
+        assert len(gaps) == 3 and all(abs(ms - 10.0) < 0.5 for ms in gaps)  # the answer's gaps; none across the call
+        assert w.gauges.tokens_label.text() == str(stored_reply(w).stats["new_tokens"])  # the last round's, as stored
+    finally:
+        close(qtbot, w)
 
 
 # -- asking -----------------------------------------------------------------------------------------------------------

@@ -21,18 +21,20 @@ from typing import Any, Callable, Optional
 
 from ..decoding.tool_calls import FAMILIES, CallStream, ToolError, conversation, tool_grammar
 from ..errors import RedlineError
-from ..events import GenerationResult, TokenEvent
+from ..events import Completed, Failed, FinishedEvent, GenerationResult, TokenEvent
 from .registry import definition_tokens
 
 FALLBACK = FAMILIES["hermes"]
+FINAL = (FinishedEvent, Completed, Failed)  # a request's last event (the loop makes the reply's own)
 REMOTE_CHOICE = "tool_choice is not sent to a model on another server; it chooses for itself."
 
 
 class ServiceGenerator:
     """``generate(messages, round) -> GenerationResult`` on ``service`` with ``tools`` offered. ``request(messages)``
     makes the GenerationRequest (sampling, options, context, client) for a message list; ``on_event`` gets each
-    TokenEvent with calls held back from its text; ``tool_choice``: None/"auto", "none", "required" or a tool's
-    name (the first round only)."""
+    TokenEvent with calls held back from its text; ``on_progress`` each of the round's other events but its final one
+    (StatsEvent, Queued, Started, PrefillProgress, Notice: what a window shows of a reply as it runs);
+    ``tool_choice``: None/"auto", "none", "required" or a tool's name (the first round only)."""
 
     def __init__(
         self,
@@ -42,8 +44,10 @@ class ServiceGenerator:
         tool_choice: Optional[str] = None,
         on_event: Optional[Callable[[Any], None]] = None,
         parallel: bool = True,
+        on_progress: Optional[Callable[[Any], None]] = None,
     ):
         self.service = service
+        self.on_progress = on_progress
         self.tools = list(tools)
         self.request = request
         self.tool_choice = tool_choice or "auto"
@@ -128,6 +132,8 @@ class ServiceGenerator:
                         ev = dataclasses.replace(ev, text=stream.feed(ev.text))
                     if ev.text or ev.reasoning:
                         self.on_event(ev)
+                elif self.on_progress is not None and not isinstance(ev, (TokenEvent, *FINAL)):
+                    self.on_progress(ev)
         except KeyboardInterrupt:
             handle.cancel()  # stops this reply within one decode step
             handle.wait(30)

@@ -1,8 +1,11 @@
 """One reply through the tool loop, for the window: ``ToolRun`` runs ``run_tool_loop`` with a ``ServiceGenerator`` on
 a worker thread of its own (``redline-tools``; the UI thread never waits on the engine or on a tool), and looks, to
 the conversation's ``ChatSession``, like the bridge's ``Channel``: its ``events`` are the reply's text as it streams
-(calls held back), in batches on the UI thread, ending in a ``FinishedEvent`` — the last round's figures, the whole
-reply's text — or ``Failed``; ``cancel()`` stops it; ``final_from_engine()`` answers as Redline closes.
+(calls held back) and each round's other events as a plain reply's come (its speed readings, so the session feeds the
+gauges as it does without tools; why it waits; its prompt being read), its rounds counted as one reply's (tokens
+counted on, times from the first round's start), in batches on the UI thread, ending in a ``FinishedEvent`` — the
+last round's figures, the whole reply's text — or ``Failed``; ``cancel()`` stops it; ``final_from_engine()`` answers
+as Redline closes.
 
 Each call the model makes is a dict (``calls``; ``calls_changed`` sends a copy to the UI thread whenever one
 changes): its tool, server, arguments, state (asking, running, done, error, denied, stopped, not run), the
@@ -17,6 +20,7 @@ import copy
 import dataclasses
 import json
 import threading
+import time
 from typing import Any, Callable, Iterable, Optional
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
@@ -25,8 +29,10 @@ from ...inference import (
     Failed,
     FinishedEvent,
     GenerationResult,
+    Notice,
     PendingCall,
     ServiceGenerator,
+    StatsEvent,
     run_tool_loop,
 )
 from ..signals import emit
@@ -108,6 +114,13 @@ class ToolRun(QObject):
         self._generator: Optional[ServiceGenerator] = None
         self._registry = None
         self._last_result: Optional[GenerationResult] = None
+        # The rounds as one reply to the gauges: each round's tokens counted after the earlier rounds', its times from
+        # the first round's start (each round's engine times count from its own), the first TTFT kept.
+        self._began: Optional[float] = None
+        self._offset_s = 0.0
+        self._tokens_before = 0
+        self._ttft_ms: Optional[float] = None
+        self._notices: set[str] = set()
         self._stop_timer = QTimer(self)
         self._stop_timer.setInterval(STOP_RETRY_MS)
         self._stop_timer.timeout.connect(self._stop_again)
@@ -209,6 +222,7 @@ class ToolRun(QObject):
                 self.request,
                 tool_choice=self.service.tool_choice,
                 on_event=self._on_event,
+                on_progress=self._on_progress,
             )
             if self._cancelled.is_set():
                 self._generator.cancel()
@@ -235,8 +249,12 @@ class ToolRun(QObject):
         self._round = round_
         self._phase = "generating"
         self._separate = bool(self.text.strip())  # a later round's words start a paragraph of their own
+        now = time.monotonic()
+        self._began = now if self._began is None else self._began
+        self._offset_s = now - self._began
         result = self._generator(messages, round_)
         self._last_result = result
+        self._tokens_before += result.new_tokens
         return result
 
     def _on_event(self, ev) -> None:
@@ -244,6 +262,19 @@ class ToolRun(QObject):
             ev = dataclasses.replace(ev, text="\n\n" + ev.text.lstrip("\n"))
             self._separate = False
         self.text += ev.text
+        self._post(dataclasses.replace(ev, time_s=ev.time_s + self._offset_s))
+
+    def _on_progress(self, ev) -> None:
+        """A round's other events, to the session as a plain reply's come: its 1-second speed (the gauges), why it
+        waits and its prompt being read (the reply's badge), a notice (once per reply, not once per round)."""
+        if isinstance(ev, StatsEvent):
+            if self._ttft_ms is None and ev.ttft_ms is not None:
+                self._ttft_ms = ev.ttft_ms + self._offset_s * 1000
+            ev = dataclasses.replace(ev, new_tokens=ev.new_tokens + self._tokens_before, ttft_ms=self._ttft_ms)
+        elif isinstance(ev, Notice):
+            if ev.text in self._notices:
+                return
+            self._notices.add(ev.text)
         self._post(ev)
 
     def _ask(self, call: PendingCall) -> str:
