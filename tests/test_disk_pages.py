@@ -169,8 +169,10 @@ def test_the_store_keeps_within_its_size_least_recently_used_out_first(tmp_path)
     small.persist()
     left = sorted(tmp_path.glob(f"*/*{SUFFIX}"))
     assert len(left) == 4 and small.disk.total_bytes() <= limit
-    assert not page_files(tmp_path)[0].exists()  # the oldest went first
-    assert kv.attach(2, TOKENS) == 0  # the chain starts with the page that went: nothing past it is used
+    # The oldest went first, and of a sequence's pages its last: a chain that lost its first page would lose
+    # every page after it (each is found through the one before).
+    assert not page_files(tmp_path)[2].exists() and page_files(tmp_path)[0].exists()
+    assert kv.attach(2, TOKENS) == 2 * P  # the first two pages from disk; the third is computed again
 
 
 def test_a_write_that_died_leaves_no_page(tmp_path):

@@ -168,13 +168,14 @@ def test_the_batched_step_runs_on_the_gpus_pages(folder, dtype, monkeypatch):
         kv = dec.kv
         assert not dec.native and kv.k.device.type == "cuda" and kv.page == PAGE_TOKENS
         assert kv.k.shape[0] == len(dec.layers) and kv.k.shape[2:] == (dec.n_kv, PAGE_TOKENS, dec.head_dim)
-        # The prefix cache on the GPU's pages: a second sequence takes the first one's two full pages.
+        # The prefix cache on the GPU's pages: a second sequence takes the first one's two full pages and a copy
+        # of its partial third.
         kv.set_cache(b"model", 16)
         prompt = list(range(1, 2 * PAGE_TOKENS + 9))
         kv.reserve(1, len(prompt))
         dec.prefill(torch.tensor(prompt, device="cuda"), 0, 1)
         kv.release(1, prompt)
-        assert kv.attach(2, prompt + [5, 6]) == 2 * PAGE_TOKENS
+        assert kv.attach(2, prompt + [5, 6]) == len(prompt) and kv.tables[2][2] != kv.tables.get(1, [None] * 3)[2]
         dec.prefill(torch.tensor([5, 6], device="cuda"), len(prompt), 2)
         # The batched step: three sequences at position 100 (one of them the cached one), one at 4,000.
         for seq in (3, 4, 5):

@@ -51,16 +51,59 @@ def test_a_sequence_takes_the_full_pages_of_its_cached_prefix_and_reads_them_bac
     first = list(range(1, 3 * P + 10))
     assert run_sequence(kv, 1, first) == 0
     second = first + [7] * 40  # the next turn: the whole first sequence, then more
-    assert kv.attach(2, second) == 3 * P  # its three full pages; the partial fourth is recomputed
-    assert read_back(kv, 2, 3 * P) == first[: 3 * P]
+    assert kv.attach(2, second) == len(first)  # its three full pages and the partial fourth (a copy)
+    assert read_back(kv, 2, len(first)) == first
     kv.release(2, None)
+
+
+def test_the_partial_last_page_is_copied_and_the_cached_one_stays_as_it_was():
+    kv = pool()
+    first = list(range(1, P + 30))  # a page and 29 tokens
+    run_sequence(kv, 1, first)
+    tail = next(p for p in kv.idle if p not in kv.key_of)  # the 29 tokens' page: cached, not addressed by a key
+    second = first + [5000 + i for i in range(20)]
+    assert run_sequence(kv, 2, second) == len(first)  # wrote positions 93.. into its own copy
+    assert kv.tables.get(2) is None and kv.origin[tail][1] == tuple(first[P:])  # the cached tail is unchanged
+    assert [int(kv.k[0, tail, 0, o, 0]) for o in range(29)] == first[P:]
+    third = second + [1]
+    assert kv.attach(3, third) == len(second)  # the second turn's tail (49 tokens) now matches longest
+    assert read_back(kv, 3, len(second)) == second
+    kv.release(3, None)
+
+
+def test_a_prompt_that_differs_inside_a_page_takes_the_tokens_before_the_difference():
+    kv = pool()
+    first = list(range(1, 3 * P + 1))
+    run_sequence(kv, 1, first)
+    edited = first[: P + 20] + [9999] * 50  # a regenerated or edited message: differs 20 tokens into page 2
+    assert kv.attach(2, edited) == P + 20
+    assert read_back(kv, 2, P + 20) == edited[: P + 20]
+    kv.release(2, None)
+    assert kv.attach(3, [4242] + first[1:]) == 0  # a first token that differs: nothing in common
+    kv.release(3, None)
+
+
+def test_tails_are_evicted_with_the_pages_and_leave_no_listing_behind():
+    kv = pool(cache_pages=3)
+    for s in range(1, 9):  # eight conversations of a page and a tail each, in a cache of three pages
+        run_sequence(kv, s, [1000 * s + i for i in range(P + 10)])
+    assert len(kv.idle) <= 3
+    listed = [p for pages in kv.after.values() for p in pages]
+    assert sorted(listed) == sorted(kv.origin) and set(kv.idle) <= set(kv.origin)
+    assert all(pages for pages in kv.after.values())
+    kv.forget_cache()
+    assert kv.after == {} and kv.origin == {}
+    same = list(range(1, P + 10))
+    run_sequence(kv, 20, same)
+    assert run_sequence(kv, 21, same) == P + 8  # all but the last token; the same tail again is not listed twice
+    assert len(kv.origin) == 2 and kv.attach(22, same + [3]) == P + 9
 
 
 def test_the_last_prompt_token_is_always_computed():
     kv = pool()
     tokens = list(range(1, 2 * P + 1))  # exactly two pages
     run_sequence(kv, 1, tokens)
-    assert kv.attach(2, tokens) == P  # the same prompt again: its last token (and its page) is read again
+    assert kv.attach(2, tokens) == 2 * P - 1  # the same prompt again: its last token is read again
 
 
 def test_a_changed_key_misses():
@@ -92,8 +135,9 @@ def test_a_page_shared_by_two_live_sequences_is_not_freed_while_either_uses_it()
 
 def test_idle_pages_are_evicted_least_recently_used_first():
     kv = pool(cache_pages=4)
-    convs = {name: [base + i for i in range(2 * P + 1)] for name, base in (("a", 1000), ("b", 2000), ("c", 3000))}
-    run_sequence(kv, 1, convs["a"])  # two pages each
+    # Two whole pages each (no partial last page, which would take a cached page of its own).
+    convs = {name: [base + i for i in range(2 * P)] for name, base in (("a", 1000), ("b", 2000), ("c", 3000))}
+    run_sequence(kv, 1, convs["a"])
     run_sequence(kv, 2, convs["b"])
     assert kv.attach(3, convs["a"] + [1]) == 2 * P  # a was used again: now b is the oldest
     kv.release(3, convs["a"][: 2 * P])
@@ -117,8 +161,9 @@ def test_cancel_mid_prefill_leaves_no_half_written_page_reachable():
     kv = pool()
     tokens = list(range(1, 4 * P))
     run_sequence(kv, 1, tokens, written=P + P // 2)  # stopped after a page and a half
-    assert len(kv.idle) == 1  # the full page is cached, the half one is not
-    assert kv.attach(2, tokens) == P
+    tail = next(p for p in kv.idle if p not in kv.key_of)  # the half page: kept with the tokens written, no key
+    assert len(kv.idle) == 2 and kv.origin[tail][1] == tuple(tokens[P : P + P // 2]) and len(kv.page_of) == 1
+    assert kv.attach(2, tokens) == P + P // 2  # what was written, and not a position more
 
 
 def test_a_failed_sequence_registers_nothing():
@@ -163,14 +208,16 @@ def test_the_next_turn_hits_and_writes_what_it_would_without_the_cache(service, 
     messages += [{"role": "assistant", "content": first.text}, user(1)]
     warm = ask(service, messages)
     cold = ask(service, messages, reuse=False)
-    assert warm.cached_tokens >= first.prompt_tokens // P * P > 0 and cold.cached_tokens == 0
+    # The whole first prompt at least (its partial last page too), not only its whole pages.
+    assert warm.cached_tokens >= first.prompt_tokens > 0 and cold.cached_tokens == 0
+    assert first.prompt_tokens % P
     assert warm.token_ids == cold.token_ids  # greedy fp32: token for token, with or without the cached prefix
 
 
 def test_regenerate_and_edit_reuse_up_to_the_point_that_changed(service, native_kernels):
     base = [SYSTEM, user(10), {"role": "assistant", "content": "It depends on the card."}, user(11)]
     first = ask(service, base)
-    assert ask(service, base).cached_tokens >= first.prompt_tokens // P * P - P  # regenerate: the same messages
+    assert ask(service, base).cached_tokens == first.prompt_tokens - 1  # regenerate: all but the last token
     edited = base[:-1] + [{"role": "user", "content": "Something else entirely."}]
     again = ask(service, edited)
     unchanged = first.prompt_tokens - 40  # the edit changes only the last message
@@ -194,7 +241,11 @@ def test_switching_back_to_a_recent_conversation_hits(service, native_kernels):
 def test_a_changed_system_prompt_never_reuses_a_stale_page(service, native_kernels):
     ask(service, [SYSTEM, user(50)])
     changed = {"role": "system", "content": "Z" + SYSTEM["content"][1:]}
-    assert ask(service, [changed, user(50)]).cached_tokens == 0
+    template = service.target.tokenizer.apply_chat_template
+    same = [template([m], add_generation_prompt=True, return_dict=False) for m in (SYSTEM, changed)]
+    before_change = next(i for i, (x, y) in enumerate(zip(*same)) if x != y)  # the template's opening tokens
+    assert before_change < 8
+    assert ask(service, [changed, user(50)]).cached_tokens <= before_change  # nothing from the change on
 
 
 def test_a_client_resending_the_history_as_ids_hits(service, native_kernels):

@@ -18,8 +18,18 @@ same tokens at the same positions). When a sequence ends, its full pages are reg
 a new sequence walks its prompt's pages and takes every one already there (counted by the sequences that
 use it: a shared page is never written, never freed while in use), then reads only the rest. Unused cached
 pages stay, least recently used first out: evicted when a page is needed and the cache holds its limit
-(``cache_pages``) or the pool its budget (``budget_pages``). A partial page, a page of a sequence that failed
-and an evicted page are simply recomputed.
+(``cache_pages``) or the pool its budget (``budget_pages``). A page of a sequence that failed and an evicted
+page are simply recomputed.
+
+**Part of a page.** A conversation's next turn repeats the last one's tokens and then differs inside a page:
+its last, partial page (the reply's end, the new question), or a full page where an edited or regenerated
+message starts. Whole pages alone made the turn read again up to 63 tokens it had already computed (on the
+starter a turn of 14 new tokens read 20 to 33). So a sequence's last partial page is kept too (a *tail*: not
+addressed by a key, since its content is not a whole page, but listed under the key of the page before it, as
+every registered page is), and after the walk of whole pages a prompt looks at the pages listed under the last
+key it matched for the one whose tokens start like its own: the longest match is copied into a page of its own
+(the sequence then writes after it; the cached page stays as it was) and the sequence starts there, as llama.cpp
+reuses the longest common prefix of its slot.
 
 The cache also outlives the process: ``disk`` (``disk_pages.py``) takes a page as it is
 evicted and every registered page on ``persist`` (the model unloads, Redline quits), and a prompt's walk that
@@ -57,6 +67,16 @@ def chain_keys(namespace: bytes, tokens: Sequence[int], page: int, pages: int) -
         prev = page_key(prev, tokens[i * page : (i + 1) * page])
         keys.append(prev)
     return keys
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from their start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class PagedKV:
@@ -105,6 +125,10 @@ class PagedKV:
         self.disk: Optional[DiskPages] = None
         self.disk_hits = 0  # pages read from disk instead of computed
         self.origin: dict[int, tuple[bytes, tuple[int, ...]]] = {}
+        # Every registered page (whole or a tail) under the key of the page before it (the namespace for a first
+        # page): where a prompt that differs inside a page looks for its longest match (``_partial``).
+        self.after: dict[bytes, list[int]] = {}
+        self.partial_hits = 0  # positions taken from part of a page (copied)
 
     # -- memory --------------------------------------------------------------------------------------
     def _allocate(self, pages: int) -> None:
@@ -201,7 +225,35 @@ class PagedKV:
             taken.append(page)
         self.tables[seq] = taken
         self.misses += -(-len(tokens) // self.page) - len(taken)
-        return len(taken) * self.page
+        return len(taken) * self.page + self._partial(seq, tokens)
+
+    def _partial(self, seq: int, tokens: Sequence[int]) -> int:
+        """After the whole pages ``seq`` took: the registered page listed under the last one's key whose tokens
+        start like the prompt's next ones for longest, copied into a page of ``seq``'s own; how many positions
+        it holds (0: none starts the same)."""
+        i = len(self.tables[seq])
+        prev = self.key_of.get(self.tables[seq][-1]) if i else self.namespace
+        rest = tokens[i * self.page : min(len(tokens) - 1, (i + 1) * self.page)]  # the last token is computed
+        best, best_n = None, 0
+        for page in self.after.get(prev, []) if prev is not None and rest else []:
+            n = _common(self.origin[page][1], rest)
+            if n > best_n:
+                best, best_n = page, n
+        if best is None:
+            return 0
+        # Out of the idle list while a page is taken, so that taking one cannot evict it.
+        was_idle = best in self.idle
+        self.idle.pop(best, None)
+        with torch.inference_mode():  # a pool that grew during a step holds inference tensors (see _from_disk)
+            page = self._take(1)[0]
+            self.k[:, page, :, :best_n].copy_(self.k[:, best, :, :best_n])
+            self.v[:, page, :, :best_n].copy_(self.v[:, best, :, :best_n])
+        if was_idle:
+            self.idle[best] = None  # now the most recently used
+        self.tables[seq].append(page)
+        self.refs[page] = 1
+        self.partial_hits += best_n
+        return best_n
 
     def _from_disk(self, keys: list[bytes], i: int, tokens: Sequence[int]) -> Optional[int]:
         """Page ``i`` of ``tokens`` read from disk into a fresh page, registered and taken (None: not there, or its
@@ -221,7 +273,7 @@ class PagedKV:
             self.k[:, page].copy_(loaded[0])
             self.v[:, page].copy_(loaded[1])
         self.key_of[page], self.page_of[key] = key, page
-        self.origin[page] = (prev, page_tokens)
+        self._list(page, prev, page_tokens)
         self.refs[page] = 1
         self.disk_hits += 1
         return page
@@ -306,8 +358,19 @@ class PagedKV:
         self._unregister(page)
         self.free.append(page)
 
+    def _list(self, page: int, prev: bytes, tokens: tuple[int, ...]) -> None:
+        """Page ``page`` (whole or a tail) holds ``tokens`` after the page keyed ``prev``."""
+        self.origin[page] = (prev, tokens)
+        self.after.setdefault(prev, []).append(page)
+
     def _unregister(self, page: int) -> None:
-        self.origin.pop(page, None)
+        origin = self.origin.pop(page, None)
+        if origin is not None:
+            listed = self.after.get(origin[0], [])
+            if page in listed:
+                listed.remove(page)
+            if not listed:
+                self.after.pop(origin[0], None)
         key = self.key_of.pop(page, None)
         if key is not None and self.page_of.get(key) == page:
             del self.page_of[key]
@@ -319,28 +382,38 @@ class PagedKV:
         keep = written is not None and self.cache_pages > 0
         full = len(written) // self.page if keep else 0
         keys = chain_keys(self.namespace, written, self.page, min(full, len(table))) if keep else []
+        kept: list[int] = []
         for i, page in enumerate(table):
             left = self.refs.get(page, 1) - 1
             if left > 0:
                 self.refs[page] = left  # another sequence still reads it
                 continue
             self.refs.pop(page, None)
+            prev = keys[i - 1] if 0 < i <= len(keys) else self.namespace if i == 0 else None
             if page not in self.key_of and i < len(keys):
                 key = keys[i]
                 if key in self.page_of:  # the same content is cached already (computed twice at once)
                     self.free.append(page)
                     continue
                 self.key_of[page], self.page_of[key] = key, page
-                self.origin[page] = (
-                    keys[i - 1] if i else self.namespace,
-                    tuple(written[i * self.page : (i + 1) * self.page]),
-                )
-            if page in self.key_of and self.cache_pages > 0:
-                self.idle[page] = None
-                self.idle.move_to_end(page)
+                self._list(page, prev, tuple(written[i * self.page : (i + 1) * self.page]))
+            elif keep and i == full == len(keys) and prev is not None and len(written) > i * self.page:
+                # The last, partial page: a tail, unless the same tokens are listed there already.
+                tail = tuple(written[i * self.page :])
+                if any(self.origin[p][1][: len(tail)] == tail for p in self.after.get(prev, [])):
+                    self.free.append(page)
+                    continue
+                self._list(page, prev, tail)
+            if page in self.origin and self.cache_pages > 0:
+                kept.append(page)
             else:
                 self._unregister(page)
                 self.free.append(page)
+        # Into the idle list last page first, so that eviction takes a sequence's pages from its end: a chain
+        # evicted at its first page leaves every later page unreachable (each is found through the one before).
+        for page in reversed(kept):
+            self.idle[page] = None
+            self.idle.move_to_end(page)
         self._trim()
         self.free.sort()
 
