@@ -158,6 +158,12 @@ def test_the_fallback_writes_calls_and_results_as_hermes_text():
     ]
     out = conversation(messages, [WEATHER], FAMILIES["hermes"], native=False)
     assert out[0]["role"] == "system" and '"get_weather"' in out[0]["content"] and "<tools>" in out[0]["content"]
+    # Each function's own JSON on its line, compact: what every turn's prompt holds and every token attends over.
+    listed = out[0]["content"].split("<tools>\n")[1].split("\n</tools>")[0].splitlines()
+    assert [json.loads(line) for line in listed] == [WEATHER["function"]]
+    assert '"type":"function"' not in listed[0] and ", " not in listed[0].replace(
+        WEATHER["function"]["description"], ""
+    )
     assert out[2] == {
         "role": "assistant",
         "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',

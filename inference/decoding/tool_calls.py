@@ -283,7 +283,12 @@ def _loads(text: str) -> Any:
 
 # -- the prompt ---------------------------------------------------------------------------------------------
 def fallback_system(tools: list[dict]) -> str:
-    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    """The tools for a template without tool support, in the Hermes form (Qwen's, NousResearch's): each
+    function's JSON on a line of its own within <tools></tools>. Only the ``function`` object, without the
+    ``{"type": "function", ...}`` around it, and compact (no space after ``,`` and ``:``): every turn's prompt
+    holds them and every new token attends over them, and 20 tools of a name, a sentence and two parameters took
+    1,693 tokens of the starter's the old way, 1,266 this way (tools_turn_cost.py's tools)."""
+    listed = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False, separators=(",", ":")) for t in tools)
     return (
         "You may call one or more of these functions, given within <tools></tools> XML tags:\n"
         f"<tools>\n{listed}\n</tools>\n"
