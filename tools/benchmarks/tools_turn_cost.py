@@ -4,9 +4,13 @@
 Through ``redline serve``'s chat completions (in process, on 127.0.0.1, a free port), the model loaded once: per round
 a conversation of two turns with 20 function tools offered (``tool_choice: "auto"``: read, and called or not, as
 an agent's turns), and the same two turns with none, alternated (A B A B). Each round opens with words of its
-own, so only what is the same in every round — the tools' definitions — can come from the prefix cache. It prints
-turn 2's TTFT (the server's ``timings.prompt_ms``: the reply's own prefill) and the tokens the cache held, the median
-ratio of the per-round ratios, and the load average.
+own, so only what is the same in every round — the tools' definitions — can come from the prefix cache. Turn 2
+sends back a fixed assistant reply, not the model's: a model with random weights (``--model`` a folder from
+tools/accuracy/make_shaped_model.py) writes tokens whose text reads back as other tokens, and turn 2 then read 18
+to 41 new tokens by chance, which swamped what the tools cost; with a fixed reply both arms read the same new
+tokens (the reply, the question, the template's turn marks). It prints turn 2's TTFT (the server's
+``timings.prompt_ms``: the reply's own prefill) and the tokens the cache held, the median ratio of the per-round
+ratios, and the load average.
 
     python tools/benchmarks/tools_turn_cost.py [--model starter] [--precision q8] [--tools 20] [--rounds 3]
 """
@@ -21,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, for harness
 import harness  # noqa: E402
 
+REPLY = "Rivers carry water from high ground to the sea."
 WORDS = "amber basil cedar delta ember fjord garnet harbor iris juniper kestrel lumen".split()
 
 
@@ -59,13 +64,13 @@ def main(argv=None) -> int:
     name = service.target.name
 
     def turn(messages, offered):
-        body = {"model": name, "messages": messages, "max_tokens": 24, "temperature": 0}
+        body = {"model": name, "messages": messages, "max_tokens": 8, "temperature": 0}
         if offered:
             body.update(tools=tools, tool_choice="auto")
         r = httpx.post(server.address + "/chat/completions", json=body, timeout=600)
         r.raise_for_status()
         data = r.json()
-        return data["choices"][0]["message"]["content"], data["timings"]
+        return data["choices"][0]["message"]["content"], data["timings"]  # the reply's text, the server's timings
 
     ratios = []
     try:
@@ -74,8 +79,8 @@ def main(argv=None) -> int:
             for offered in (True, False):  # A B within each round
                 opener = f"Round {r} {'with' if offered else 'without'} tools: {WORDS[r]} {WORDS[-r - 1]}."
                 first = [{"role": "user", "content": f"{opener} Tell me about rivers."}]
-                reply, t1 = turn(first, offered)
-                second = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And lakes?"}]
+                _, t1 = turn(first, offered)
+                second = first + [{"role": "assistant", "content": REPLY}, {"role": "user", "content": "And lakes?"}]
                 _, t2 = turn(second, offered)
                 seen[offered] = (t1, t2)
                 print(
