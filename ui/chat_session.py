@@ -416,7 +416,7 @@ class ChatSession(QObject):
                 # A server's calls come apart from its text: they are kept in the reply's text, after it, as Hermes
                 # <tool_call> blocks (calls_text, the form the window reads back), so the store needs no column of
                 # its own, reopening the conversation shows them again, and the next turn's prompt shows the model
-                # its own call as text (the window offers no tools, so no tool result could follow it).
+                # its own call as text (a reply without the window's tools: no tool result follows it).
                 reply.text = "\n".join(t for t in (reply.text.rstrip(), calls_text(result.tool_calls)) if t)
             stats = stats_from_result(result, reply.model, reply.draft_spans, reply.waited_for)
             partial = result.finish_reason in ("cancelled", "error")
