@@ -71,7 +71,10 @@ def test_chat_logprobs_streamed_and_not_agree_and_join_to_the_text(client):
         assert t.logprob == pytest.approx(values[0], abs=1e-5)
     chunks = list(ask(client, temperature=0, max_tokens=16, logprobs=True, top_logprobs=5, stream=True))
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
-    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    # The second request takes all of the prompt but its last token from the prefix cache, so its first logits come
+    # from other sums than the first request's (fp32, rounding apart: 1e-6 seen).
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)
     for c in chunks:  # each chunk carries the tokens of its own delta
         if c.choices and c.choices[0].delta.content and c.choices[0].logprobs:
             assert "".join(t.token for t in c.choices[0].logprobs.content) == c.choices[0].delta.content
@@ -299,5 +302,8 @@ def test_a_stop_string_cuts_the_tokens_text_as_it_cuts_the_reply(client):
     assert "".join(t.token for t in content) == text
     chunks = list(ask(client, temperature=0, max_tokens=16, stop=[stop], logprobs=True, stream=True))
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
-    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    # The second request takes all of the prompt but its last token from the prefix cache, so its first logits come
+    # from other sums than the first request's (fp32, rounding apart: 1e-6 seen).
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
