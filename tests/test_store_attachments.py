@@ -12,6 +12,7 @@ import sqlite3
 import stat
 import time
 
+import old_store_schema
 import pytest
 from fpdf import FPDF
 from PIL import Image as PILImage
@@ -138,13 +139,7 @@ def test_a_database_from_before_attachments_opens_with_its_messages(tmp_path, re
     path = tmp_path / "old.sqlite3"
     conn = sqlite3.connect(path)
     conn.executescript(
-        "CREATE TABLE conversations (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, "
-        "system_prompt TEXT NOT NULL DEFAULT '', created REAL NOT NULL, updated REAL NOT NULL);"
-        "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id INTEGER NOT NULL REFERENCES "
-        "conversations(id) ON DELETE CASCADE, position INTEGER NOT NULL, role TEXT NOT NULL CHECK (role IN "
-        "('user', 'assistant')), content TEXT NOT NULL, partial INTEGER NOT NULL DEFAULT 0, stats TEXT, "
-        "created REAL NOT NULL, reasoning TEXT NOT NULL DEFAULT '');"
-        "INSERT INTO conversations VALUES (1, 'old', '', 0, 0);"
+        old_store_schema.TABLES + "INSERT INTO conversations VALUES (1, 'old', '', 0, 0);"
         "INSERT INTO messages VALUES (1, 1, 0, 'user', 'hi', 0, NULL, 0, ''), "
         "(2, 1, 1, 'assistant', 'hello', 0, NULL, 0, '');"
     )

@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import old_store_schema
+
 from redline.app.store import Store
 
 # The schema of the release before the Tools switch was kept (the attachments' table is made by its own migration).
 OLD_SCHEMA = (
-    "CREATE TABLE conversations (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, "
-    "system_prompt TEXT NOT NULL DEFAULT '', created REAL NOT NULL, updated REAL NOT NULL);"
-    "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id INTEGER NOT NULL REFERENCES "
-    "conversations(id) ON DELETE CASCADE, position INTEGER NOT NULL, role TEXT NOT NULL CHECK (role IN "
-    "('user', 'assistant')), content TEXT NOT NULL, partial INTEGER NOT NULL DEFAULT 0, stats TEXT, "
-    "created REAL NOT NULL, reasoning TEXT NOT NULL DEFAULT '');"
-    "INSERT INTO conversations VALUES (1, 'old', 'Be brief.', 10, 20), (2, 'older', '', 5, 6);"
+    old_store_schema.TABLES
+    + "INSERT INTO conversations VALUES (1, 'old', 'Be brief.', 10, 20), (2, 'older', '', 5, 6);"
     "INSERT INTO messages VALUES (1, 1, 0, 'user', 'hi', 0, NULL, 10, ''), "
     "(2, 1, 1, 'assistant', 'hello', 0, '{\"new_tokens\": 1}', 11, 'a thought');"
 )
