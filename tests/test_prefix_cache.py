@@ -61,6 +61,7 @@ def test_the_partial_last_page_is_copied_and_the_cached_one_stays_as_it_was():
     first = list(range(1, P + 30))  # a page and 29 tokens
     run_sequence(kv, 1, first)
     tail = next(p for p in kv.idle if p not in kv.key_of)  # the 29 tokens' page: cached, not addressed by a key
+    assert kv.cached_tokens() == P + 29 and kv.cached_bytes() == 2 * kv.page_bytes
     second = first + [5000 + i for i in range(20)]
     assert run_sequence(kv, 2, second) == len(first)  # wrote positions 93.. into its own copy
     assert kv.tables.get(2) is None and kv.origin[tail][1] == tuple(first[P:])  # the cached tail is unchanged

@@ -181,8 +181,9 @@ class PagedKV:
         return sum(len(t) for t in self.tables.values()) * self.page
 
     def cached_tokens(self) -> int:
-        """Positions held by the prefix cache and used by no sequence (what it keeps for later turns)."""
-        return len(self.idle) * self.page
+        """Positions held by the prefix cache and used by no sequence (what it keeps for later turns): a whole page's
+        64, a tail's own (its page takes a whole page's memory, ``cached_bytes``)."""
+        return sum(len(self.origin[p][1]) if p in self.origin else self.page for p in self.idle)
 
     def cached_bytes(self) -> int:
         return len(self.idle) * self.page_bytes
