@@ -63,11 +63,16 @@ def test_the_partial_last_page_is_copied_and_the_cached_one_stays_as_it_was():
     tail = next(p for p in kv.idle if p not in kv.key_of)  # the 29 tokens' page: cached, not addressed by a key
     assert kv.cached_tokens() == P + 29 and kv.cached_bytes() == 2 * kv.page_bytes
     second = first + [5000 + i for i in range(20)]
-    assert run_sequence(kv, 2, second) == len(first)  # wrote positions 93.. into its own copy
-    assert kv.tables.get(2) is None and kv.origin[tail][1] == tuple(first[P:])  # the cached tail is unchanged
-    assert [int(kv.k[0, tail, 0, o, 0]) for o in range(29)] == first[P:]
+    assert kv.attach(2, second) == len(first) and kv.tables[2][1] != tail  # its own copy of the tail
+    assert read_back(kv, 2, len(first)) == first
+    kv.reserve(2, len(second))
+    for pos in range(len(first), len(second)):  # writes positions 93.. into the copy
+        kv.k[0, kv.tables[2][1], 0, pos % P, 0] = second[pos]
+    assert [int(kv.k[0, tail, 0, o, 0]) for o in range(29)] == first[P:]  # the cached tail is unchanged
+    kv.release(2, second)
+    assert tail not in kv.origin and tail in kv.free  # the first turn's tail: the second's holds it and more
     third = second + [1]
-    assert kv.attach(3, third) == len(second)  # the second turn's tail (49 tokens) now matches longest
+    assert kv.attach(3, third) == len(second)  # the second turn's tail (49 tokens)
     assert read_back(kv, 3, len(second)) == second
     kv.release(3, None)
 

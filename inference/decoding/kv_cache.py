@@ -360,7 +360,15 @@ class PagedKV:
         self.free.append(page)
 
     def _list(self, page: int, prev: bytes, tokens: tuple[int, ...]) -> None:
-        """Page ``page`` (whole or a tail) holds ``tokens`` after the page keyed ``prev``."""
+        """Page ``page`` (whole or a tail) holds ``tokens`` after the page keyed ``prev``. A cached tail whose
+        tokens it starts with is dropped: every turn of a conversation leaves a tail that the next turn's page
+        holds and goes on from, and each kept a page of the cache's room until it was evicted."""
+        for old in list(self.after.get(prev, [])):
+            held = self.origin[old][1]
+            if old in self.idle and old not in self.key_of and len(held) < len(tokens) and tokens[: len(held)] == held:
+                self.idle.pop(old)
+                self._unregister(old)
+                self.free.append(old)
         self.origin[page] = (prev, tokens)
         self.after.setdefault(prev, []).append(page)
 
