@@ -29,7 +29,8 @@ addressed by a key, since its content is not a whole page, but listed under the 
 every registered page is), and after the walk of whole pages a prompt looks at the pages listed under the last
 key it matched for the one whose tokens start like its own: the longest match is copied into a page of its own
 (the sequence then writes after it; the cached page stays as it was) and the sequence starts there, as llama.cpp
-reuses the longest common prefix of its slot.
+reuses the longest common prefix of its slot. A tail that a later page holds and goes on from (the next turn's) is
+dropped as that page is registered.
 
 The cache also outlives the process: ``disk`` (``disk_pages.py``) takes a page as it is
 evicted and every registered page on ``persist`` (the model unloads, Redline quits), and a prompt's walk that
