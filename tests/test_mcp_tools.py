@@ -44,7 +44,7 @@ from redline.inference.tools import (
     read_mcp_config,
     run_tool_loop,
 )
-from redline.inference.tools.generate import fallback_messages
+from redline.inference.tools.generate import ServiceGenerator, fallback_messages
 
 ECHO = Path(__file__).parent / "mcp_servers" / "echo_server.py"
 PY = sys.executable
@@ -489,6 +489,32 @@ def test_unknown_tools_and_bad_arguments_are_results_without_asking():
     )
     assert out.messages[0]["tool_calls"][1]["function"]["arguments"] == "{}"  # the transcript stays valid JSON
     assert out.answer == "ok"
+
+
+def test_text_held_back_as_a_possible_call_is_released_as_text_not_as_a_second_token():
+    """The start of a call (``<tool``) is held back while it streams; when the reply ends without a call it goes
+    out as the engine's own last delta does: token id -1, the next index (the window counts tokens and their times
+    from the others)."""
+    from redline.inference import FinishedEvent, TokenEvent
+
+    class Handle:
+        def events(self):
+            yield TokenEvent(0, 5, "Hello ", 0.1)
+            yield TokenEvent(1, 6, "<tool", 0.2)
+            yield FinishedEvent(self.result())
+
+        def result(self):
+            return reply("Hello <tool")
+
+    class Service:
+        def submit(self, request):
+            return Handle()
+
+    calculate_tool = BuiltinTools().definitions()[0]
+    seen = []
+    gen = ServiceGenerator(Service(), [calculate_tool], lambda m: None, on_event=seen.append)
+    gen._run(None, [calculate_tool], forced=False)
+    assert [(e.index, e.token_id, e.text) for e in seen] == [(0, 5, "Hello"), (2, -1, " <tool")]
 
 
 def test_a_servers_tool_calls_come_apart_from_the_text():

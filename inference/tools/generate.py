@@ -144,7 +144,11 @@ class ServiceGenerator:
         if stream is not None and last is not None and self.on_event is not None:
             rest, _ = stream.finish(cut=result.finish_reason == "length")
             if rest:
-                self.on_event(dataclasses.replace(last, text=rest, reasoning=""))
+                # Text, not a token: marked as the engine marks its own last held-back delta (token_id -1, the next
+                # index), so a reader counting tokens or their times does not count the last one twice.
+                self.on_event(
+                    dataclasses.replace(last, index=last.index + 1, token_id=-1, text=rest, reasoning="", logprobs=None)
+                )
         return result
 
 
