@@ -386,24 +386,17 @@ class FastDecoder:
         place, its keys written by the same call. torch's attention reads every earlier position out of the
         pages into one tensor per layer (``kv.read``), repeats the keys for each query head and builds a mask:
         work that grows with the context, not the new rows. Measured on the starter (q8 weights, 5 alternated
-        rounds, tools/experiments/prefill_attention_ab.py): 14 rows after 1,728 cached 71 → 42 ms, after 64
-        32 → 25 ms. Elsewhere the gain is small (a fresh 33-token prompt 1.13×, 256 rows after 3,840 1.07×)
+        rounds, tools/experiments/prefill_attention_ab.py, load 2.2): 14 rows after 1,728 cached 100.9 → 48.5 ms,
+        after 64 46.9 → 34.6 ms. Elsewhere the gain is small (a fresh 33-token prompt 1.19×, 256 rows after 3,840
+        1.07×)
         and the old path stays: the two are the same fp32 sums in another order (10⁻⁶ apart per layer), but with
         8- or 4-bit weights the activations' int8 rounding turns that into a few tenths of a logit, and the
         starter's q8 first token for "What is the capital of France?" is a near tie ('The' 25.48, 'L' 25.46)
         that the other order flips into a French ramble."""
         T = x.shape[0]
-        end = start + T
         pages = self.kv.table([seq]).expand(T, -1).contiguous()
-        pos = torch.arange(start, end, dtype=torch.long, device=self.device)
-        for i, L in enumerate(self.layers):
-            h = ops.rms_norm(x, L.ln1, L.eps1)
-            qkv = self._qk_norms(L.qkv(h), L)
-            attn = ops.attend(
-                qkv, self.cos, self.sin, self.kv.k[i], self.kv.v[i], pages, pos, self.n_heads, self.n_kv, self.scaling
-            )
-            x = x + L.o(attn.to(x.dtype))
-            x = self._mlp(x, L)
+        pos = torch.arange(start, start + T, dtype=torch.long, device=self.device)
+        x = self._paged_layers(x, pages, pos, self.kv.k, self.kv.v, self.cos, self.sin)
         return self._logits(x[-1:])[0]
 
     def can_mix(self, rows: int) -> bool:
@@ -471,6 +464,12 @@ class FastDecoder:
         x = self._embed(tokens)  # [B, H]
         if self.whole_step:
             return self._whole_step(x, pages, pos, k_pool, v_pool, cos, sin, x.shape[0])
+        return self._logits(self._paged_layers(x, pages, pos, k_pool, v_pool, cos, sin, step))
+
+    def _paged_layers(self, x, pages, pos, k_pool, v_pool, cos, sin, step=None) -> torch.Tensor:
+        """The layers, operator by operator, for rows ``x`` at ``pos`` over the paged cache (each row's keys
+        written, then attended over its sequence's pages): a decode step's rows, or a prompt's after cached
+        positions (``_prefill_native``)."""
         for i, L in enumerate(self.layers):
             h = ops.rms_norm(x, L.ln1, L.eps1)
             qkv = self._qk_norms(L.qkv(h), L)
@@ -482,7 +481,7 @@ class FastDecoder:
                 attn = self._attend_pages(qkv, k_pool[i], v_pool[i], pages, pos, cos, sin, step)
             x = x + L.o(attn.to(x.dtype))
             x = self._mlp(x, L)
-        return self._logits(x)
+        return x
 
     def _attend_pages(self, qkv, k_pool, v_pool, pages, pos, cos, sin, step) -> torch.Tensor:
         """torch's paged attention (kernels/paged_torch.py) over the same pages as the native kernel's."""

@@ -129,7 +129,6 @@ class PagedKV:
         # Every registered page (whole or a tail) under the key of the page before it (the namespace for a first
         # page): where a prompt that differs inside a page looks for its longest match (``_partial``).
         self.after: dict[bytes, list[int]] = {}
-        self.partial_hits = 0  # positions taken from part of a page (copied)
 
     # -- memory --------------------------------------------------------------------------------------
     def _allocate(self, pages: int) -> None:
@@ -254,7 +253,6 @@ class PagedKV:
             self.idle[best] = None  # now the most recently used
         self.tables[seq].append(page)
         self.refs[page] = 1
-        self.partial_hits += best_n
         return best_n
 
     def _from_disk(self, keys: list[bytes], i: int, tokens: Sequence[int]) -> Optional[int]:
@@ -399,7 +397,7 @@ class PagedKV:
                 self.refs[page] = left  # another sequence still reads it
                 continue
             self.refs.pop(page, None)
-            prev = keys[i - 1] if 0 < i <= len(keys) else self.namespace if i == 0 else None
+            prev = (keys[i - 1] if i else self.namespace) if i <= len(keys) else None  # the key before page i
             if page not in self.key_of and i < len(keys):
                 key = keys[i]
                 if key in self.page_of:  # the same content is cached already (computed twice at once)

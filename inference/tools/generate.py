@@ -21,11 +21,10 @@ from typing import Any, Callable, Optional
 
 from ..decoding.tool_calls import FAMILIES, CallStream, ToolError, conversation, tool_grammar
 from ..errors import RedlineError
-from ..events import Completed, Failed, FinishedEvent, GenerationResult, TokenEvent
+from ..events import FINAL, GenerationResult, TokenEvent
 from .registry import definition_tokens
 
 FALLBACK = FAMILIES["hermes"]
-FINAL = (FinishedEvent, Completed, Failed)  # a request's last event (the loop makes the reply's own)
 REMOTE_CHOICE = "tool_choice is not sent to a model on another server; it chooses for itself."
 
 
